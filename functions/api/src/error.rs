@@ -1,0 +1,92 @@
+//! API errors: "your input" (4xx, a stable code and a safe message) versus "ours" (5xx:
+//! the full cause chain goes to the log, the body says only that it failed).
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// An error an endpoint returns.
+#[derive(Debug)]
+pub enum ApiError {
+    /// 400/401/403/404/409/422 with a stable code.
+    Client {
+        /// HTTP status.
+        status: StatusCode,
+        /// Stable machine-readable code.
+        code: &'static str,
+        /// What to do, safe to show.
+        message: String,
+    },
+    /// 500/503: logged in full, opaque in the body.
+    Internal {
+        /// Whether the failure may pass (503) or is a bug (500).
+        transient: bool,
+        /// The cause, logged only.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ApiError {
+    /// A client error.
+    pub fn client(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self::Client { status, code, message: message.into() }
+    }
+    /// 400 `invalid_json`.
+    pub fn invalid_json(message: impl Into<String>) -> Self {
+        Self::client(StatusCode::BAD_REQUEST, "invalid_json", message)
+    }
+    /// 422 with a code.
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        Self::client(StatusCode::UNPROCESSABLE_ENTITY, code, message)
+    }
+    /// 404 `not_found`.
+    pub fn not_found(what: &str) -> Self {
+        Self::client(StatusCode::NOT_FOUND, "not_found", format!("{what} was not found"))
+    }
+    /// 409 with a code.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::client(StatusCode::CONFLICT, code, message)
+    }
+    /// 403 `forbidden`.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::client(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+}
+
+impl From<takosumi_store::StoreError> for ApiError {
+    fn from(e: takosumi_store::StoreError) -> Self {
+        Self::Internal { transient: e.retryable(), source: Box::new(e) }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        takosumi_store::StoreError::from(e).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Client { status, code, message } => {
+                (status, Json(serde_json::json!({ "code": code, "message": message }))).into_response()
+            }
+            Self::Internal { transient, source } => {
+                let mut chain = source.to_string();
+                let mut cur = source.source();
+                while let Some(c) = cur {
+                    chain.push_str(": ");
+                    chain.push_str(&c.to_string());
+                    cur = c.source();
+                }
+                tracing::error!(error = %chain, "request failed");
+                let (status, code, message) = if transient {
+                    (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "a dependency is unavailable; try again shortly")
+                } else {
+                    (StatusCode::INTERNAL_SERVER_ERROR, "internal", "the request failed on our side; the operators have the details")
+                };
+                (status, Json(serde_json::json!({ "code": code, "message": message }))).into_response()
+            }
+        }
+    }
+}

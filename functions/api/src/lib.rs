@@ -1,0 +1,84 @@
+//! The HTTP API and Git webhook receiver. It authenticates callers, validates input, and
+//! writes rows together with their outbox wake-ups in one transaction; it never runs the
+//! tool, never reads sealed objects, and never shows an object key. The outbox relay and
+//! the lease reaper run beside it.
+
+mod auth;
+mod error;
+mod routes;
+mod views;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use takosumi_runtime::{Ctx, RuntimeError, Settings, run_reaper};
+use takosumi_store::Pool;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub use auth::{Action, Caller, new_token};
+pub use error::ApiError;
+
+/// What every request handler shares.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// Postgres.
+    pub pool: Pool,
+    /// Wakes the relay after a commit that wrote outbox rows.
+    pub relay_wake: Arc<Notify>,
+}
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    routes::router().with_state(state)
+}
+
+/// Stores `TAKOSUMI_ADMIN_TOKEN` (hashed) as an admin token, if set.
+pub async fn bootstrap_admin(pool: &Pool, settings: &Settings) -> Result<(), RuntimeError> {
+    if let Some(token) = &settings.admin_token {
+        takosumi_store::tokens::upsert(pool, token.expose(), "bootstrap-admin", "admin", None).await?;
+    }
+    Ok(())
+}
+
+/// Serves the API on `listener` until `shutdown`, with the relay and reaper beside it.
+pub async fn serve(ctx: Ctx, settings: &Settings, listener: TcpListener, shutdown: CancellationToken) -> Result<(), RuntimeError> {
+    bootstrap_admin(&ctx.pool, settings).await?;
+    let background = CancellationToken::new();
+    let relay = {
+        let bus = ctx.bus.clone();
+        tokio::spawn(takosumi_queue::run_relay(
+            ctx.pool.clone(),
+            move || {
+                let bus = bus.clone();
+                async move { bus.get().await }
+            },
+            ctx.relay_wake.clone(),
+            background.clone(),
+        ))
+    };
+    let reaper = tokio::spawn(run_reaper(
+        ctx.clone(),
+        Duration::from_millis(settings.reaper_interval_ms),
+        settings.stuck_queued_secs,
+        background.clone(),
+    ));
+    let app = router(AppState { pool: ctx.pool.clone(), relay_wake: ctx.relay_wake.clone() });
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "API listening");
+    }
+    let stop = shutdown.clone();
+    let served = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
+    if let Err(e) = served {
+        tracing::error!(error = %e, "server stopped with an error");
+    }
+    ctx.relay_wake.notify_one();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    background.cancel();
+    let _ = relay.await;
+    let _ = reaper.await;
+    ctx.bus.close().await;
+    Ok(())
+}

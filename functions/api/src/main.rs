@@ -1,0 +1,55 @@
+//! `takosumi-api`: serves the API (with the outbox relay and the reaper), or mints a token.
+
+use clap::{Parser, Subcommand};
+use takosumi_runtime::{Ctx, Settings, init_telemetry, shutdown_signal};
+
+#[derive(Parser)]
+#[command(name = "takosumi-api", about = "Takosumi's HTTP API")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the API on TAKOSUMI_LISTEN (the default).
+    Serve,
+    /// Create an API token and print it once (only its hash is stored).
+    CreateToken {
+        /// A name for audit.
+        #[arg(long)]
+        name: String,
+        /// viewer, operator, approver, admin or agent.
+        #[arg(long, default_value = "admin")]
+        role: String,
+        /// Limit the token to one Workspace (ws_…).
+        #[arg(long)]
+        workspace: Option<takosumi_core::WorkspaceId>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::from_env()?;
+    init_telemetry("api");
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
+            let ctx = Ctx::connect(&settings, "api").await?;
+            let listener = tokio::net::TcpListener::bind(&settings.listen).await?;
+            takosumi_api::serve(ctx, &settings, listener, shutdown_signal()).await?;
+        }
+        Command::CreateToken { name, role, workspace } => {
+            anyhow::ensure!(
+                ["viewer", "operator", "approver", "admin", "agent"].contains(&role.as_str()),
+                "--role must be viewer, operator, approver, admin or agent"
+            );
+            let pool = takosumi_store::connect(settings.database_url.expose(), 2).await?;
+            takosumi_store::migrate(&pool).await?;
+            let token = takosumi_api::new_token();
+            takosumi_store::tokens::upsert(&pool, &token, &name, &role, workspace).await?;
+            println!("{token}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,7 @@
+variable "region" {
+  type = string
+}
+
+output "vpc" {
+  value = "vpc-${var.region}"
+}

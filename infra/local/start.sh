@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Starts the local stack (Postgres, RabbitMQ with its management API, s3s-fs) when not already
+# running, waits until each answers, and writes $STACK/env.sh with every TAKOSUMI_* setting.
+# Idempotent: a second run on a running stack takes about a second. Run install.sh first.
+#   CACHE=${TAKOSUMI_CACHE:-/var/tmp/takosumi-cache}   installed tools (install.sh)
+#   STACK=${TAKOSUMI_STACK:-/var/tmp/takosumi-stack}   service data, logs, generated secrets
+set -euo pipefail
+
+CACHE=${TAKOSUMI_CACHE:-/var/tmp/takosumi-cache}
+STACK=${TAKOSUMI_STACK:-/var/tmp/takosumi-stack}
+S3S=$CACHE/cargo-bin/bin/s3s-fs
+S3_PORT=8014
+S3_BUCKET=takosumi
+MGMT_URL=http://127.0.0.1:15672
+
+log() { printf 'start: %s\n' "$*" >&2; }
+die() {
+    printf 'start: ERROR: %s\n' "$*" >&2
+    exit 1
+}
+
+[ "$(id -u)" = 0 ] || die "run as root (the services run as their own users)"
+for tool in pg_ctlcluster rabbitmq-server "$S3S" "$CACHE/tools/bin/terraform"; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool not found: run infra/local/install.sh first"
+done
+
+umask 077
+mkdir -p "$STACK/logs" "$STACK/work" "$STACK/s3/$S3_BUCKET"
+chmod 0700 "$STACK"
+
+# --- generated secrets, created once ---------------------------------------------------------------
+SECRETS=$STACK/secrets
+rand_hex() { od -An -tx1 -N"$1" /dev/urandom | tr -d ' \n'; }
+touch "$SECRETS"
+chmod 0600 "$SECRETS"
+# shellcheck disable=SC1090
+. "$SECRETS"
+changed=
+if [ -z "${S3_SECRET_KEY:-}" ]; then
+    S3_SECRET_KEY=$(rand_hex 16) && echo "S3_SECRET_KEY=$S3_SECRET_KEY" >>"$SECRETS" && changed=1
+fi
+if [ -z "${SEAL_KEY:-}" ]; then
+    SEAL_KEY=$(head -c32 /dev/urandom | base64 -w0) && echo "SEAL_KEY=$SEAL_KEY" >>"$SECRETS" && changed=1
+fi
+if [ -z "${ADMIN_TOKEN:-}" ]; then
+    ADMIN_TOKEN=tks_$(rand_hex 20) && echo "ADMIN_TOKEN=$ADMIN_TOKEN" >>"$SECRETS" && changed=1
+fi
+[ -z "$changed" ] || log "generated secrets in $SECRETS"
+
+wait_for() { # <seconds> <command...>: true once the command succeeds
+    local secs=$1 i
+    shift
+    for ((i = 0; i < secs * 2; i++)); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.5
+    done
+    return 1
+}
+
+# --- Postgres ------------------------------------------------------------------------------------
+pg_ready() { pg_isready -q -h 127.0.0.1 -p 5432; }
+if ! pg_ready; then
+    # shellcheck disable=SC2012
+    PG_VER=$(ls /etc/postgresql 2>/dev/null | head -n1)
+    if [ -z "$PG_VER" ] || [ ! -d "/etc/postgresql/$PG_VER/main" ]; then
+        # shellcheck disable=SC2012
+        PG_VER=$(ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -n1)
+        [ -n "$PG_VER" ] || die "no PostgreSQL server installed: run infra/local/install.sh"
+        log "creating Postgres cluster $PG_VER/main"
+        pg_createcluster "$PG_VER" main >&2
+    fi
+    log "starting Postgres $PG_VER/main"
+    pg_ctlcluster --skip-systemctl-redirect "$PG_VER" main start >&2 ||
+        log "pg_ctlcluster start returned an error; waiting for Postgres anyway"
+    wait_for 30 pg_ready ||
+        die "Postgres not ready after 30 s: see /var/log/postgresql/postgresql-$PG_VER-main.log"
+fi
+pg_super() { (cd / && runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -tA "$@"); }
+if [ "$(pg_super -c "select 1 from pg_roles where rolname = 'takosumi'")" != 1 ]; then
+    log "creating Postgres role takosumi"
+    pg_super -c "create role takosumi login superuser password 'takosumi'" >&2
+fi
+if [ "$(pg_super -c "select 1 from pg_database where datname = 'takosumi'")" != 1 ]; then
+    log "creating Postgres database takosumi"
+    pg_super -c "create database takosumi owner takosumi" >&2
+fi
+
+# --- RabbitMQ ------------------------------------------------------------------------------------
+rabbit_up() { rabbitmq-diagnostics -q ping --timeout 5; }
+mgmt_up() { curl -sf -m 3 -o /dev/null -u guest:guest "$MGMT_URL/api/overview"; }
+if ! rabbit_up >/dev/null 2>&1; then
+    log "starting RabbitMQ"
+    rabbitmq-server -detached >&2 || die "rabbitmq-server -detached failed: see /var/log/rabbitmq/"
+    wait_for 60 rabbit_up ||
+        die "RabbitMQ not answering ping after 60 s: see /var/log/rabbitmq/ (stop it with rabbitmqctl stop and retry)"
+fi
+if ! mgmt_up; then
+    if ! grep -qs rabbitmq_management /etc/rabbitmq/enabled_plugins; then
+        log "enabling rabbitmq_management on the running node"
+        rabbitmq-plugins enable rabbitmq_management >&2
+    fi
+    wait_for 30 mgmt_up ||
+        die "RabbitMQ management API ($MGMT_URL) not answering after 30 s: run infra/local/install.sh, then rabbitmqctl stop and rerun start.sh"
+fi
+
+# --- s3s-fs ------------------------------------------------------------------------------------
+s3_up() { (exec 3<>"/dev/tcp/127.0.0.1/$S3_PORT") 2>/dev/null; }
+if ! s3_up; then
+    log "starting s3s-fs on 127.0.0.1:$S3_PORT (data in $STACK/s3)"
+    nohup setsid "$S3S" --host 127.0.0.1 --port "$S3_PORT" --access-key takosumi \
+        --secret-key "$S3_SECRET_KEY" "$STACK/s3" </dev/null >>"$STACK/logs/s3s.log" 2>&1 &
+    echo $! >"$STACK/s3s.pid"
+    wait_for 15 s3_up || die "s3s-fs not listening on $S3_PORT after 15 s: see $STACK/logs/s3s.log"
+fi
+code=$(curl -s -m 3 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$S3_PORT/" || true)
+case $code in
+000 | "") die "port $S3_PORT is open but does not answer HTTP: see $STACK/logs/s3s.log" ;;
+esac
+
+# --- environment for tests and the server ----------------------------------------------------------
+ENV_FILE=$STACK/env.sh
+tmp=$(mktemp "$STACK/.env.XXXXXX")
+{
+    echo "# generated by infra/local/start.sh; source it (or infra/local/env.sh)"
+    q() { printf 'export %s=%q\n' "$1" "$2"; }
+    q TAKOSUMI_DATABASE_URL postgres://takosumi:takosumi@127.0.0.1:5432/takosumi
+    q TAKOSUMI_PG_ADMIN_URL postgres://takosumi:takosumi@127.0.0.1:5432/postgres
+    q TAKOSUMI_AMQP_URL 'amqp://guest:guest@127.0.0.1:5672/%2f'
+    q TAKOSUMI_RABBITMQ_MGMT_URL "$MGMT_URL"
+    q TAKOSUMI_RABBITMQ_MGMT_USER guest
+    q TAKOSUMI_RABBITMQ_MGMT_PASSWORD guest
+    q TAKOSUMI_S3_ENDPOINT "http://127.0.0.1:$S3_PORT"
+    q TAKOSUMI_S3_REGION us-east-1
+    q TAKOSUMI_S3_ACCESS_KEY takosumi
+    q TAKOSUMI_S3_SECRET_KEY "$S3_SECRET_KEY"
+    q TAKOSUMI_S3_BUCKET "$S3_BUCKET"
+    q TAKOSUMI_SEAL_KEY "$SEAL_KEY"
+    q TAKOSUMI_SEAL_KEY_ID local-1
+    q TAKOSUMI_TERRAFORM_BIN "$CACHE/tools/bin/terraform"
+    q TAKOSUMI_TF_CLI_CONFIG "$CACHE/tools/terraformrc"
+    q TAKOSUMI_WORK_DIR "$STACK/work"
+    q TAKOSUMI_ADMIN_TOKEN "$ADMIN_TOKEN"
+    q TAKOSUMI_LISTEN 127.0.0.1:8080
+    q TAKOSUMI_DEPLOY_CONTROL_URL http://127.0.0.1:8080
+    q TAKOSUMI_DEPLOY_CONTROL_TOKEN "$ADMIN_TOKEN"
+    # shellcheck disable=SC2016 # $PATH expands when env.sh is sourced
+    printf 'case ":$PATH:" in *:%q:*) ;; *) export PATH=%q:"$PATH" ;; esac\n' \
+        "$CACHE/cargo-bin/bin" "$CACHE/cargo-bin/bin"
+} >"$tmp"
+chmod 0600 "$tmp"
+mv -f "$tmp" "$ENV_FILE"
+
+log "ready: postgres 127.0.0.1:5432, amqp 127.0.0.1:5672, mgmt $MGMT_URL, s3 http://127.0.0.1:$S3_PORT; env: $ENV_FILE"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The one test command: installs and starts the local stack when needed, then builds every binary
+# and runs the whole workspace's tests against it. Extra arguments go to `cargo test`, e.g.
+#   infra/local/test.sh -- --nocapture
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+
+log() { printf 'test: %s\n' "$*" >&2; }
+
+bash infra/local/install.sh
+bash infra/local/start.sh
+STACK=${TAKOSUMI_STACK:-/var/tmp/takosumi-stack}
+# shellcheck disable=SC1091
+. "$STACK/env.sh"
+
+if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    PATH=$HOME/.cargo/bin:$PATH
+fi
+command -v cargo >/dev/null 2>&1 || { log "ERROR: cargo not found: install the Rust toolchain"; exit 1; }
+
+export SQLX_OFFLINE=true
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/takosumi-target}
+
+log "cargo build --workspace --bins (target dir $CARGO_TARGET_DIR)"
+cargo build --workspace --bins
+log "cargo test --workspace $*"
+cargo test --workspace "$@"

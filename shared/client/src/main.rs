@@ -1,0 +1,969 @@
+//! `takosumi`: the command-line client of the Takosumi API. It mirrors the API (DESIGN §5):
+//! every command is one call (or a call plus a wait), prints the result in a compact human
+//! form or, with `--json`, as JSON, and exits 0 on success, 1 when the API returned an error
+//! or a waited-for Run ended `failed`/`canceled`/`unknown_outcome`, 2 on usage errors.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use takosumi_client::{
+    Capsule, CapsuleId, Client, ClientError, DEFAULT_URL, NewCapsule, Run, RunEvent, RunId,
+    RunKind, RunStatus, Source, TOKEN_ENV, URL_ENV, Workspace, WorkspaceId,
+};
+
+/// Exit code: the API returned an error, or a waited-for Run ended badly.
+const EXIT_FAILED: u8 = 1;
+/// Exit code: the command line (or the local configuration) is wrong; nothing was sent.
+const EXIT_USAGE: u8 = 2;
+
+/// Where a person starts the local stack.
+const START_HINT: &str = "is the API running? start it with infra/local/quickstart.sh";
+
+/// Takosumi: plan, apply and inspect OpenTofu/Terraform Runs.
+// No `Debug`: the struct holds the token.
+#[derive(Parser)]
+#[command(name = "takosumi", version, propagate_version = true)]
+struct Cli {
+    /// Base URL of the Takosumi API.
+    #[arg(long, global = true, env = URL_ENV, default_value = DEFAULT_URL, value_name = "URL")]
+    url: String,
+    /// API token (prefer the environment variable: a flag is visible to other local users).
+    #[arg(long, global = true, env = TOKEN_ENV, hide_env_values = true, value_name = "TOKEN")]
+    token: Option<String>,
+    /// Print the API's JSON instead of the human form.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Workspaces: groups of Capsules with shared rules and history.
+    Workspace {
+        #[command(subcommand)]
+        command: WorkspaceCommand,
+    },
+    /// Capsules: a Git repo, a branch and a directory of configuration.
+    Capsule {
+        #[command(subcommand)]
+        command: CapsuleCommand,
+    },
+    /// Start a plan Run of a Capsule.
+    Plan {
+        /// The Capsule (`cap_…`).
+        #[arg(value_name = "CAPSULE")]
+        capsule: CapsuleId,
+        #[command(flatten)]
+        submit: SubmitArgs,
+    },
+    /// Start a destroy plan Run of a Capsule (nothing is destroyed until it is applied).
+    Destroy {
+        /// The Capsule (`cap_…`).
+        #[arg(value_name = "CAPSULE")]
+        capsule: CapsuleId,
+        #[command(flatten)]
+        submit: SubmitArgs,
+    },
+    /// Start an Apply Run of exactly the saved plan of a plan, destroy or drift-check Run.
+    Apply {
+        /// The planned Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+        #[command(flatten)]
+        submit: SubmitArgs,
+    },
+    /// Show a Run.
+    Status {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+    },
+    /// Print a Run's (masked) log.
+    Logs {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+    },
+    /// Print a Run's events in order.
+    Events {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+    },
+    /// Wait until a Run is finished or held, then show it.
+    Wait {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 600, value_name = "SECS")]
+        timeout_secs: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum WorkspaceCommand {
+    /// Create a Workspace.
+    Create {
+        /// Its unique name.
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum CapsuleCommand {
+    /// Register a Capsule in a Workspace.
+    Create(CapsuleCreateArgs),
+    /// Show a Capsule.
+    Show {
+        /// The Capsule (`cap_…`).
+        #[arg(value_name = "CAPSULE")]
+        capsule: CapsuleId,
+    },
+}
+
+#[derive(Args)]
+struct CapsuleCreateArgs {
+    /// The Workspace (`ws_…`).
+    #[arg(long, value_name = "WS")]
+    workspace: WorkspaceId,
+    /// Unique within the Workspace.
+    #[arg(long)]
+    name: String,
+    /// The Git repository URL.
+    #[arg(long, value_name = "URL")]
+    repo: String,
+    /// The branch to plan.
+    #[arg(long, default_value = "main")]
+    branch: String,
+    /// The directory of `.tf`/`.tofu` files inside the repository.
+    #[arg(long, default_value = ".")]
+    dir: String,
+    /// The tool that runs the configuration.
+    #[arg(long, value_enum, default_value_t = Tool::Tofu)]
+    tool: Tool,
+    /// A string input variable (repeatable).
+    #[arg(long = "var", value_name = "KEY=VALUE", value_parser = parse_var)]
+    vars: Vec<Var>,
+    /// An input variable given as JSON, e.g. `--var-json 'zones=["a","b"]'` (repeatable).
+    #[arg(long = "var-json", value_name = "KEY=JSON", value_parser = parse_var_json)]
+    var_json: Vec<Var>,
+}
+
+#[derive(Args)]
+struct SubmitArgs {
+    /// Wait until the Run is finished or held, then show it.
+    #[arg(long)]
+    wait: bool,
+    /// With `--wait`: give up after this many seconds.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    timeout_secs: u64,
+    /// Submitting again with the same key returns the same Run.
+    #[arg(long, value_name = "KEY")]
+    idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Tool {
+    /// OpenTofu.
+    Tofu,
+    /// Terraform.
+    Terraform,
+}
+
+impl Tool {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Tofu => "tofu",
+            Self::Terraform => "terraform",
+        }
+    }
+}
+
+/// One `--var` / `--var-json`.
+#[derive(Debug, Clone, PartialEq)]
+struct Var {
+    key: String,
+    value: Value,
+}
+
+fn split_var(s: &str) -> Result<(&str, &str), String> {
+    let (key, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))?;
+    if key.is_empty() {
+        return Err(format!("`{s}` has an empty variable name"));
+    }
+    if key.chars().any(char::is_whitespace) {
+        return Err(format!("variable name `{key}` contains whitespace"));
+    }
+    Ok((key, value))
+}
+
+fn parse_var(s: &str) -> Result<Var, String> {
+    let (key, value) = split_var(s)?;
+    Ok(Var {
+        key: key.to_owned(),
+        value: Value::String(value.to_owned()),
+    })
+}
+
+fn parse_var_json(s: &str) -> Result<Var, String> {
+    let (key, value) = split_var(s)?;
+    let value = serde_json::from_str(value)
+        .map_err(|e| format!("the value of `{key}` is not valid JSON: {e}"))?;
+    Ok(Var {
+        key: key.to_owned(),
+        value,
+    })
+}
+
+/// Merges `--var` and `--var-json`; a name given twice is an error.
+fn collect_vars(vars: Vec<Var>, var_json: Vec<Var>) -> Result<Map<String, Value>, String> {
+    let mut out = Map::new();
+    for Var { key, value } in vars.into_iter().chain(var_json) {
+        if out.contains_key(&key) {
+            return Err(format!("variable `{key}` is given more than once"));
+        }
+        out.insert(key, value);
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------
+// Human output
+
+const LABEL_WIDTH: usize = 18;
+
+/// A block of aligned `label: value` lines.
+#[derive(Default)]
+struct Block(String);
+
+impl Block {
+    fn line(&mut self, label: &str, value: impl std::fmt::Display) -> &mut Self {
+        let label = format!("{label}:");
+        let _ = writeln!(self.0, "{label:<LABEL_WIDTH$}{value}");
+        self
+    }
+
+    /// `name = <json>` lines under a `title:` line.
+    fn json_map(&mut self, title: &str, map: &Map<String, Value>) -> &mut Self {
+        if map.is_empty() {
+            return self;
+        }
+        let _ = writeln!(self.0, "{title}:");
+        for (name, value) in map {
+            let _ = writeln!(self.0, "{name} = {value}");
+        }
+        self
+    }
+}
+
+fn kind_str(kind: RunKind) -> &'static str {
+    match kind {
+        RunKind::Plan => "plan",
+        RunKind::Destroy => "destroy",
+        RunKind::Apply => "apply",
+        RunKind::DriftCheck => "drift_check",
+    }
+}
+
+fn short(hex: &str) -> &str {
+    hex.get(..12).unwrap_or(hex)
+}
+
+fn format_run(run: &Run) -> String {
+    let mut b = Block::default();
+    b.line("run", run.id)
+        .line("kind", kind_str(run.kind))
+        .line("status", run.status.as_str());
+    b.line("capsule", run.capsule_id);
+    if let Some(plan_run) = run.plan_run_id {
+        b.line("plan run", plan_run);
+    }
+    if let Some(c) = run.changes {
+        b.line(
+            "changes",
+            format!("+{} ~{} -{}", c.add, c.change, c.destroy),
+        );
+    }
+    if let Some(drift) = run.drift {
+        b.line("drift", if drift { "yes" } else { "no" });
+    }
+    if let Some(digest) = &run.plan_digest {
+        b.line("plan digest", short(digest));
+    }
+    if let Some(source) = &run.source_snapshot {
+        b.line("source commit", short(&source.commit));
+    }
+    if let Some(generation) = run.state_generation {
+        b.line("state generation", generation);
+    }
+    if let Some(sv) = run.state_version_id {
+        b.line("state version", sv);
+    }
+    if let Some(hold) = &run.hold {
+        match &hold.details {
+            Value::Null => b.line("held", &hold.reason),
+            Value::Object(m) if m.is_empty() => b.line("held", &hold.reason),
+            details => b.line("held", format!("{} {details}", hold.reason)),
+        };
+    }
+    if let Some(error) = &run.error {
+        if error.code.is_empty() {
+            b.line("error", &error.message);
+        } else {
+            b.line("error", format!("{} ({})", error.message, error.code));
+        }
+    }
+    match &run.outputs {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            b.json_map("outputs", map);
+        }
+        Some(other) => {
+            b.line("outputs", other);
+        }
+    }
+    b.0
+}
+
+fn format_capsule(c: &Capsule) -> String {
+    let mut b = Block::default();
+    b.line("capsule", c.id)
+        .line("workspace", c.workspace_id)
+        .line("name", &c.name);
+    b.line(
+        "source",
+        format!("{} (branch {})", c.source.repo, c.source.branch),
+    );
+    b.line("dir", &c.dir).line("tool", &c.tool);
+    if !c.status.is_empty() {
+        b.line("status", &c.status);
+    }
+    b.line("state generation", c.state_generation);
+    match c.current_state_version_id {
+        Some(sv) => b.line("state version", sv),
+        None => b.line("state version", "(none)"),
+    };
+    b.json_map("vars", &c.vars);
+    b.0
+}
+
+fn format_workspace(w: &Workspace) -> String {
+    let mut b = Block::default();
+    b.line("workspace", w.id).line("name", &w.name);
+    b.0
+}
+
+fn format_events(events: &[RunEvent]) -> String {
+    let mut out = String::new();
+    for e in events {
+        let at =
+            e.at.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                .unwrap_or_default();
+        let _ = write!(out, "{:>4}  {at}  {}  {}", e.id, e.kind, e.actor);
+        match &e.data {
+            Value::Null => {}
+            Value::Object(m) if m.is_empty() => {}
+            data => {
+                let _ = write!(out, "  {data}");
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn print_json<T: Serialize>(value: &T) {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => println!("{text}"),
+        // Values decoded from JSON always encode again.
+        Err(e) => eprintln!("error: the result could not be printed as JSON: {e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors and exit codes
+
+/// The lines to print for an error and the exit code.
+fn render_error(err: &ClientError) -> (Vec<String>, u8) {
+    let mut lines = Vec::new();
+    let code = match err {
+        ClientError::Api {
+            status,
+            code,
+            message,
+        } => {
+            lines.push(format!("error: {message} ({code})"));
+            match status {
+                401 => lines.push(format!("hint: check {TOKEN_ENV} (or --token)")),
+                403 => lines.push("hint: this token's role does not allow that request".to_owned()),
+                _ => {}
+            }
+            EXIT_FAILED
+        }
+        ClientError::Http { source, .. } => {
+            lines.push(format!("error: {err}: {}", root_cause(source)));
+            if err.is_connection_refused() {
+                lines.push(format!("hint: {START_HINT}"));
+            } else if source.is_timeout() {
+                lines.push("hint: the API did not answer in time; try again".to_owned());
+            } else {
+                lines.push(format!("hint: check the API URL (--url or {URL_ENV})"));
+            }
+            EXIT_FAILED
+        }
+        ClientError::Decode { source, .. } => {
+            lines.push(format!("error: {err}: {source}"));
+            lines.push("hint: the API and this CLI may be different versions".to_owned());
+            EXIT_FAILED
+        }
+        ClientError::Config(message) => {
+            lines.push(format!("error: {message}"));
+            EXIT_USAGE
+        }
+        ClientError::Timeout { run, .. } => {
+            lines.push(format!("error: {err}"));
+            lines.push(format!(
+                "hint: keep waiting with `takosumi wait {run} --timeout-secs 1800`"
+            ));
+            EXIT_FAILED
+        }
+    };
+    (lines, code)
+}
+
+/// The innermost cause of an error: the part a person can act on ("Connection refused").
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = err;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}
+
+/// Whether a waited-for Run ended badly (exit 1).
+fn ended_badly(status: RunStatus) -> bool {
+    matches!(
+        status,
+        RunStatus::Failed | RunStatus::Canceled | RunStatus::UnknownOutcome
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Commands
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(token) = cli.token.as_deref().filter(|t| !t.is_empty()) else {
+        Cli::command()
+            .error(
+                ErrorKind::MissingRequiredArgument,
+                format!("no API token: set {TOKEN_ENV} (or pass --token)"),
+            )
+            .exit();
+    };
+    let client = match Client::new(&cli.url, token) {
+        Ok(client) => client,
+        Err(err) => Cli::command()
+            .error(ErrorKind::InvalidValue, err.to_string())
+            .exit(),
+    };
+    match run(&client, cli.command, cli.json).await {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            let (lines, code) = render_error(&err);
+            for line in lines {
+                eprintln!("{line}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn run(client: &Client, command: Command, json: bool) -> Result<u8, ClientError> {
+    match command {
+        Command::Workspace {
+            command: WorkspaceCommand::Create { name },
+        } => {
+            let ws = client.create_workspace(&name).await?;
+            if json {
+                print_json(&ws);
+            } else {
+                print!("{}", format_workspace(&ws));
+            }
+            Ok(0)
+        }
+        Command::Capsule {
+            command: CapsuleCommand::Create(args),
+        } => {
+            let vars = match collect_vars(args.vars, args.var_json) {
+                Ok(vars) => vars,
+                Err(message) => Cli::command()
+                    .error(ErrorKind::ArgumentConflict, message)
+                    .exit(),
+            };
+            let req = NewCapsule {
+                name: args.name,
+                source: Source {
+                    repo: args.repo,
+                    branch: args.branch,
+                },
+                dir: args.dir,
+                tool: args.tool.as_str().to_owned(),
+                vars,
+            };
+            let capsule = client.create_capsule(args.workspace, &req).await?;
+            show_capsule(&capsule, json);
+            Ok(0)
+        }
+        Command::Capsule {
+            command: CapsuleCommand::Show { capsule },
+        } => {
+            show_capsule(&client.get_capsule(capsule).await?, json);
+            Ok(0)
+        }
+        Command::Plan { capsule, submit } => {
+            let run = client
+                .plan(capsule, submit.idempotency_key.as_deref())
+                .await?;
+            finish_submission(client, run, &submit, json).await
+        }
+        Command::Destroy { capsule, submit } => {
+            let run = client
+                .destroy(capsule, submit.idempotency_key.as_deref())
+                .await?;
+            finish_submission(client, run, &submit, json).await
+        }
+        Command::Apply { run, submit } => {
+            let run = client.apply(run, submit.idempotency_key.as_deref()).await?;
+            finish_submission(client, run, &submit, json).await
+        }
+        Command::Status { run } => {
+            show_run(&client.get_run(run).await?, json);
+            Ok(0)
+        }
+        Command::Logs { run } => {
+            if json {
+                print_json(&serde_json::json!({ "logs": client.log_entries(run).await? }));
+            } else {
+                let text = client.logs(run).await?;
+                print!("{text}");
+                if !text.is_empty() && !text.ends_with('\n') {
+                    println!();
+                }
+            }
+            Ok(0)
+        }
+        Command::Events { run } => {
+            let events = client.events(run).await?;
+            if json {
+                print_json(&serde_json::json!({ "events": events }));
+            } else {
+                print!("{}", format_events(&events));
+            }
+            Ok(0)
+        }
+        Command::Wait { run, timeout_secs } => {
+            let run = client.wait(run, Duration::from_secs(timeout_secs)).await?;
+            Ok(report_waited(&run, json))
+        }
+    }
+}
+
+async fn finish_submission(
+    client: &Client,
+    run: Run,
+    submit: &SubmitArgs,
+    json: bool,
+) -> Result<u8, ClientError> {
+    if submit.wait {
+        let run = client
+            .wait(run.id, Duration::from_secs(submit.timeout_secs))
+            .await?;
+        return Ok(report_waited(&run, json));
+    }
+    show_run(&run, json);
+    if !json && !run.status.is_terminal() && run.status != RunStatus::Held {
+        eprintln!("next: takosumi wait {}", run.id);
+    }
+    Ok(0)
+}
+
+/// Shows a Run that was waited for; its end decides the exit code.
+fn report_waited(run: &Run, json: bool) -> u8 {
+    show_run(run, json);
+    if ended_badly(run.status) {
+        eprintln!("error: {} ended {}", run.id, run.status.as_str());
+        if run.status == RunStatus::UnknownOutcome {
+            eprintln!(
+                "hint: the apply stopped without a recorded result: inspect the provider side and the \
+                 Capsule's current StateVersion before applying anything else"
+            );
+        }
+        return EXIT_FAILED;
+    }
+    0
+}
+
+fn show_run(run: &Run, json: bool) {
+    if json {
+        print_json(run);
+        return;
+    }
+    print!("{}", format_run(run));
+    if run.status == RunStatus::Held {
+        eprintln!("note: {} is held: it waits for a person", run.id);
+    } else if run.status == RunStatus::Planned
+        && run.kind.is_plan_like()
+        && run.changes.is_some_and(|c| !c.is_empty())
+    {
+        eprintln!("next: takosumi apply {}", run.id);
+    }
+}
+
+fn show_capsule(capsule: &Capsule, json: bool) {
+    if json {
+        print_json(capsule);
+    } else {
+        print!("{}", format_capsule(capsule));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use takosumi_client::{Changes, StateVersionId};
+
+    fn run_from(extra: Value) -> Run {
+        let mut body = json!({
+            "id": RunId::new(), "kind": "apply", "status": "applied",
+            "workspaceId": WorkspaceId::new(), "capsuleId": CapsuleId::new(),
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn vars_parse() {
+        assert_eq!(
+            parse_var("region=eu").unwrap(),
+            Var {
+                key: "region".into(),
+                value: json!("eu")
+            }
+        );
+        assert_eq!(parse_var("conn=a=b").unwrap().value, json!("a=b"));
+        assert_eq!(parse_var("empty=").unwrap().value, json!(""));
+        assert!(parse_var("noequals").is_err());
+        assert!(parse_var("=x").is_err());
+        assert!(parse_var("a b=x").is_err());
+
+        assert_eq!(
+            parse_var_json("zones=[\"a\",\"b\"]").unwrap().value,
+            json!(["a", "b"])
+        );
+        assert_eq!(parse_var_json("n=3").unwrap().value, json!(3));
+        assert_eq!(parse_var_json("s=\"text\"").unwrap().value, json!("text"));
+        let err = parse_var_json("bad={").unwrap_err();
+        assert!(err.contains("`bad` is not valid JSON"), "{err}");
+
+        let vars = collect_vars(
+            vec![parse_var("a=1").unwrap()],
+            vec![parse_var_json("b=2").unwrap()],
+        )
+        .unwrap();
+        assert_eq!(Value::Object(vars), json!({"a": "1", "b": 2}));
+        let dup = collect_vars(
+            vec![parse_var("a=1").unwrap()],
+            vec![parse_var_json("a=2").unwrap()],
+        );
+        assert!(dup.unwrap_err().contains("`a`"));
+    }
+
+    #[test]
+    fn capsule_create_parses() {
+        let ws = WorkspaceId::new();
+        let cli = Cli::try_parse_from([
+            "takosumi",
+            "--token",
+            "t",
+            "capsule",
+            "create",
+            "--workspace",
+            &ws.to_string(),
+            "--name",
+            "network",
+            "--repo",
+            "https://git.example/infra.git",
+            "--dir",
+            "infra/network",
+            "--tool",
+            "terraform",
+            "--var",
+            "region=eu",
+            "--var-json",
+            "zones=[1,2]",
+        ])
+        .unwrap();
+        let Command::Capsule {
+            command: CapsuleCommand::Create(args),
+        } = cli.command
+        else {
+            panic!("wrong command");
+        };
+        assert_eq!(args.workspace, ws);
+        assert_eq!(args.branch, "main");
+        assert_eq!(args.tool, Tool::Terraform);
+        assert_eq!(args.vars.len(), 1);
+        assert_eq!(args.var_json[0].value, json!([1, 2]));
+    }
+
+    #[test]
+    fn defaults_and_global_flags() {
+        let run = RunId::new();
+        let cli = Cli::try_parse_from(["takosumi", "wait", &run.to_string(), "--json"]).unwrap();
+        assert!(cli.json);
+        let Command::Wait {
+            run: parsed,
+            timeout_secs,
+        } = cli.command
+        else {
+            panic!("wrong command")
+        };
+        assert_eq!((parsed, timeout_secs), (run, 600));
+
+        let cap = CapsuleId::new();
+        let cli = Cli::try_parse_from([
+            "takosumi",
+            "plan",
+            &cap.to_string(),
+            "--wait",
+            "--idempotency-key",
+            "k1",
+        ])
+        .unwrap();
+        let Command::Plan { capsule, submit } = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(capsule, cap);
+        assert!(submit.wait);
+        assert_eq!(submit.idempotency_key.as_deref(), Some("k1"));
+
+        let cli = Cli::try_parse_from([
+            "takosumi",
+            "capsule",
+            "create",
+            "--workspace",
+            &WorkspaceId::new().to_string(),
+            "--name",
+            "n",
+            "--repo",
+            "r",
+        ])
+        .unwrap();
+        let Command::Capsule {
+            command: CapsuleCommand::Create(args),
+        } = cli.command
+        else {
+            panic!("wrong command")
+        };
+        assert_eq!((args.dir.as_str(), args.tool), (".", Tool::Tofu));
+    }
+
+    #[test]
+    fn bad_ids_are_rejected_before_any_request() {
+        let cap = CapsuleId::new().to_string();
+        for argv in [
+            vec!["takosumi", "status", "nope"],
+            vec!["takosumi", "apply", &cap],
+            vec!["takosumi", "plan", "run_0123"],
+            vec![
+                "takosumi",
+                "capsule",
+                "create",
+                "--workspace",
+                "prod",
+                "--name",
+                "n",
+                "--repo",
+                "r",
+            ],
+        ] {
+            let err = Cli::try_parse_from(&argv)
+                .err()
+                .unwrap_or_else(|| panic!("{argv:?} parsed"));
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{argv:?}");
+            assert_eq!(err.exit_code(), 2);
+            assert!(err.to_string().contains("is not a valid"), "{err}");
+        }
+        let err = Cli::try_parse_from(["takosumi", "status", "cap_x"])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("run_"), "{err}");
+    }
+
+    #[test]
+    fn run_block_shows_what_matters() {
+        let plan_run = RunId::new();
+        let sv = StateVersionId::new();
+        let run = run_from(json!({
+            "planRunId": plan_run,
+            "planDigest": "3f2a9c1b0d4e5f60718293a4b5c6d7e8f9a0b1c2d3e4f5061728394a5b6c7d8e",
+            "sourceSnapshot": {"commit": "0123456789abcdef0123456789abcdef01234567", "treeDigest": "x"},
+            "changes": {"add": 1, "change": 2, "destroy": 3},
+            "stateGeneration": 4,
+            "stateVersionId": sv,
+            "outputs": {"vpc": "vpc-eu", "zones": ["a", "b"], "count": 2}
+        }));
+        let text = format_run(&run);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.contains(&"vpc = \"vpc-eu\""), "{text}");
+        assert!(lines.contains(&"zones = [\"a\",\"b\"]"), "{text}");
+        assert!(lines.contains(&"count = 2"), "{text}");
+        assert!(
+            text.contains(&format!("run:              {}", run.id)),
+            "{text}"
+        );
+        assert!(text.contains("kind:             apply"), "{text}");
+        assert!(text.contains("status:           applied"), "{text}");
+        assert!(
+            text.contains(&format!("capsule:          {}", run.capsule_id)),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("plan run:         {plan_run}")),
+            "{text}"
+        );
+        assert!(text.contains("changes:          +1 ~2 -3"), "{text}");
+        assert!(text.contains("plan digest:      3f2a9c1b0d4e\n"), "{text}");
+        assert!(text.contains("source commit:    0123456789ab\n"), "{text}");
+        assert!(text.contains("state generation: 4"), "{text}");
+        assert!(text.contains(&format!("state version:    {sv}")), "{text}");
+        assert!(!text.contains("error"), "{text}");
+    }
+
+    #[test]
+    fn run_block_shows_errors_and_holds() {
+        let failed = run_from(
+            json!({"status": "failed", "error": {"code": "stale_plan", "message": "Plan again."}}),
+        );
+        let text = format_run(&failed);
+        assert!(
+            text.contains("error:            Plan again. (stale_plan)"),
+            "{text}"
+        );
+
+        let held = run_from(
+            json!({"kind": "plan", "status": "held", "hold": {"reason": "max_destroy", "details": {"destroy": 5}}}),
+        );
+        let text = format_run(&held);
+        assert!(
+            text.contains("held:             max_destroy {\"destroy\":5}"),
+            "{text}"
+        );
+
+        let minimal = run_from(json!({"kind": "drift_check", "status": "queued", "outputs": null}));
+        let text = format_run(&minimal);
+        assert_eq!(text.lines().count(), 4, "{text}");
+        assert!(text.contains("kind:             drift_check"));
+    }
+
+    #[test]
+    fn waited_runs_decide_the_exit_code() {
+        for s in [
+            RunStatus::Failed,
+            RunStatus::Canceled,
+            RunStatus::UnknownOutcome,
+        ] {
+            assert!(ended_badly(s));
+        }
+        for s in [RunStatus::Planned, RunStatus::Applied, RunStatus::Held] {
+            assert!(!ended_badly(s));
+        }
+        let _ = Changes::default();
+    }
+
+    #[test]
+    fn errors_print_message_code_and_hint() {
+        let err = ClientError::Api {
+            status: 401,
+            code: "unauthorized".into(),
+            message: "invalid token".into(),
+        };
+        let (lines, code) = render_error(&err);
+        assert_eq!(lines[0], "error: invalid token (unauthorized)");
+        assert!(lines[1].contains(TOKEN_ENV));
+        assert_eq!(code, 1);
+
+        let err = ClientError::Api {
+            status: 404,
+            code: "not_found".into(),
+            message: "no such run".into(),
+        };
+        let (lines, code) = render_error(&err);
+        assert_eq!(
+            (lines, code),
+            (vec!["error: no such run (not_found)".to_owned()], 1)
+        );
+
+        let (lines, code) = render_error(&ClientError::Config("no API token".into()));
+        assert_eq!((lines, code), (vec!["error: no API token".to_owned()], 2));
+
+        let run = RunId::new();
+        let (lines, code) = render_error(&ClientError::Timeout {
+            run,
+            last_status: RunStatus::Applying,
+        });
+        assert!(lines[0].contains("still applying"));
+        assert!(lines[1].contains(&format!("takosumi wait {run}")));
+        assert_eq!(code, 1);
+    }
+
+    #[tokio::test]
+    async fn refused_connections_point_at_the_quickstart() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let client = Client::new(&format!("http://127.0.0.1:{port}"), "t").unwrap();
+        let err = client.get_run(RunId::new()).await.unwrap_err();
+        let (lines, code) = render_error(&err);
+        assert!(lines[0].starts_with(&format!(
+            "error: the Takosumi API at http://127.0.0.1:{port} could not be reached: "
+        )));
+        assert!(lines[0].to_lowercase().contains("refused"), "{lines:?}");
+        assert_eq!(lines[1], format!("hint: {START_HINT}"));
+        assert_eq!(code, 1);
+    }
+
+    #[test]
+    fn events_print_one_line_each() {
+        let events: Vec<RunEvent> = serde_json::from_value(json!([
+            {"id": 1, "kind": "queued", "actor": "user:tok_1", "data": {}, "at": "2026-11-30T10:00:00Z"},
+            {"id": 2, "kind": "held", "actor": "handler:gate", "data": {"reason": "max_destroy"}, "at": "2026-11-30T10:00:01.5Z"}
+        ]))
+        .unwrap();
+        let text = format_events(&events);
+        assert_eq!(
+            text,
+            "   1  2026-11-30T10:00:00.000Z  queued  user:tok_1\n   2  2026-11-30T10:00:01.500Z  held  handler:gate  {\"reason\":\"max_destroy\"}\n"
+        );
+    }
+}

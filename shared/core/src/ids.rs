@@ -1,0 +1,152 @@
+//! Prefixed typed ids. A `RunId` prints as `run_<32 hex>` and parses back; it is stored
+//! as a plain `uuid` column, so the prefix never reaches the database.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// An id string that does not have the expected prefix or body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{input}` is not a valid {kind} id (expected `{prefix}` followed by 32 hex digits)")]
+pub struct IdParseError {
+    /// What kind of id was expected.
+    pub kind: &'static str,
+    /// The prefix the id must start with.
+    pub prefix: &'static str,
+    /// The rejected input (ids are not secret).
+    pub input: String,
+}
+
+macro_rules! typed_id {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::Type)]
+        #[sqlx(transparent)]
+        pub struct $name(uuid::Uuid);
+
+        impl $name {
+            /// The prefix this id carries in its text form.
+            pub const PREFIX: &'static str = $prefix;
+
+            /// A new time-ordered id.
+            pub fn new() -> Self {
+                Self(uuid::Uuid::now_v7())
+            }
+
+            /// Wraps a uuid read from storage.
+            pub fn from_uuid(id: uuid::Uuid) -> Self {
+                Self(id)
+            }
+
+            /// The uuid stored in the database.
+            pub fn as_uuid(&self) -> uuid::Uuid {
+                self.0
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}{}", $prefix, self.0.simple())
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(self, f)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = IdParseError;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                let err = || IdParseError { kind: $kind, prefix: $prefix, input: s.chars().take(80).collect() };
+                let body = s.strip_prefix($prefix).ok_or_else(err)?;
+                if body.len() != 32 {
+                    return Err(err());
+                }
+                uuid::Uuid::try_parse(body).map(Self).map_err(|_| err())
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+typed_id!(
+    /// A Workspace: a group of Capsules with shared rules and history.
+    WorkspaceId, "ws_", "workspace"
+);
+typed_id!(
+    /// A Capsule: a Git repo, a branch and a directory of configuration.
+    CapsuleId, "cap_", "capsule"
+);
+typed_id!(
+    /// A Run: one plan, destroy, apply or drift check.
+    RunId, "run_", "run"
+);
+typed_id!(
+    /// A RunGroup: Runs started together.
+    RunGroupId, "rg_", "run group"
+);
+typed_id!(
+    /// A StateVersion: one generation of a Capsule's state.
+    StateVersionId, "sv_", "state version"
+);
+typed_id!(
+    /// An API token (its secret part is never stored, only a hash).
+    TokenId, "tok_", "token"
+);
+typed_id!(
+    /// A Run event.
+    EventId, "ev_", "event"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_through_text() {
+        let id = RunId::new();
+        let text = id.to_string();
+        assert!(text.starts_with("run_"));
+        assert_eq!(text.len(), 4 + 32);
+        assert_eq!(text.parse::<RunId>().unwrap(), id);
+    }
+
+    #[test]
+    fn wrong_prefix_or_body_is_rejected() {
+        let id = RunId::new().to_string();
+        let as_cap = id.replacen("run_", "cap_", 1);
+        assert!(as_cap.parse::<RunId>().is_err());
+        assert!("run_xyz".parse::<RunId>().is_err());
+        let err = "nope".parse::<CapsuleId>().unwrap_err();
+        assert!(err.to_string().contains("cap_"));
+    }
+
+    #[test]
+    fn ids_serialize_as_prefixed_strings() {
+        let id = WorkspaceId::new();
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, format!("\"{id}\""));
+        let back: WorkspaceId = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, id);
+    }
+}

@@ -1,0 +1,14 @@
+//! Domain types every Takosumi crate shares: prefixed typed ids, the Run kinds and
+//! statuses, the wake-up message a queue carries, machine-readable failure codes and the
+//! error type a step returns. This crate owns vocabulary only: it does no I/O.
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod ids;
+pub mod run;
+pub mod secret;
+
+pub use error::{FailureCode, Outcome, StepError};
+pub use ids::{CapsuleId, EventId, IdParseError, RunGroupId, RunId, StateVersionId, TokenId, WorkspaceId};
+pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic};
+pub use secret::Secret;

@@ -1,0 +1,165 @@
+//! The consume loop. A delivery is acked as soon as it is parsed: the handler's claim in
+//! Postgres, not the broker, is what keeps a Run from running twice, and an apply can run
+//! far longer than a broker would keep a delivery unacked. A body that is not a Run
+//! message is rejected into the dead-letter queue; a handler error that may pass is
+//! retried by re-publishing with a backoff, a bounded number of times, then dead-lettered
+//! with the reason so operators can see it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use takosumi_core::{Outcome, RunMessage, StepError};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Broker, QueueError};
+
+const RETRY_HEADER: &str = "x-takosumi-retries";
+
+/// How a step consumes its queue.
+#[derive(Debug, Clone)]
+pub struct ConsumeConfig {
+    /// The queue (`run.plan`, or a pool queue `run.plan.<pool>`).
+    pub queue: String,
+    /// Messages handled at once by this process.
+    pub concurrency: u16,
+    /// Re-publishes of a message whose handler failed transiently, before dead-lettering.
+    pub max_retries: u32,
+    /// The first retry delay; doubles each time, with jitter, up to 30 s.
+    pub retry_base: Duration,
+}
+
+impl ConsumeConfig {
+    /// Defaults for a step queue.
+    pub fn new(queue: impl Into<String>) -> Self {
+        Self { queue: queue.into(), concurrency: 2, max_retries: 5, retry_base: Duration::from_millis(200) }
+    }
+}
+
+/// Consumes `cfg.queue` until `shutdown` fires (then stops consuming, lets in-flight
+/// handlers finish, and returns `Ok`) or the broker connection fails (returns `Err`;
+/// the caller reconnects).
+pub async fn consume<H, Fut>(broker: &Broker, cfg: &ConsumeConfig, handler: H, shutdown: CancellationToken) -> Result<(), QueueError>
+where
+    H: Fn(RunMessage) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Outcome, StepError>> + Send + 'static,
+{
+    let ch = broker.channel().await?;
+    ch.basic_qos(cfg.concurrency, BasicQosOptions::default()).await?;
+    let tag = format!("{}-{}", cfg.queue, std::process::id());
+    let mut consumer = ch
+        .basic_consume(cfg.queue.clone().into(), tag.clone().into(), BasicConsumeOptions::default(), FieldTable::default())
+        .await?;
+    let permits = Arc::new(Semaphore::new(usize::from(cfg.concurrency.max(1))));
+    let mut tasks = JoinSet::new();
+    let result = loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            next = consumer.next() => {
+                let delivery = match next {
+                    None => break Err(QueueError::Refused(format!("consumer of {} was canceled by the broker", cfg.queue))),
+                    Some(Err(e)) => break Err(e.into()),
+                    Some(Ok(d)) => d,
+                };
+                let Ok(permit) = permits.clone().acquire_owned().await else { break Ok(()) };
+                match RunMessage::from_bytes(&delivery.data) {
+                    Err(e) => {
+                        tracing::warn!(queue = %cfg.queue, error = %e, "poison message: not a Run message; dead-lettering it");
+                        delivery.acker.reject(BasicRejectOptions { requeue: false }).await?;
+                    }
+                    Ok(msg) => {
+                        delivery.acker.ack(BasicAckOptions::default()).await?;
+                        let retries = retries_of(&delivery.properties);
+                        let (broker, cfg, handler) = (broker.clone(), cfg.clone(), handler.clone());
+                        tasks.spawn(async move {
+                            let _permit = permit;
+                            handle_one(&broker, &cfg, msg, retries, handler).await;
+                        });
+                    }
+                }
+            }
+        }
+    };
+    let _ = ch.basic_cancel(tag.into(), BasicCancelOptions::default()).await;
+    while tasks.join_next().await.is_some() {}
+    let _ = ch.close(200, "consumer stopped".into()).await;
+    result
+}
+
+fn retries_of(props: &lapin::BasicProperties) -> u32 {
+    props
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(RETRY_HEADER).cloned())
+        .and_then(|v| match v {
+            AMQPValue::LongUInt(n) => Some(n),
+            AMQPValue::LongLongInt(n) => u32::try_from(n).ok(),
+            AMQPValue::LongInt(n) => u32::try_from(n).ok(),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+async fn handle_one<H, Fut>(broker: &Broker, cfg: &ConsumeConfig, msg: RunMessage, retries: u32, handler: H)
+where
+    H: Fn(RunMessage) -> Fut,
+    Fut: Future<Output = Result<Outcome, StepError>>,
+{
+    let run_id = msg.run_id;
+    let body = serde_json::to_vec(&msg.to_json()).unwrap_or_default();
+    match handler(msg).await {
+        Ok(outcome) => tracing::info!(queue = %cfg.queue, %run_id, ?outcome, "handled"),
+        Err(e) if e.retryable() && retries < cfg.max_retries => {
+            let delay = retry_delay(cfg.retry_base, retries);
+            tracing::warn!(queue = %cfg.queue, %run_id, error = %e, retry = retries + 1, ?delay, "handler failed; retrying");
+            tokio::time::sleep(delay).await;
+            let mut headers = FieldTable::default();
+            headers.insert(RETRY_HEADER.into(), AMQPValue::LongUInt(retries + 1));
+            if let Err(pe) = broker.publish(&cfg.queue, &body, None, headers).await {
+                // The Run is still in Postgres: the reaper's stuck-queue sweep wakes it again.
+                tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not re-publish for retry");
+            }
+        }
+        Err(e) => {
+            tracing::error!(queue = %cfg.queue, %run_id, error = %e, retries, "handler failed for good; dead-lettering");
+            if let Err(pe) = broker.publish_dead(&cfg.queue, &body, &e.to_string()).await {
+                tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not dead-letter");
+            }
+        }
+    }
+}
+
+/// Exponential backoff with full jitter, capped at 30 s.
+fn retry_delay(base: Duration, retries: u32) -> Duration {
+    let exp = base.saturating_mul(1u32 << retries.min(16)).min(Duration::from_secs(30));
+    let jitter = rand_fraction();
+    exp.mul_f64(0.5 + jitter / 2.0)
+}
+
+fn rand_fraction() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    (h.finish() % 1000) as f64 / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_grow_and_stay_capped() {
+        let base = Duration::from_millis(200);
+        let first = retry_delay(base, 0);
+        assert!(first >= Duration::from_millis(100) && first <= Duration::from_millis(200));
+        let late = retry_delay(base, 30);
+        assert!(late <= Duration::from_secs(30));
+        assert!(late >= Duration::from_secs(15));
+    }
+}

@@ -1,0 +1,83 @@
+//! The outbox relay: publishes committed wake-ups with publisher confirms and marks them
+//! sent in the same transaction that locked them. Rows locked by another relay are
+//! skipped, so any number of relays can run; a crash before the commit leaves the rows
+//! pending and they are published again (handlers are safe to run twice).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::types::FieldTable;
+use takosumi_store::outbox;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Broker, QueueError};
+
+/// Publishes up to one batch of due rows; returns how many were sent.
+pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usize, QueueError> {
+    let mut tx = pool.begin().await.map_err(takosumi_store::StoreError::from)?;
+    let rows = outbox::lock_due(&mut tx, 200).await?;
+    let mut sent = Vec::with_capacity(rows.len());
+    let mut failure = None;
+    for row in &rows {
+        let body = serde_json::to_vec(&row.payload).unwrap_or_default();
+        match broker.publish(&row.topic, &body, Some(row.id.to_string()), FieldTable::default()).await {
+            Ok(()) => sent.push(row.id),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    outbox::mark_sent(&mut tx, &sent).await?;
+    tx.commit().await.map_err(takosumi_store::StoreError::from)?;
+    if let Some(e) = failure {
+        let unsent: Vec<i64> = rows.iter().map(|r| r.id).filter(|id| !sent.contains(id)).collect();
+        let _ = outbox::mark_failed(pool, &unsent).await;
+        return Err(e);
+    }
+    Ok(sent.len())
+}
+
+/// Relays until `shutdown`. `wake` lets a process that just committed an outbox row skip
+/// the poll interval. `connect` gives the current broker (reconnecting when needed).
+pub async fn run_relay<F, Fut>(pool: sqlx_pool::PgPool, connect: F, wake: Arc<Notify>, shutdown: CancellationToken)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Broker, QueueError>>,
+{
+    let mut failures: u32 = 0;
+    while !shutdown.is_cancelled() {
+        let result = match connect().await {
+            Ok(broker) => relay_once(&pool, &broker).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(n) if n > 0 => {
+                failures = 0;
+                continue;
+            }
+            Ok(_) => {
+                failures = 0;
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                }
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let delay = Duration::from_millis(100u64 << failures.min(8)).min(Duration::from_secs(10));
+                tracing::warn!(error = %e, ?delay, "outbox relay failed; backing off");
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+mod sqlx_pool {
+    pub use takosumi_store::Pool as PgPool;
+}

@@ -1,0 +1,41 @@
+//! The sandbox in which tofu/terraform runs.
+//!
+//! This crate owns, for one run at a time:
+//! - a private 0700 run directory ([`Workdir`]) holding the git checkout, the state file
+//!   (outside the checkout), the saved plan and an empty HOME — wiped and removed when the
+//!   run ends;
+//! - the checkout: a full `git clone` of the branch, an optional detach at a pinned
+//!   commit, removal of every `.terraform` directory, and a deterministic tree digest
+//!   ([`SourceSnapshot`]);
+//! - a backend override that points the tool at the run's own local state file, whatever
+//!   backend the repository declares;
+//! - starting git and the tool with an environment built from nothing ([`ToolEnv`]), in
+//!   their own process group, and reading what they report as JSON ([`count_changes`],
+//!   [`public_outputs`]);
+//! - the provider lockfile's raw bytes (at most 1 MiB).
+//!
+//! It must never: let a child inherit the server's environment; log or put into an error
+//! message a variable value, a credential, plan JSON or tool output (tool output is handed
+//! back unmasked for the caller's masker, and is left out of `Display`/`Debug`); leave a
+//! plan file behind; let the tool read or write state anywhere but the run directory; or
+//! talk to the database, the queue or object storage — sealing and storing what it returns
+//! is the caller's job.
+#![deny(missing_docs)]
+
+mod env;
+mod error;
+mod plan_json;
+mod process;
+mod runner;
+mod source;
+mod workdir;
+
+pub use env::{Tool, ToolEnv, ToolOutput};
+pub use error::RunnerError;
+pub use plan_json::{count_changes, is_stale_plan, public_outputs};
+pub use runner::{
+    BACKEND_OVERRIDE_FILE, LOCKFILE_NAME, MAX_LOCKFILE_BYTES, Runner, RunnerConfig, SourceSnapshot,
+    TOOL_PATH,
+};
+pub use source::tree_digest;
+pub use workdir::Workdir;

@@ -1,0 +1,883 @@
+//! The runner: checkout, backend override, and every tool step.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::process::Command;
+
+use crate::process::{self, Captured, StdoutMode};
+use crate::source;
+use crate::workdir::{self, Workdir};
+use crate::{RunnerError, Tool, ToolEnv, ToolOutput};
+
+/// The only PATH a child process gets.
+pub const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// The file the backend override is written to, in the Capsule directory.
+pub const BACKEND_OVERRIDE_FILE: &str = "zz_takosumi_override.tf";
+/// The provider lockfile, in the Capsule directory.
+pub const LOCKFILE_NAME: &str = ".terraform.lock.hcl";
+/// The largest lockfile accepted (inclusive).
+pub const MAX_LOCKFILE_BYTES: u64 = 1_048_576;
+
+/// Where the binaries are and where run directories go. Server settings, read once.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// The terraform binary.
+    pub terraform_bin: PathBuf,
+    /// The tofu binary, if this runner has one.
+    pub tofu_bin: Option<PathBuf>,
+    /// Given to the tool as `TF_CLI_CONFIG_FILE` (e.g. an offline provider mirror).
+    pub cli_config_file: Option<PathBuf>,
+    /// Private run directories are created under it (created 0700 if missing).
+    pub work_root: PathBuf,
+    /// The git binary (`git`, looked up on [`TOOL_PATH`]).
+    pub git_bin: PathBuf,
+}
+
+impl RunnerConfig {
+    /// A configuration with terraform only, no CLI config, and `git` from [`TOOL_PATH`].
+    pub fn new(terraform_bin: impl Into<PathBuf>, work_root: impl Into<PathBuf>) -> Self {
+        Self {
+            terraform_bin: terraform_bin.into(),
+            tofu_bin: None,
+            cli_config_file: None,
+            work_root: work_root.into(),
+            git_bin: PathBuf::from("git"),
+        }
+    }
+}
+
+/// What was executed: the commit and a digest of the checked-out tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceSnapshot {
+    /// The full commit id of HEAD after checkout.
+    pub commit: String,
+    /// [`crate::tree_digest`] of the checkout after `.terraform` directories were removed.
+    pub tree_digest: String,
+}
+
+/// Runs git and the tool in private run directories. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Runner {
+    cfg: Arc<RunnerConfig>,
+}
+
+impl Runner {
+    /// A runner with this configuration.
+    pub fn new(cfg: RunnerConfig) -> Self {
+        Self { cfg: Arc::new(cfg) }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RunnerConfig {
+        &self.cfg
+    }
+
+    /// The binary for `tool`, or [`RunnerError::ToolNotInstalled`].
+    pub fn tool_bin(&self, tool: Tool) -> Result<&Path, RunnerError> {
+        match tool {
+            Tool::Terraform => Ok(&self.cfg.terraform_bin),
+            Tool::Tofu => self
+                .cfg
+                .tofu_bin
+                .as_deref()
+                .ok_or(RunnerError::ToolNotInstalled(Tool::Tofu)),
+        }
+    }
+
+    /// Creates a private 0700 run directory under `work_root` (created if needed) for the
+    /// run `label`. It is wiped and removed when the [`Workdir`] is dropped.
+    pub fn workdir(&self, label: &str) -> Result<Workdir, RunnerError> {
+        Workdir::create(&self.cfg.work_root, label)
+    }
+
+    /// Checks a Capsule directory: relative, without `..`, not absolute, no NUL. `""` and
+    /// `"."` mean the repository root.
+    pub fn validate_dir(dir: &str) -> Result<(), RunnerError> {
+        source::validate_dir(dir)
+    }
+
+    /// Clones `branch` of `repo` (full history) into `wd.checkout()`, detaches at `commit`
+    /// when given ([`RunnerError::CommitNotFound`] if the repository does not have it),
+    /// removes every `.terraform` entry, digests the tree and resolves `dir` as the
+    /// Capsule directory ([`RunnerError::InvalidDir`] unless it is a directory inside the
+    /// checkout). Links pointing outside the checkout are refused.
+    pub async fn checkout(
+        &self,
+        wd: &Workdir,
+        repo: &str,
+        branch: &str,
+        commit: Option<&str>,
+        dir: &str,
+    ) -> Result<SourceSnapshot, RunnerError> {
+        Self::validate_dir(dir)?;
+        source::validate_repo(repo)?;
+        source::validate_branch(branch)?;
+        if let Some(commit) = commit {
+            source::validate_commit(commit)?;
+        }
+        if fs::symlink_metadata(wd.checkout()).is_ok() {
+            return Err(RunnerError::Checkout(
+                "this run directory already holds a checkout".into(),
+            ));
+        }
+        let mut clone: Vec<OsString> = vec![
+            "clone".into(),
+            "--quiet".into(),
+            "--no-hardlinks".into(),
+            "--branch".into(),
+            branch.into(),
+            "--".into(),
+            repo.into(),
+        ];
+        clone.push(wd.checkout().as_os_str().to_owned());
+        self.git(wd, wd.root(), &clone, repo).await?;
+
+        let pinned = match commit {
+            Some(commit) => {
+                let spec = format!("{commit}^{{commit}}");
+                let found = self
+                    .git_captured(
+                        wd,
+                        wd.checkout(),
+                        &["rev-parse", "--verify", "--quiet", &spec],
+                    )
+                    .await?;
+                let full = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+                if found.exit_code != 0 || full.is_empty() {
+                    return Err(RunnerError::CommitNotFound(commit.to_owned()));
+                }
+                self.git(
+                    wd,
+                    wd.checkout(),
+                    &["checkout", "--quiet", "--detach", full.as_str()],
+                    repo,
+                )
+                .await?;
+                Some(full)
+            }
+            None => None,
+        };
+        let head = self
+            .git(wd, wd.checkout(), &["rev-parse", "HEAD"], repo)
+            .await?;
+        let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+        if pinned.as_ref().is_some_and(|p| *p != head) {
+            return Err(RunnerError::Checkout(format!(
+                "HEAD is {head} after checking out {}",
+                commit.unwrap_or_default()
+            )));
+        }
+
+        let checkout = wd.checkout().to_path_buf();
+        let dir_owned = dir.to_owned();
+        let (tree_digest, config_dir) = tokio::task::spawn_blocking(move || {
+            source::remove_dot_terraform(&checkout)?;
+            let digest = source::tree_digest(&checkout)?;
+            let config_dir = source::resolve_config_dir(&checkout, &dir_owned)?;
+            Ok::<_, RunnerError>((digest, config_dir))
+        })
+        .await
+        .map_err(|e| {
+            RunnerError::io(
+                "digesting the checkout",
+                std::io::Error::other(e.to_string()),
+            )
+        })??;
+        wd.set_config_dir(config_dir);
+        tracing::debug!(label = wd.label(), commit = %head, "checked out");
+        Ok(SourceSnapshot {
+            commit: head,
+            tree_digest,
+        })
+    }
+
+    /// Writes `config_dir/zz_takosumi_override.tf` pointing a `local` backend at
+    /// [`Workdir::state_path`], so state stays with Takosumi whatever backend the
+    /// repository declares. The path is written relative to the Capsule directory
+    /// (`../../state/terraform.tfstate`): a saved plan carries its backend configuration,
+    /// and the apply runs in another run directory. Files that would shadow it (`zz_takosumi_override.tofu`, …)
+    /// are removed; an override file loaded after it that declares a backend or `cloud`
+    /// block is refused ([`RunnerError::InvalidDir`]).
+    pub fn write_backend_override(&self, wd: &Workdir) -> Result<(), RunnerError> {
+        let dir = wd.config_dir();
+        for shadow in [
+            "zz_takosumi_override.tf.json",
+            "zz_takosumi_override.tofu",
+            "zz_takosumi_override.tofu.json",
+        ] {
+            let path = dir.join(shadow);
+            if fs::symlink_metadata(&path).is_ok() {
+                fs::remove_file(&path)
+                    .map_err(|e| RunnerError::io(format!("removing {}", path.display()), e))?;
+            }
+        }
+        let listing = fs::read_dir(dir)
+            .map_err(|e| RunnerError::io(format!("listing {}", dir.display()), e))?;
+        for entry in listing {
+            let entry =
+                entry.map_err(|e| RunnerError::io(format!("listing {}", dir.display()), e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name <= BACKEND_OVERRIDE_FILE || !is_override_file(name) {
+                continue;
+            }
+            let text = fs::read_to_string(entry.path()).unwrap_or_default();
+            if declares_backend(&text) {
+                return Err(RunnerError::InvalidDir(format!(
+                    "{name} declares a backend or cloud block after Takosumi's override; \
+                     Takosumi keeps the state itself: remove that block"
+                )));
+            }
+        }
+        // Relative to the Capsule directory, not absolute: a saved plan records its
+        // backend configuration and `apply <plan>` uses that one, so the path must mean
+        // the same in the apply's run directory as in the plan's.
+        let state = relative_state_path(wd)?;
+        let body = format!(
+            "# Written by Takosumi for this run: the state stays with Takosumi whatever backend\n\
+             # the repository declares.\n\
+             terraform {{\n  backend \"local\" {{\n    path = \"{}\"\n  }}\n}}\n",
+            hcl_escape(&state)
+        );
+        workdir::write_private(&dir.join(BACKEND_OVERRIDE_FILE), body.as_bytes())
+    }
+
+    /// Puts a state file (a StateVersion's bytes) where the backend override reads it.
+    pub fn restore_state(&self, wd: &Workdir, state: &[u8]) -> Result<(), RunnerError> {
+        workdir::write_private(wd.state_path(), state)
+    }
+
+    /// The state file the tool left, or `None` if there is none.
+    pub fn read_state(&self, wd: &Workdir) -> Result<Option<Vec<u8>>, RunnerError> {
+        workdir::read_optional(wd.state_path())
+    }
+
+    /// The raw bytes of `config_dir/.terraform.lock.hcl`, `None` if absent (a
+    /// provider-free run), [`RunnerError::LockfileTooLarge`] over 1 MiB.
+    pub fn read_lockfile(&self, wd: &Workdir) -> Result<Option<Vec<u8>>, RunnerError> {
+        let path = wd.config_dir().join(LOCKFILE_NAME);
+        let meta = match fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(RunnerError::io(format!("reading {}", path.display()), e)),
+        };
+        if meta.len() > MAX_LOCKFILE_BYTES {
+            return Err(RunnerError::LockfileTooLarge { size: meta.len() });
+        }
+        let bytes = workdir::read_optional(&path)?;
+        match bytes {
+            Some(bytes) if bytes.len() as u64 > MAX_LOCKFILE_BYTES => {
+                Err(RunnerError::LockfileTooLarge {
+                    size: bytes.len() as u64,
+                })
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// `<tool> version -json`, parsed; run in a throw-away HOME under `work_root`.
+    pub async fn version(&self, tool: Tool, env: &ToolEnv) -> Result<Value, RunnerError> {
+        let root = &self.cfg.work_root;
+        fs::create_dir_all(root)
+            .map_err(|e| RunnerError::io(format!("creating {}", root.display()), e))?;
+        let home = tempfile::Builder::new()
+            .prefix("version.")
+            .tempdir_in(root)
+            .map_err(|e| {
+                RunnerError::io(format!("creating a directory under {}", root.display()), e)
+            })?;
+        let cmd = self.tool_command(tool, home.path(), home.path(), env, &["version", "-json"])?;
+        let captured = self
+            .run_tool(cmd, tool, "version", StdoutMode::Data)
+            .await?;
+        json_result("version", captured)
+    }
+
+    /// `init -input=false -no-color` in the Capsule directory.
+    pub async fn init(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+    ) -> Result<ToolOutput, RunnerError> {
+        let cmd = self.wd_command(wd, tool, env, &["init", "-input=false", "-no-color"])?;
+        checked(
+            "init",
+            self.run_tool(cmd, tool, "init", StdoutMode::Log).await?,
+        )
+    }
+
+    /// `plan -input=false -no-color [-destroy] -out=<plan_path>`.
+    pub async fn plan(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+        destroy: bool,
+    ) -> Result<ToolOutput, RunnerError> {
+        let mut out = OsString::from("-out=");
+        out.push(wd.plan_path());
+        let mut args: Vec<&OsStr> = vec![
+            "plan".as_ref(),
+            "-input=false".as_ref(),
+            "-no-color".as_ref(),
+        ];
+        if destroy {
+            args.push("-destroy".as_ref());
+        }
+        args.push(&out);
+        let cmd = self.wd_command(wd, tool, env, &args)?;
+        checked(
+            "plan",
+            self.run_tool(cmd, tool, "plan", StdoutMode::Log).await?,
+        )
+    }
+
+    /// `show -json <plan_path>`, parsed. It holds sensitive values: never log it.
+    pub async fn show_json(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+    ) -> Result<Value, RunnerError> {
+        let args: [&OsStr; 3] = [
+            "show".as_ref(),
+            "-json".as_ref(),
+            wd.plan_path().as_os_str(),
+        ];
+        let cmd = self.wd_command(wd, tool, env, &args)?;
+        json_result(
+            "show",
+            self.run_tool(cmd, tool, "show", StdoutMode::Data).await?,
+        )
+    }
+
+    /// `apply -input=false -no-color <plan_path>`. Returns the output whatever the exit
+    /// code: check [`ToolOutput::exit_code`] and [`crate::is_stale_plan`].
+    pub async fn apply(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+    ) -> Result<ToolOutput, RunnerError> {
+        let args: [&OsStr; 4] = [
+            "apply".as_ref(),
+            "-input=false".as_ref(),
+            "-no-color".as_ref(),
+            wd.plan_path().as_os_str(),
+        ];
+        let cmd = self.wd_command(wd, tool, env, &args)?;
+        let captured = self.run_tool(cmd, tool, "apply", StdoutMode::Log).await?;
+        Ok(tool_output(captured))
+    }
+
+    /// `output -json`, parsed (sensitive values included: see [`crate::public_outputs`]).
+    pub async fn output_json(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+    ) -> Result<Value, RunnerError> {
+        let cmd = self.wd_command(wd, tool, env, &["output", "-json"])?;
+        json_result(
+            "output",
+            self.run_tool(cmd, tool, "output", StdoutMode::Data).await?,
+        )
+    }
+
+    /// Puts an unsealed plan at `plan_path` (mode 0600) for apply.
+    pub fn write_plan_file(&self, wd: &Workdir, bytes: &[u8]) -> Result<(), RunnerError> {
+        workdir::write_private(wd.plan_path(), bytes)
+    }
+
+    /// The saved plan's bytes (to digest and seal).
+    pub fn read_plan_file(&self, wd: &Workdir) -> Result<Vec<u8>, RunnerError> {
+        fs::read(wd.plan_path())
+            .map_err(|e| RunnerError::io(format!("reading {}", wd.plan_path().display()), e))
+    }
+
+    /// Overwrites the plan file with zeros, then removes it. No plan file is fine.
+    pub fn wipe_plan_file(&self, wd: &Workdir) -> Result<(), RunnerError> {
+        workdir::wipe_file(wd.plan_path())
+    }
+
+    // ---- processes ------------------------------------------------------------------
+
+    /// The tool's entire environment: the fixed entries, then the run's own.
+    pub(crate) fn tool_env(
+        &self,
+        home: &Path,
+        env: &ToolEnv,
+    ) -> Result<BTreeMap<String, OsString>, RunnerError> {
+        let mut vars: BTreeMap<String, OsString> = BTreeMap::new();
+        vars.insert("PATH".into(), TOOL_PATH.into());
+        vars.insert("HOME".into(), home.as_os_str().to_owned());
+        vars.insert("CHECKPOINT_DISABLE".into(), "1".into());
+        vars.insert("TF_IN_AUTOMATION".into(), "1".into());
+        vars.insert("TF_INPUT".into(), "0".into());
+        if let Some(cli) = &self.cfg.cli_config_file {
+            vars.insert("TF_CLI_CONFIG_FILE".into(), cli.as_os_str().to_owned());
+        }
+        for (name, value) in env.entries()? {
+            vars.insert(name.to_owned(), value.into());
+        }
+        Ok(vars)
+    }
+
+    /// A tool command with nothing inherited: environment from [`Self::tool_env`] only.
+    pub(crate) fn tool_command<S: AsRef<OsStr>>(
+        &self,
+        tool: Tool,
+        home: &Path,
+        cwd: &Path,
+        env: &ToolEnv,
+        args: &[S],
+    ) -> Result<Command, RunnerError> {
+        let vars = self.tool_env(home, env)?;
+        let mut cmd = Command::new(self.tool_bin(tool)?);
+        cmd.env_clear().envs(vars).current_dir(cwd).args(args);
+        Ok(cmd)
+    }
+
+    fn wd_command<S: AsRef<OsStr>>(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+        args: &[S],
+    ) -> Result<Command, RunnerError> {
+        self.tool_command(tool, wd.home(), wd.config_dir(), env, args)
+    }
+
+    async fn run_tool(
+        &self,
+        cmd: Command,
+        tool: Tool,
+        step: &'static str,
+        mode: StdoutMode,
+    ) -> Result<Captured, RunnerError> {
+        let program = self.tool_bin(tool)?.display().to_string();
+        tracing::debug!(%tool, step, "starting the tool");
+        let captured = process::run(cmd, &program, mode).await?;
+        tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
+        Ok(captured)
+    }
+
+    /// A git command with nothing inherited.
+    pub(crate) fn git_command<S: AsRef<OsStr>>(
+        &self,
+        wd: &Workdir,
+        cwd: &Path,
+        args: &[S],
+    ) -> Command {
+        let mut cmd = Command::new(&self.cfg.git_bin);
+        cmd.env_clear()
+            .env("PATH", TOOL_PATH)
+            .env("HOME", wd.home())
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .current_dir(cwd)
+            .args([
+                "-c",
+                "protocol.ext.allow=never",
+                "-c",
+                "protocol.fd.allow=never",
+                "-c",
+                "core.sshCommand=ssh -o BatchMode=yes",
+                "-c",
+                "advice.detachedHead=false",
+            ])
+            .args(args);
+        cmd
+    }
+
+    async fn git_captured<S: AsRef<OsStr>>(
+        &self,
+        wd: &Workdir,
+        cwd: &Path,
+        args: &[S],
+    ) -> Result<Captured, RunnerError> {
+        let program = self.cfg.git_bin.display().to_string();
+        process::run(self.git_command(wd, cwd, args), &program, StdoutMode::Data).await
+    }
+
+    /// Runs git; a non-zero exit becomes [`RunnerError::Checkout`] with git's stderr.
+    async fn git<S: AsRef<OsStr>>(
+        &self,
+        wd: &Workdir,
+        cwd: &Path,
+        args: &[S],
+        repo: &str,
+    ) -> Result<Captured, RunnerError> {
+        let captured = self.git_captured(wd, cwd, args).await?;
+        if captured.exit_code != 0 {
+            let mut message = captured.stderr.trim().to_owned();
+            if message.is_empty() {
+                message = format!("git exited with code {}", captured.exit_code);
+            }
+            if message.len() > 4000 {
+                let mut cut = message.len() - 4000;
+                while !message.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                message = format!("…{}", &message[cut..]);
+            }
+            return Err(RunnerError::Checkout(source::redact_url(&message, repo)));
+        }
+        Ok(captured)
+    }
+}
+
+fn tool_output(c: Captured) -> ToolOutput {
+    ToolOutput {
+        exit_code: c.exit_code,
+        output: c.output,
+        stderr: c.stderr,
+    }
+}
+
+fn checked(step: &'static str, c: Captured) -> Result<ToolOutput, RunnerError> {
+    if c.exit_code != 0 {
+        return Err(RunnerError::ToolFailed {
+            step,
+            exit_code: c.exit_code,
+            output: c.output,
+        });
+    }
+    Ok(tool_output(c))
+}
+
+fn json_result(step: &'static str, c: Captured) -> Result<Value, RunnerError> {
+    if c.exit_code != 0 {
+        // stdout may hold values; stderr has the error.
+        return Err(RunnerError::ToolFailed {
+            step,
+            exit_code: c.exit_code,
+            output: c.stderr,
+        });
+    }
+    if c.stdout_overflow {
+        return Err(RunnerError::OutputTooLarge {
+            step,
+            limit: process::MAX_STDOUT_BYTES,
+        });
+    }
+    serde_json::from_slice(&c.stdout).map_err(|source| RunnerError::BadJson { step, source })
+}
+
+/// The state path relative to the Capsule directory (both live in the run directory).
+fn relative_state_path(wd: &Workdir) -> Result<String, RunnerError> {
+    let inside = wd.config_dir().strip_prefix(wd.root()).map_err(|_| {
+        RunnerError::InvalidDir(format!(
+            "{} is outside the run directory",
+            wd.config_dir().display()
+        ))
+    })?;
+    let state = wd
+        .state_path()
+        .strip_prefix(wd.root())
+        .ok()
+        .and_then(Path::to_str)
+        .ok_or_else(|| RunnerError::InvalidDir("the state path is not UTF-8".into()))?;
+    let mut rel = "../".repeat(inside.components().count());
+    rel.push_str(state);
+    Ok(rel)
+}
+
+/// `override.tf`, `*_override.tf` and their `.tf.json` / `.tofu` / `.tofu.json` forms.
+fn is_override_file(name: &str) -> bool {
+    [".tf", ".tf.json", ".tofu", ".tofu.json"]
+        .iter()
+        .any(|ext| {
+            name.strip_suffix(ext)
+                .is_some_and(|stem| stem == "override" || stem.ends_with("_override"))
+        })
+}
+
+/// A `backend "…"` / `cloud {` block (HCL) or a `"backend"` / `"cloud"` key (JSON).
+fn declares_backend(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let followed_by = |end: usize, chars: &[u8]| {
+        bytes[end..]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| chars.contains(b))
+    };
+    for (word, next) in [("backend", b"\"".as_slice()), ("cloud", b"{".as_slice())] {
+        for (i, _) in text.match_indices(word) {
+            let end = i + word.len();
+            let before = if i == 0 { b' ' } else { bytes[i - 1] };
+            let after = bytes.get(end).copied().unwrap_or(b' ');
+            if before == b'"' && after == b'"' && followed_by(end + 1, b":") {
+                return true;
+            }
+            let word_start = !(before.is_ascii_alphanumeric() || before == b'_' || before == b'-');
+            let word_end = !(after.is_ascii_alphanumeric() || after == b'_' || after == b'-');
+            if word_start && word_end && followed_by(end, next) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Escapes a string for an HCL quoted literal (no interpolation, no directives).
+fn hcl_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '$' | '%' if chars.peek() == Some(&'{') => {
+                out.push(c);
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use takosumi_core::Secret;
+
+    use super::*;
+
+    fn make_runner(cli: Option<&str>) -> (tempfile::TempDir, Runner) {
+        let base = tempfile::tempdir().unwrap();
+        let mut cfg = RunnerConfig::new("/opt/terraform", base.path().join("work"));
+        cfg.cli_config_file = cli.map(PathBuf::from);
+        (base, Runner::new(cfg))
+    }
+
+    #[test]
+    fn tool_environment_is_built_from_nothing() {
+        let (_base, runner) = make_runner(Some("/etc/takosumi/terraformrc"));
+        let wd = runner.workdir("run_env").unwrap();
+        let env = ToolEnv::new()
+            .with_variables(serde_json::json!({"region": "eu"}).as_object().unwrap())
+            .unwrap()
+            .with_secret_env("AWS_SECRET_ACCESS_KEY", Secret::new("canary-s3cr3t".into()));
+        let cmd = runner
+            .wd_command(&wd, Tool::Terraform, &env, &["plan"])
+            .unwrap();
+        let std = cmd.as_std();
+        let envs: BTreeMap<String, Option<String>> = std
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_str().unwrap().to_owned(),
+                    v.map(|v| v.to_str().unwrap().to_owned()),
+                )
+            })
+            .collect();
+        let keys: Vec<&str> = envs.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "AWS_SECRET_ACCESS_KEY",
+                "CHECKPOINT_DISABLE",
+                "HOME",
+                "PATH",
+                "TF_CLI_CONFIG_FILE",
+                "TF_INPUT",
+                "TF_IN_AUTOMATION",
+                "TF_VAR_region",
+            ]
+        );
+        assert_eq!(envs["PATH"].as_deref(), Some(TOOL_PATH));
+        assert_eq!(envs["HOME"].as_deref(), wd.home().to_str());
+        assert_eq!(envs["CHECKPOINT_DISABLE"].as_deref(), Some("1"));
+        assert_eq!(
+            envs["TF_CLI_CONFIG_FILE"].as_deref(),
+            Some("/etc/takosumi/terraformrc")
+        );
+        assert_eq!(envs["TF_VAR_region"].as_deref(), Some("eu"));
+        assert_eq!(std.get_current_dir(), Some(wd.config_dir()));
+        assert_eq!(std.get_program(), "/opt/terraform");
+
+        // Without a CLI config, none is named; the run's CHECKPOINT_DISABLE wins.
+        let (_base2, plain) = make_runner(None);
+        let env = ToolEnv::new().with_secret_env("CHECKPOINT_DISABLE", Secret::new("false".into()));
+        let vars = plain.tool_env(wd.home(), &env).unwrap();
+        assert!(!vars.contains_key("TF_CLI_CONFIG_FILE"));
+        assert_eq!(vars["CHECKPOINT_DISABLE"], "false");
+
+        // A refused entry stops the tool from starting at all.
+        let bad = ToolEnv::new().with_secret_env("TF_CLI_ARGS", Secret::new("-x".into()));
+        assert!(matches!(
+            runner.wd_command(&wd, Tool::Terraform, &bad, &["plan"]),
+            Err(RunnerError::InvalidEnv { .. })
+        ));
+        assert!(matches!(
+            runner.wd_command(&wd, Tool::Tofu, &ToolEnv::new(), &["plan"]),
+            Err(RunnerError::ToolNotInstalled(Tool::Tofu))
+        ));
+    }
+
+    #[test]
+    fn git_environment_is_built_from_nothing() {
+        let (_base, runner) = make_runner(None);
+        let wd = runner.workdir("run_git").unwrap();
+        let cmd = runner.git_command(&wd, wd.root(), &["status"]);
+        let keys: Vec<String> = cmd
+            .as_std()
+            .get_envs()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "GIT_CONFIG_GLOBAL",
+                "GIT_CONFIG_NOSYSTEM",
+                "GIT_TERMINAL_PROMPT",
+                "HOME",
+                "PATH"
+            ]
+        );
+    }
+
+    #[test]
+    fn tool_binaries() {
+        let (_base, runner) = make_runner(None);
+        assert_eq!(
+            runner.tool_bin(Tool::Terraform).unwrap(),
+            Path::new("/opt/terraform")
+        );
+        assert!(matches!(
+            runner.tool_bin(Tool::Tofu),
+            Err(RunnerError::ToolNotInstalled(Tool::Tofu))
+        ));
+        let mut cfg = runner.config().clone();
+        cfg.tofu_bin = Some("/opt/tofu".into());
+        assert_eq!(
+            Runner::new(cfg).tool_bin(Tool::Tofu).unwrap(),
+            Path::new("/opt/tofu")
+        );
+    }
+
+    #[test]
+    fn override_detection() {
+        for yes in [
+            "override.tf",
+            "x_override.tf",
+            "a_override.tf.json",
+            "override.tofu",
+            "b_override.tofu.json",
+        ] {
+            assert!(is_override_file(yes), "{yes}");
+        }
+        for no in ["main.tf", "overrides.tf", "xoverride.tf", "override.txt"] {
+            assert!(!is_override_file(no), "{no}");
+        }
+        assert!(declares_backend("terraform {\n  backend \"s3\" {}\n}"));
+        assert!(declares_backend("terraform { backend    \"s3\" {} }"));
+        assert!(declares_backend(
+            "terraform {\n  cloud {\n organization = \"x\" } }"
+        ));
+        assert!(declares_backend(
+            r#"{"terraform": {"backend": {"s3": {}}}}"#
+        ));
+        assert!(!declares_backend(
+            "variable \"backend_url\" {}\noutput \"cloud_id\" { value = 1 }"
+        ));
+        assert!(!declares_backend("locals { backend = 1 }"));
+    }
+
+    #[test]
+    fn hcl_strings_are_escaped() {
+        assert_eq!(hcl_escape(r#"/a/"b"\c"#), r#"/a/\"b\"\\c"#);
+        assert_eq!(hcl_escape("/a/${x}/%{y}/$z"), "/a/$${x}/%%{y}/$z");
+    }
+
+    #[test]
+    fn lockfile_limits() {
+        let (_base, runner) = make_runner(None);
+        let wd = runner.workdir("run_lock").unwrap();
+        fs::create_dir_all(wd.config_dir()).unwrap();
+        assert_eq!(runner.read_lockfile(&wd).unwrap(), None);
+        let path = wd.config_dir().join(LOCKFILE_NAME);
+        fs::write(&path, b"").unwrap();
+        assert_eq!(runner.read_lockfile(&wd).unwrap(), Some(Vec::new()));
+        fs::write(&path, vec![b'#'; 1_048_576]).unwrap();
+        assert_eq!(runner.read_lockfile(&wd).unwrap().unwrap().len(), 1_048_576);
+        fs::write(&path, vec![b'#'; 1_048_577]).unwrap();
+        assert!(matches!(
+            runner.read_lockfile(&wd),
+            Err(RunnerError::LockfileTooLarge { size: 1_048_577 })
+        ));
+    }
+
+    #[test]
+    fn backend_override_file() {
+        let (_base, runner) = make_runner(None);
+        let wd = runner.workdir("run_override").unwrap();
+        let dir = wd.config_dir().to_path_buf();
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("main.tf"), "terraform {\n  backend \"s3\" {}\n}\n").unwrap();
+        fs::write(
+            dir.join("a_override.tf"),
+            "terraform {\n  backend \"s3\" {}\n}\n",
+        )
+        .unwrap();
+        fs::write(dir.join("zz_takosumi_override.tofu"), "terraform {}\n").unwrap();
+        runner.write_backend_override(&wd).unwrap();
+        let text = fs::read_to_string(dir.join(BACKEND_OVERRIDE_FILE)).unwrap();
+        assert!(text.contains("backend \"local\""));
+        assert!(
+            text.contains("path = \"../state/terraform.tfstate\""),
+            "{text}"
+        );
+        assert_eq!(
+            wd.config_dir()
+                .join("../state/terraform.tfstate")
+                .parent()
+                .unwrap()
+                .canonicalize()
+                .unwrap(),
+            wd.state_path().parent().unwrap()
+        );
+        assert!(!dir.join("zz_takosumi_override.tofu").exists());
+
+        fs::write(
+            dir.join("zzz_override.tf"),
+            "terraform {\n  backend \"s3\" {}\n}\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            runner.write_backend_override(&wd),
+            Err(RunnerError::InvalidDir(_))
+        ));
+        fs::write(dir.join("zzz_override.tf"), "output \"x\" { value = 1 }\n").unwrap();
+        runner.write_backend_override(&wd).unwrap();
+    }
+
+    #[test]
+    fn plan_file_round_trip() {
+        let (_base, runner) = make_runner(None);
+        let wd = runner.workdir("run_plan").unwrap();
+        assert!(runner.read_plan_file(&wd).is_err());
+        runner.write_plan_file(&wd, b"PK\x03\x04plan").unwrap();
+        assert_eq!(runner.read_plan_file(&wd).unwrap(), b"PK\x03\x04plan");
+        runner.wipe_plan_file(&wd).unwrap();
+        assert!(!wd.plan_path().exists());
+        runner.wipe_plan_file(&wd).unwrap();
+
+        assert_eq!(runner.read_state(&wd).unwrap(), None);
+        runner.restore_state(&wd, b"{\"version\":4}").unwrap();
+        assert_eq!(runner.read_state(&wd).unwrap().unwrap(), b"{\"version\":4}");
+    }
+}

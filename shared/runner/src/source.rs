@@ -1,0 +1,510 @@
+//! The checked-out source: input validation, cleaning, and the tree digest.
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::RunnerError;
+
+/// A Capsule directory: relative, no `..`, no NUL or control characters. `""` and `"."`
+/// mean the repository root.
+pub(crate) fn validate_dir(dir: &str) -> Result<(), RunnerError> {
+    if dir.chars().any(|c| c == '\0' || c.is_control()) {
+        return Err(RunnerError::InvalidDir(
+            "the directory contains a NUL or control character".into(),
+        ));
+    }
+    if dir.starts_with('/') || dir.starts_with('\\') {
+        return Err(RunnerError::InvalidDir(format!(
+            "{dir:?} is absolute; give a path relative to the repository root"
+        )));
+    }
+    for component in Path::new(dir).components() {
+        match component {
+            Component::Normal(_) | Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(RunnerError::InvalidDir(format!(
+                    "{dir:?} contains \"..\"; it must stay inside the repository"
+                )));
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(RunnerError::InvalidDir(format!(
+                    "{dir:?} is absolute; give a path relative to the repository root"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn plain_text(what: &str, value: &str) -> Result<(), RunnerError> {
+    if value.is_empty() {
+        return Err(RunnerError::Checkout(format!("the {what} is empty")));
+    }
+    if value.starts_with('-') {
+        return Err(RunnerError::Checkout(format!(
+            "the {what} must not start with '-'"
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(RunnerError::Checkout(format!(
+            "the {what} contains a control character"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_repo(repo: &str) -> Result<(), RunnerError> {
+    plain_text("repository URL", repo)?;
+    if repo.contains("::") {
+        // `ext::`, `fd::` and other remote helpers given by name.
+        return Err(RunnerError::Checkout(
+            "remote-helper URLs (`<helper>::…`) are not allowed".into(),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_branch(branch: &str) -> Result<(), RunnerError> {
+    plain_text("branch", branch)?;
+    if branch.chars().any(char::is_whitespace) {
+        return Err(RunnerError::Checkout(
+            "the branch contains whitespace".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A commit id: 4 to 64 hex digits.
+pub(crate) fn validate_commit(commit: &str) -> Result<(), RunnerError> {
+    if (4..=64).contains(&commit.len()) && commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(())
+    } else {
+        Err(RunnerError::Checkout(format!(
+            "{commit:?} is not a commit id (4 to 64 hex digits)"
+        )))
+    }
+}
+
+/// Replaces the user-info of `scheme://user:pass@host` with `***` wherever `repo` appears.
+pub(crate) fn redact_url(message: &str, repo: &str) -> String {
+    let Some(scheme_end) = repo.find("://") else {
+        return message.to_owned();
+    };
+    let rest = &repo[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return message.to_owned();
+    };
+    let userinfo = &rest[..at];
+    if userinfo.is_empty() {
+        return message.to_owned();
+    }
+    message.replace(userinfo, "***")
+}
+
+/// Removes every `.terraform` entry (directory, file or link) below `root`, outside the
+/// top-level `.git`. Returns how many were removed.
+pub(crate) fn remove_dot_terraform(root: &Path) -> Result<usize, RunnerError> {
+    let mut found = Vec::new();
+    let mut walk = walkdir::WalkDir::new(root)
+        .follow_links(false)
+        .min_depth(1)
+        .into_iter();
+    while let Some(entry) = walk.next() {
+        let entry = entry.map_err(|e| walk_error(root, e))?;
+        let name = entry.file_name();
+        if entry.depth() == 1 && name == ".git" {
+            if entry.file_type().is_dir() {
+                walk.skip_current_dir();
+            }
+            continue;
+        }
+        if name == ".terraform" {
+            if entry.file_type().is_dir() {
+                walk.skip_current_dir();
+            }
+            found.push((entry.path().to_path_buf(), entry.file_type().is_dir()));
+        }
+    }
+    for (path, is_dir) in &found {
+        let result = if *is_dir {
+            fs::remove_dir_all(path)
+        } else {
+            fs::remove_file(path)
+        };
+        result.map_err(|e| RunnerError::io(format!("removing {}", path.display()), e))?;
+    }
+    Ok(found.len())
+}
+
+/// SHA-256 hex over the sorted list of (relative path, kind, content SHA-256) of every file
+/// and symbolic link below `root`, except the top-level `.git`. Kind is `x` for an
+/// executable file, `f` for another file, `l` for a link (hashed over its target text,
+/// never followed). Directories contribute only through their contents. Refuses a link
+/// that points outside `root`: the tool must never read past the checkout.
+pub fn tree_digest(root: &Path) -> Result<String, RunnerError> {
+    let canonical_root = root
+        .canonicalize()
+        .map_err(|e| RunnerError::io(format!("resolving {}", root.display()), e))?;
+    let mut entries: Vec<(Vec<u8>, char, String)> = Vec::new();
+    let mut walk = walkdir::WalkDir::new(&canonical_root)
+        .follow_links(false)
+        .min_depth(1)
+        .into_iter();
+    while let Some(entry) = walk.next() {
+        let entry = entry.map_err(|e| walk_error(root, e))?;
+        if entry.depth() == 1 && entry.file_name() == ".git" {
+            if entry.file_type().is_dir() {
+                walk.skip_current_dir();
+            }
+            continue;
+        }
+        let path = entry.path();
+        let rel = path.strip_prefix(&canonical_root).map_err(|_| {
+            RunnerError::Checkout(format!("{} is outside the checkout", path.display()))
+        })?;
+        let rel_bytes = rel.as_os_str().as_bytes().to_vec();
+        let file_type = entry.file_type();
+        if file_type.is_symlink() {
+            let target = fs::read_link(path)
+                .map_err(|e| RunnerError::io(format!("reading link {}", path.display()), e))?;
+            ensure_link_inside(&canonical_root, path, &target, rel)?;
+            entries.push((
+                rel_bytes,
+                'l',
+                hex::encode(Sha256::digest(target.as_os_str().as_bytes())),
+            ));
+        } else if file_type.is_file() {
+            let meta = entry.metadata().map_err(|e| walk_error(root, e))?;
+            let kind = if meta.permissions().mode() & 0o111 != 0 {
+                'x'
+            } else {
+                'f'
+            };
+            entries.push((rel_bytes, kind, hash_file(path)?));
+        } else if !file_type.is_dir() {
+            return Err(RunnerError::Checkout(format!(
+                "{} is not a regular file, directory or link",
+                rel.display()
+            )));
+        }
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut tree = Sha256::new();
+    for (path, kind, digest) in &entries {
+        tree.update(path);
+        tree.update([0u8]);
+        tree.update([*kind as u8]);
+        tree.update([0u8]);
+        tree.update(digest.as_bytes());
+        tree.update(b"\n");
+    }
+    Ok(hex::encode(tree.finalize()))
+}
+
+fn walk_error(root: &Path, e: walkdir::Error) -> RunnerError {
+    let context = format!("walking {}", e.path().unwrap_or(root).display());
+    let source = e
+        .into_io_error()
+        .unwrap_or_else(|| std::io::Error::other("file-system loop"));
+    RunnerError::io(context, source)
+}
+
+fn hash_file(path: &Path) -> Result<String, RunnerError> {
+    let mut file = fs::File::open(path)
+        .map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// A link must resolve inside the checkout, both as written and (when it resolves at all)
+/// after following every link on the way.
+fn ensure_link_inside(
+    root: &Path,
+    link: &Path,
+    target: &Path,
+    rel: &Path,
+) -> Result<(), RunnerError> {
+    let escape = || {
+        RunnerError::Checkout(format!(
+            "the link {} points outside the checkout",
+            rel.display()
+        ))
+    };
+    if target.is_absolute() {
+        return Err(escape());
+    }
+    let parent = link.parent().unwrap_or(root);
+    let mut lexical = PathBuf::new();
+    for component in parent.join(target).components() {
+        match component {
+            Component::ParentDir => {
+                if !lexical.pop() {
+                    return Err(escape());
+                }
+            }
+            Component::CurDir => {}
+            other => lexical.push(other.as_os_str()),
+        }
+    }
+    if !lexical.starts_with(root) {
+        return Err(escape());
+    }
+    if let Ok(resolved) = link.canonicalize()
+        && !resolved.starts_with(root)
+    {
+        return Err(escape());
+    }
+    Ok(())
+}
+
+/// `checkout/dir`, which must exist, be a directory, and resolve inside the checkout.
+pub(crate) fn resolve_config_dir(checkout: &Path, dir: &str) -> Result<PathBuf, RunnerError> {
+    validate_dir(dir)?;
+    let root = checkout
+        .canonicalize()
+        .map_err(|e| RunnerError::io(format!("resolving {}", checkout.display()), e))?;
+    let joined = if dir.is_empty() {
+        root.clone()
+    } else {
+        root.join(dir)
+    };
+    let resolved = joined.canonicalize().map_err(|_| {
+        RunnerError::InvalidDir(format!("{dir:?} does not exist in the repository"))
+    })?;
+    if !resolved.starts_with(&root) {
+        return Err(RunnerError::InvalidDir(format!(
+            "{dir:?} resolves outside the checkout"
+        )));
+    }
+    if resolved
+        .strip_prefix(&root)
+        .is_ok_and(|rel| rel.starts_with(".git"))
+    {
+        return Err(RunnerError::InvalidDir(format!("{dir:?} is inside .git")));
+    }
+    if !resolved.is_dir() {
+        return Err(RunnerError::InvalidDir(format!(
+            "{dir:?} is not a directory"
+        )));
+    }
+    Ok(resolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    #[test]
+    fn dirs() {
+        for ok in [
+            "",
+            ".",
+            "infra/network",
+            "./infra",
+            "infra/./network",
+            "a b/c",
+            "infra/",
+        ] {
+            validate_dir(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        for bad in [
+            "..",
+            "../x",
+            "infra/../../x",
+            "infra/..",
+            "/etc",
+            "/",
+            "a\0b",
+            "a\nb",
+            "\\x",
+        ] {
+            assert!(
+                matches!(validate_dir(bad), Err(RunnerError::InvalidDir(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn checkout_inputs() {
+        validate_repo("file:///tmp/repo").unwrap();
+        validate_repo("https://git.example/x.git").unwrap();
+        for bad in ["", "-uupload-pack=x", "ext::sh -c x", "a\nb"] {
+            assert!(validate_repo(bad).is_err(), "{bad:?}");
+        }
+        validate_branch("main").unwrap();
+        validate_branch("feature/x").unwrap();
+        for bad in ["", "--orphan", "a b"] {
+            assert!(validate_branch(bad).is_err(), "{bad:?}");
+        }
+        validate_commit("0123abcd").unwrap();
+        validate_commit(&"a".repeat(40)).unwrap();
+        for bad in ["", "abc", "HEAD", "--detach", &"a".repeat(65)] {
+            assert!(validate_commit(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        let repo = "https://bot:tok3n@git.example/x.git";
+        let msg = "fatal: unable to access 'https://bot:tok3n@git.example/x.git/': 403";
+        let out = redact_url(msg, repo);
+        assert!(!out.contains("tok3n"), "{out}");
+        assert_eq!(redact_url("plain", "file:///tmp/r"), "plain");
+    }
+
+    fn write(root: &Path, rel: &str, content: &str, mode: u32) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, content).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn tree_digest_is_deterministic_and_sensitive() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        // Same tree, created in a different order, with different .git contents.
+        write(
+            a.path(),
+            "infra/network/main.tf",
+            "output \"x\" { value = 1 }\n",
+            0o644,
+        );
+        write(a.path(), "README.md", "hi\n", 0o644);
+        write(a.path(), "bin/run.sh", "#!/bin/sh\n", 0o755);
+        write(a.path(), ".git/HEAD", "ref: refs/heads/main\n", 0o644);
+        write(b.path(), "bin/run.sh", "#!/bin/sh\n", 0o755);
+        write(b.path(), "README.md", "hi\n", 0o644);
+        write(
+            b.path(),
+            "infra/network/main.tf",
+            "output \"x\" { value = 1 }\n",
+            0o644,
+        );
+        write(b.path(), ".git/HEAD", "ref: refs/heads/other\n", 0o644);
+        fs::create_dir_all(b.path().join("empty/dir")).unwrap();
+        let da = tree_digest(a.path()).unwrap();
+        assert_eq!(da.len(), 64);
+        assert_eq!(da, tree_digest(a.path()).unwrap());
+        assert_eq!(da, tree_digest(b.path()).unwrap());
+
+        // The exec bit counts.
+        fs::set_permissions(
+            b.path().join("bin/run.sh"),
+            fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        let db = tree_digest(b.path()).unwrap();
+        assert_ne!(da, db);
+        fs::set_permissions(
+            b.path().join("bin/run.sh"),
+            fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        assert_eq!(da, tree_digest(b.path()).unwrap());
+
+        // Content counts; so does a rename.
+        write(b.path(), "README.md", "hi!\n", 0o644);
+        assert_ne!(da, tree_digest(b.path()).unwrap());
+        write(b.path(), "README.md", "hi\n", 0o644);
+        fs::rename(b.path().join("README.md"), b.path().join("README.txt")).unwrap();
+        assert_ne!(da, tree_digest(b.path()).unwrap());
+    }
+
+    #[test]
+    fn links_must_stay_inside() {
+        let a = tempfile::tempdir().unwrap();
+        write(a.path(), "infra/main.tf", "", 0o644);
+        symlink("main.tf", a.path().join("infra/alias.tf")).unwrap();
+        symlink("../infra", a.path().join("infra/self")).unwrap();
+        let d1 = tree_digest(a.path()).unwrap();
+        assert_eq!(d1, tree_digest(a.path()).unwrap());
+
+        symlink("/etc/passwd", a.path().join("infra/passwd.tf")).unwrap();
+        assert!(matches!(
+            tree_digest(a.path()),
+            Err(RunnerError::Checkout(_))
+        ));
+        fs::remove_file(a.path().join("infra/passwd.tf")).unwrap();
+        symlink("../../../outside", a.path().join("infra/up")).unwrap();
+        assert!(matches!(
+            tree_digest(a.path()),
+            Err(RunnerError::Checkout(_))
+        ));
+        fs::remove_file(a.path().join("infra/up")).unwrap();
+        assert_eq!(d1, tree_digest(a.path()).unwrap());
+    }
+
+    #[test]
+    fn dot_terraform_is_removed_everywhere() {
+        let a = tempfile::tempdir().unwrap();
+        write(a.path(), ".terraform/x", "", 0o644);
+        write(
+            a.path(),
+            "infra/network/.terraform/terraform.tfstate",
+            "{}",
+            0o644,
+        );
+        write(
+            a.path(),
+            "infra/network/.terraform/providers/p/bin",
+            "",
+            0o755,
+        );
+        write(a.path(), "infra/network/main.tf", "", 0o644);
+        write(a.path(), "infra/.terraform.lock.hcl", "", 0o644);
+        write(a.path(), ".git/.terraform/keep", "", 0o644);
+        write(a.path(), "mod/.terraform", "a file", 0o644);
+        assert_eq!(remove_dot_terraform(a.path()).unwrap(), 3);
+        assert!(!a.path().join(".terraform").exists());
+        assert!(!a.path().join("infra/network/.terraform").exists());
+        assert!(!a.path().join("mod/.terraform").exists());
+        assert!(a.path().join("infra/network/main.tf").exists());
+        assert!(a.path().join("infra/.terraform.lock.hcl").exists());
+        assert!(a.path().join(".git/.terraform/keep").exists());
+    }
+
+    #[test]
+    fn config_dir_resolution() {
+        let a = tempfile::tempdir().unwrap();
+        write(a.path(), "infra/network/main.tf", "", 0o644);
+        write(a.path(), "file.tf", "", 0o644);
+        fs::create_dir_all(a.path().join(".git/objects")).unwrap();
+        symlink("/tmp", a.path().join("escape")).unwrap();
+        let root = a.path().canonicalize().unwrap();
+        assert_eq!(resolve_config_dir(a.path(), "").unwrap(), root);
+        assert_eq!(resolve_config_dir(a.path(), ".").unwrap(), root);
+        assert_eq!(
+            resolve_config_dir(a.path(), "infra/network").unwrap(),
+            root.join("infra/network")
+        );
+        for bad in ["missing", "file.tf", "escape", "../x", ".git/objects"] {
+            assert!(
+                matches!(
+                    resolve_config_dir(a.path(), bad),
+                    Err(RunnerError::InvalidDir(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The step context: every connection a step needs, built once per process and cloned
+//! cheaply into each handler call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use takosumi_core::RunId;
+use takosumi_objects::{ObjectStore, ObjectStoreConfig};
+use takosumi_queue::Bus;
+use takosumi_runner::{Runner, RunnerConfig};
+use takosumi_seal::Sealer;
+use takosumi_store::Pool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{RuntimeError, Settings};
+
+/// What a step handler works with.
+#[derive(Clone)]
+pub struct Ctx {
+    /// Postgres.
+    pub pool: Pool,
+    /// The broker (reconnecting).
+    pub bus: Arc<Bus>,
+    /// Object storage for sealed artifacts.
+    pub objects: ObjectStore,
+    /// Seals and unseals plan files, lockfiles and state.
+    pub sealer: Sealer,
+    /// Runs the tool.
+    pub runner: Runner,
+    /// This process's lease owner id (`<queue>-<pid>-<random>`).
+    pub owner: String,
+    /// Lease length.
+    pub lease_secs: i64,
+    /// Claims before a plan fails.
+    pub max_attempts: i32,
+    /// Wakes this process's outbox relay after a commit.
+    pub relay_wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx").field("owner", &self.owner).finish_non_exhaustive()
+    }
+}
+
+impl Ctx {
+    /// Connects everything the settings name. Migrations run here so that any process can
+    /// start first on a new database.
+    pub async fn connect(settings: &Settings, name: &str) -> Result<Self, RuntimeError> {
+        let pool = takosumi_store::connect(settings.database_url.expose(), 10).await?;
+        takosumi_store::migrate(&pool).await?;
+        let bus = Arc::new(Bus::new(settings.amqp_url.expose().clone(), name.to_owned()));
+        bus.get().await?;
+        let objects = ObjectStore::connect(&ObjectStoreConfig {
+            endpoint: settings.s3_endpoint.clone(),
+            region: settings.s3_region.clone(),
+            access_key: settings.s3_access_key.clone(),
+            secret_key: settings.s3_secret_key.clone(),
+            bucket: settings.s3_bucket.clone(),
+        })
+        .await;
+        objects.ensure_bucket().await?;
+        let sealer = Sealer::from_base64(&settings.seal_key_id, &settings.seal_key)?;
+        let runner = Runner::new(RunnerConfig {
+            terraform_bin: settings.terraform_bin.clone(),
+            tofu_bin: settings.tofu_bin.clone(),
+            cli_config_file: settings.tf_cli_config.clone(),
+            work_root: settings.work_dir.clone(),
+            git_bin: "git".into(),
+        });
+        Ok(Self {
+            pool,
+            bus,
+            objects,
+            sealer,
+            runner,
+            owner: format!("{name}-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8]),
+            lease_secs: settings.lease_secs,
+            max_attempts: settings.max_attempts,
+            relay_wake: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Records an event on a Run; a failure to record is logged, never fatal to the step.
+    pub async fn event(&self, run_id: RunId, kind: &str, data: serde_json::Value) {
+        let actor = format!("handler:{}", self.owner);
+        if let Err(e) = takosumi_store::events::append(&self.pool, run_id, kind, &actor, data).await {
+            tracing::warn!(%run_id, kind, error = %e, "could not record event");
+        }
+    }
+
+    /// Appends (already masked) tool output to the Run's log.
+    pub async fn log(&self, run_id: RunId, step: &str, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        if let Err(e) = takosumi_store::logs::append(&self.pool, run_id, step, text).await {
+            tracing::warn!(%run_id, step, error = %e, "could not store log");
+        }
+    }
+
+    /// Keeps this process's lease on `run_id` alive while the guard lives. When the lease
+    /// is lost (the reaper took the Run back, or it was canceled), `lost()` fires and the
+    /// step must stop before committing anything.
+    pub fn keep_lease(&self, run_id: RunId) -> LeaseGuard {
+        let lost = CancellationToken::new();
+        let (pool, owner, secs, token) = (self.pool.clone(), self.owner.clone(), self.lease_secs, lost.clone());
+        let period = Duration::from_millis(u64::try_from(secs).unwrap_or(60) * 1000 / 3);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                match takosumi_store::runs::renew_lease(&pool, run_id, &owner, secs).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(%run_id, "lease lost");
+                        token.cancel();
+                        return;
+                    }
+                    Err(e) => tracing::warn!(%run_id, error = %e, "lease renewal failed; will retry"),
+                }
+            }
+        });
+        LeaseGuard { lost, task }
+    }
+}
+
+/// Renews a lease until dropped.
+#[derive(Debug)]
+pub struct LeaseGuard {
+    lost: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseGuard {
+    /// Fires when the lease was lost.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,47 @@
+//! What every Takosumi process shares: the typed [`Settings`] loaded once from
+//! `TAKOSUMI_*`, the step context [`Ctx`] (database pool, broker, object store, sealer,
+//! runner), telemetry, the shutdown signal, leases, the reaper and the worker loop a step
+//! binary runs. It owns wiring only; the steps live in `functions/*`.
+#![deny(missing_docs)]
+
+mod ctx;
+mod reaper;
+mod settings;
+pub mod step;
+mod worker;
+
+pub use ctx::{Ctx, LeaseGuard};
+pub use reaper::{reap_once, run_reaper, topic_for};
+pub use settings::{Settings, SettingsError};
+pub use worker::{run_worker, shutdown_signal};
+
+/// Errors starting or running a process.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A setting is missing or invalid.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// Postgres failed.
+    #[error("database: {0}")]
+    Store(#[from] takosumi_store::StoreError),
+    /// The broker failed.
+    #[error("broker: {0}")]
+    Queue(#[from] takosumi_queue::QueueError),
+    /// The seal key is unusable.
+    #[error("seal key: {0}")]
+    Seal(#[from] takosumi_seal::SealError),
+    /// The object store failed.
+    #[error("object store: {0}")]
+    Objects(#[from] takosumi_objects::ObjectError),
+}
+
+/// Starts tracing: JSON lines when `TAKOSUMI_LOG_FORMAT=json`, text otherwise; the level
+/// from `RUST_LOG` (default `info`). Never logs setting values.
+pub fn init_telemetry(service: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
+    let json = std::env::var("TAKOSUMI_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+    tracing::info!(service, "starting");
+}

@@ -1,0 +1,63 @@
+//! The reaper: takes back Runs whose handler vanished (expired lease) and wakes queued
+//! Runs whose wake-up was lost. Plans are queued again; an apply becomes
+//! `unknown_outcome` and is never re-applied automatically.
+
+use std::time::Duration;
+
+use takosumi_core::{RunKind, RunStatus, Topic};
+use takosumi_store::{events, outbox, runs};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Ctx, RuntimeError};
+
+/// The queue that moves a queued Run forward.
+pub fn topic_for(kind: RunKind, gate_decision: Option<&str>) -> Topic {
+    match kind {
+        RunKind::Plan | RunKind::Destroy => Topic::Plan,
+        RunKind::DriftCheck => Topic::Drift,
+        RunKind::Apply if gate_decision == Some("released") => Topic::Apply,
+        RunKind::Apply => Topic::Gate,
+    }
+}
+
+/// One pass; returns how many Runs it acted on.
+pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, RuntimeError> {
+    let mut tx = ctx.pool.begin().await.map_err(takosumi_store::StoreError::from)?;
+    let reaped = runs::reap_expired(&mut tx, ctx.max_attempts).await?;
+    for r in &reaped {
+        let kind = match r.status {
+            RunStatus::Queued => {
+                outbox::enqueue(&mut tx, topic_for(r.kind, None), r.id).await?;
+                "lease_expired_requeued"
+            }
+            RunStatus::UnknownOutcome => "lease_expired_unknown_outcome",
+            _ => "lease_expired_failed",
+        };
+        events::append(&mut *tx, r.id, kind, "system:reaper", serde_json::json!({ "status": r.status })).await?;
+    }
+    let stuck = runs::stuck_queued(&mut tx, stuck_queued_secs).await?;
+    for (id, kind, gate) in &stuck {
+        outbox::enqueue(&mut tx, topic_for(*kind, gate.as_deref()), *id).await?;
+        events::append(&mut *tx, *id, "wake_up_resent", "system:reaper", serde_json::json!({})).await?;
+    }
+    tx.commit().await.map_err(takosumi_store::StoreError::from)?;
+    let n = reaped.len() + stuck.len();
+    if n > 0 {
+        tracing::info!(reaped = reaped.len(), woken = stuck.len(), "reaper acted");
+        ctx.relay_wake.notify_one();
+    }
+    Ok(n)
+}
+
+/// Runs the reaper every `interval` until `shutdown`.
+pub async fn run_reaper(ctx: Ctx, interval: Duration, stuck_queued_secs: i64, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        if let Err(e) = reap_once(&ctx, stuck_queued_secs).await {
+            tracing::warn!(error = %e, "reaper pass failed");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}

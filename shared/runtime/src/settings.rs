@@ -1,0 +1,172 @@
+//! One typed settings struct, loaded once in `main` from `TAKOSUMI_*` variables. Secret
+//! settings are wrapped so they never print.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use takosumi_core::Secret;
+
+/// Missing or invalid settings, all named at once.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid settings: {}", problems.join("; "))]
+pub struct SettingsError {
+    /// What is wrong, one entry per variable (names only, never values).
+    pub problems: Vec<String>,
+}
+
+/// Everything a Takosumi process is configured with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `TAKOSUMI_DATABASE_URL`.
+    pub database_url: Secret<String>,
+    /// `TAKOSUMI_AMQP_URL`.
+    pub amqp_url: Secret<String>,
+    /// `TAKOSUMI_S3_ENDPOINT` (unset for AWS S3 itself).
+    pub s3_endpoint: Option<String>,
+    /// `TAKOSUMI_S3_REGION` (default `us-east-1`).
+    pub s3_region: String,
+    /// `TAKOSUMI_S3_ACCESS_KEY`.
+    pub s3_access_key: String,
+    /// `TAKOSUMI_S3_SECRET_KEY`.
+    pub s3_secret_key: Secret<String>,
+    /// `TAKOSUMI_S3_BUCKET`.
+    pub s3_bucket: String,
+    /// `TAKOSUMI_SEAL_KEY`: 32 bytes, base64.
+    pub seal_key: Secret<String>,
+    /// `TAKOSUMI_SEAL_KEY_ID`.
+    pub seal_key_id: String,
+    /// `TAKOSUMI_TERRAFORM_BIN` (default `terraform`).
+    pub terraform_bin: PathBuf,
+    /// `TAKOSUMI_TOFU_BIN`.
+    pub tofu_bin: Option<PathBuf>,
+    /// `TAKOSUMI_TF_CLI_CONFIG`: the tool's CLI configuration (provider mirror).
+    pub tf_cli_config: Option<PathBuf>,
+    /// `TAKOSUMI_WORK_DIR`: where private run directories are made.
+    pub work_dir: PathBuf,
+    /// `TAKOSUMI_LISTEN` (default `127.0.0.1:8080`).
+    pub listen: String,
+    /// `TAKOSUMI_ADMIN_TOKEN`: a bootstrap admin token.
+    pub admin_token: Option<Secret<String>>,
+    /// `TAKOSUMI_LEASE_SECS` (default 60).
+    pub lease_secs: i64,
+    /// `TAKOSUMI_MAX_ATTEMPTS`: claims of a plan before it fails (default 3).
+    pub max_attempts: i32,
+    /// `TAKOSUMI_CONCURRENCY`: messages a step process handles at once (default 2).
+    pub concurrency: u16,
+    /// `TAKOSUMI_REAPER_INTERVAL_MS` (default 2000).
+    pub reaper_interval_ms: u64,
+    /// `TAKOSUMI_STUCK_QUEUED_SECS`: a queued Run untouched this long is woken again (default 60).
+    pub stuck_queued_secs: i64,
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, SettingsError> {
+        let vars: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("TAKOSUMI_")).collect();
+        Self::from_map(&vars)
+    }
+
+    /// Reads settings from a map of `TAKOSUMI_*` names (tests build one by hand).
+    pub fn from_map(vars: &HashMap<String, String>) -> Result<Self, SettingsError> {
+        let mut problems = Vec::new();
+        let get = |k: &str| vars.get(k).filter(|v| !v.is_empty()).cloned();
+        let mut required = |k: &str| {
+            get(k).unwrap_or_else(|| {
+                problems.push(format!("{k} is not set"));
+                String::new()
+            })
+        };
+        let database_url = Secret::new(required("TAKOSUMI_DATABASE_URL"));
+        let amqp_url = Secret::new(required("TAKOSUMI_AMQP_URL"));
+        let s3_access_key = required("TAKOSUMI_S3_ACCESS_KEY");
+        let s3_secret_key = Secret::new(required("TAKOSUMI_S3_SECRET_KEY"));
+        let s3_bucket = required("TAKOSUMI_S3_BUCKET");
+        let seal_key = Secret::new(required("TAKOSUMI_SEAL_KEY"));
+        let work_dir = PathBuf::from(required("TAKOSUMI_WORK_DIR"));
+        let mut number = |k: &str, default: i64| -> i64 {
+            match get(k) {
+                None => default,
+                Some(v) => v.parse().unwrap_or_else(|_| {
+                    problems.push(format!("{k} must be a whole number"));
+                    default
+                }),
+            }
+        };
+        let lease_secs = number("TAKOSUMI_LEASE_SECS", 60).max(1);
+        let max_attempts = i32::try_from(number("TAKOSUMI_MAX_ATTEMPTS", 3)).unwrap_or(3).max(1);
+        let concurrency = u16::try_from(number("TAKOSUMI_CONCURRENCY", 2)).unwrap_or(2).max(1);
+        let reaper_interval_ms = u64::try_from(number("TAKOSUMI_REAPER_INTERVAL_MS", 2000)).unwrap_or(2000).max(50);
+        let stuck_queued_secs = number("TAKOSUMI_STUCK_QUEUED_SECS", 60).max(1);
+        if !problems.is_empty() {
+            return Err(SettingsError { problems });
+        }
+        Ok(Self {
+            database_url,
+            amqp_url,
+            s3_endpoint: get("TAKOSUMI_S3_ENDPOINT"),
+            s3_region: get("TAKOSUMI_S3_REGION").unwrap_or_else(|| "us-east-1".to_owned()),
+            s3_access_key,
+            s3_secret_key,
+            s3_bucket,
+            seal_key,
+            seal_key_id: get("TAKOSUMI_SEAL_KEY_ID").unwrap_or_else(|| "k1".to_owned()),
+            terraform_bin: get("TAKOSUMI_TERRAFORM_BIN").map_or_else(|| PathBuf::from("terraform"), PathBuf::from),
+            tofu_bin: get("TAKOSUMI_TOFU_BIN").map(PathBuf::from),
+            tf_cli_config: get("TAKOSUMI_TF_CLI_CONFIG").map(PathBuf::from),
+            work_dir,
+            listen: get("TAKOSUMI_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".to_owned()),
+            admin_token: get("TAKOSUMI_ADMIN_TOKEN").map(Secret::new),
+            lease_secs,
+            max_attempts,
+            concurrency,
+            reaper_interval_ms,
+            stuck_queued_secs,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> HashMap<String, String> {
+        [
+            ("TAKOSUMI_DATABASE_URL", "postgres://u:canary-db-pass@h/db"),
+            ("TAKOSUMI_AMQP_URL", "amqp://g:canary-amqp@h/%2f"),
+            ("TAKOSUMI_S3_ACCESS_KEY", "k"),
+            ("TAKOSUMI_S3_SECRET_KEY", "canary-s3-secret"),
+            ("TAKOSUMI_S3_BUCKET", "b"),
+            ("TAKOSUMI_SEAL_KEY", "canary-seal"),
+            ("TAKOSUMI_WORK_DIR", "/tmp/w"),
+            ("TAKOSUMI_ADMIN_TOKEN", "canary-admin"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    #[test]
+    fn missing_settings_are_all_named() {
+        let err = Settings::from_map(&HashMap::new()).unwrap_err();
+        let text = err.to_string();
+        for k in ["TAKOSUMI_DATABASE_URL", "TAKOSUMI_AMQP_URL", "TAKOSUMI_S3_BUCKET", "TAKOSUMI_SEAL_KEY"] {
+            assert!(text.contains(k), "{text}");
+        }
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let s = Settings::from_map(&full()).unwrap();
+        let printed = format!("{s:?}");
+        assert!(!printed.contains("canary"), "{printed}");
+        assert_eq!(s.lease_secs, 60);
+        assert_eq!(s.listen, "127.0.0.1:8080");
+    }
+
+    #[test]
+    fn bad_numbers_are_refused() {
+        let mut m = full();
+        m.insert("TAKOSUMI_LEASE_SECS".into(), "soon".into());
+        assert!(Settings::from_map(&m).unwrap_err().to_string().contains("TAKOSUMI_LEASE_SECS"));
+    }
+}

@@ -1,0 +1,109 @@
+//! Pieces the plan and apply steps share: ending a Run, restoring a Capsule's state into
+//! the private directory, the object keys of sealed artifacts.
+
+use takosumi_core::{CapsuleId, FailureCode, Outcome, RunId, StateVersionId, StepError};
+use takosumi_objects::ObjectError;
+use takosumi_runner::{RunnerError, Workdir};
+use takosumi_seal::Purpose;
+use takosumi_store::{StoreError, capsules::Capsule, events, runs, state_versions};
+
+use crate::Ctx;
+
+/// Largest state file Takosumi moves (state is not relayed, but bounded all the same).
+pub const MAX_STATE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Object key of a Run's sealed plan file for one claim (`attempt`): a retried plan never
+/// collides with what an earlier, vanished attempt may have written.
+pub fn plan_key(run_id: RunId, attempt: i32) -> String {
+    format!("runs/{run_id}/plan.{attempt}.sealed")
+}
+
+/// Object key of a Run's sealed provider lockfile.
+pub fn lockfile_key(run_id: RunId, attempt: i32) -> String {
+    format!("runs/{run_id}/lockfile.{attempt}.sealed")
+}
+
+/// Object key of a sealed StateVersion.
+pub fn state_key(capsule_id: CapsuleId, sv: StateVersionId) -> String {
+    format!("states/{capsule_id}/{sv}.sealed")
+}
+
+/// Maps a store error to a step error.
+pub fn store_err(e: StoreError) -> StepError {
+    if e.retryable() { StepError::transient(e) } else { StepError::internal(e) }
+}
+
+/// Maps an object-store error to a step error.
+pub fn object_err(e: ObjectError) -> StepError {
+    if e.retryable() { StepError::transient(e) } else { StepError::internal(e) }
+}
+
+/// Maps a runner error that carries no Run failure code.
+pub fn runner_err(e: RunnerError) -> StepError {
+    if e.retryable() { StepError::transient(e) } else { StepError::internal(e) }
+}
+
+impl Ctx {
+    /// Ends a claimed Run `failed` (only while this process holds its lease), records the
+    /// event, and, for an apply, lets go of the Capsule and wakes the next waiting apply.
+    pub async fn fail_claimed(
+        &self,
+        run_id: RunId,
+        capsule_for_apply: Option<CapsuleId>,
+        code: FailureCode,
+        message: &str,
+    ) -> Result<Outcome, StepError> {
+        let mut tx = self.pool.begin().await.map_err(|e| store_err(e.into()))?;
+        let done = runs::fail(&mut tx, run_id, Some(&self.owner), code, message).await.map_err(store_err)?;
+        if !done {
+            return Ok(Outcome::Skipped("lease lost before the failure was recorded"));
+        }
+        if let Some(capsule_id) = capsule_for_apply {
+            takosumi_store::capsules::release_apply(&mut tx, capsule_id, run_id).await.map_err(store_err)?;
+            if let Some(next) = runs::next_waiting_apply(&mut tx, capsule_id).await.map_err(store_err)? {
+                takosumi_store::outbox::enqueue(&mut tx, takosumi_core::Topic::Apply, next).await.map_err(store_err)?;
+            }
+        }
+        let actor = format!("handler:{}", self.owner);
+        events::append(&mut *tx, run_id, "failed", &actor, serde_json::json!({ "code": code, "message": message }))
+            .await
+            .map_err(store_err)?;
+        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        self.relay_wake.notify_one();
+        tracing::info!(%run_id, %code, "run failed");
+        Ok(Outcome::Failed(code))
+    }
+
+    /// Hands a claimed Run back to the queue after a transient fault, so the retried
+    /// message can claim it at once instead of waiting for the lease to expire.
+    pub async fn release_claim(&self, run_id: RunId) {
+        let result = sqlx::query("UPDATE runs SET status = CASE status WHEN 'planning' THEN 'queued'::run_status ELSE status END, lease_owner = NULL, lease_until = NULL, updated_at = now() WHERE id = $1 AND lease_owner = $2 AND status = 'planning'")
+            .bind(run_id.as_uuid())
+            .bind(&self.owner)
+            .execute(&self.pool)
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(%run_id, error = %e, "could not hand the run back; the reaper will");
+        }
+    }
+
+    /// Writes the Capsule's current state (as of the generation read with `capsule`) into
+    /// the private directory. Returns the bytes restored.
+    pub async fn restore_state(&self, wd: &Workdir, capsule: &Capsule) -> Result<Option<Vec<u8>>, StepError> {
+        let Some(sv_id) = capsule.current_state_version_id else { return Ok(None) };
+        let sv = state_versions::get(&self.pool, sv_id)
+            .await
+            .map_err(store_err)?
+            .ok_or_else(|| StepError::internal(StoreError::NotFound("state version")))?;
+        let sealed = self.objects.get(&sv.object_key, MAX_STATE_BYTES).await.map_err(object_err)?;
+        let state = self
+            .sealer
+            .unseal(Purpose::State, &sv_id.to_string(), &sealed)
+            .map_err(StepError::internal)?;
+        if takosumi_store::sha256_hex(&state) != sv.digest {
+            return Err(StepError::Internal("state object does not match its recorded digest".into()));
+        }
+        self.runner.restore_state(wd, &state).map_err(runner_err)?;
+        Ok(Some(state))
+    }
+}

@@ -1,0 +1,102 @@
+//! The loop a step binary runs: consume its queue (reconnecting with backoff when the
+//! broker goes away), relay its outbox, reap expired leases, and on shutdown stop
+//! consuming, let in-flight work finish and close.
+
+use std::future::Future;
+use std::time::Duration;
+
+use takosumi_core::{Outcome, RunMessage, StepError, Topic};
+use takosumi_queue::{ConsumeConfig, consume, run_relay};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Ctx, RuntimeError, Settings, run_reaper};
+
+/// A token cancelled on SIGTERM or Ctrl-C.
+pub fn shutdown_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            if let Ok(mut term) = signal(SignalKind::terminate()) {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            } else {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown requested: stop consuming, finish in-flight work");
+        t.cancel();
+    });
+    token
+}
+
+/// Runs a step until `shutdown`.
+pub async fn run_worker<H, Fut>(
+    ctx: Ctx,
+    settings: &Settings,
+    topic: Topic,
+    handler: H,
+    shutdown: CancellationToken,
+) -> Result<(), RuntimeError>
+where
+    H: Fn(Ctx, RunMessage) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Outcome, StepError>> + Send + 'static,
+{
+    let background = CancellationToken::new();
+    let relay = {
+        let bus = ctx.bus.clone();
+        tokio::spawn(run_relay(ctx.pool.clone(), move || {
+            let bus = bus.clone();
+            async move { bus.get().await }
+        }, ctx.relay_wake.clone(), background.clone()))
+    };
+    let reaper = tokio::spawn(run_reaper(
+        ctx.clone(),
+        Duration::from_millis(settings.reaper_interval_ms),
+        settings.stuck_queued_secs,
+        background.clone(),
+    ));
+    let mut cfg = ConsumeConfig::new(topic.queue_name());
+    cfg.concurrency = settings.concurrency;
+    let step = {
+        let ctx = ctx.clone();
+        move |msg: RunMessage| {
+            let (ctx, handler) = (ctx.clone(), handler.clone());
+            async move { handler(ctx, msg).await }
+        }
+    };
+    let mut failures: u32 = 0;
+    while !shutdown.is_cancelled() {
+        let result = match ctx.bus.get().await {
+            Ok(broker) => consume(&broker, &cfg, step.clone(), shutdown.clone()).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => break,
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let delay = Duration::from_millis(200u64 << failures.min(6)).min(Duration::from_secs(10));
+                tracing::warn!(error = %e, ?delay, "consumer stopped; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+    // Give the relay a moment to publish what the last handlers committed.
+    ctx.relay_wake.notify_one();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    background.cancel();
+    let _ = relay.await;
+    let _ = reaper.await;
+    ctx.bus.close().await;
+    ctx.pool.close().await;
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! Capsules: what to run (repo, branch, directory, tool, variables) and the state
+//! generation every apply moves forward by exactly one.
+
+use chrono::{DateTime, Utc};
+use takosumi_core::{CapsuleId, RunId, StateVersionId, WorkspaceId};
+
+use crate::{StoreError, Tx};
+
+/// A Capsule row.
+#[derive(Debug, Clone)]
+pub struct Capsule {
+    /// Its id.
+    pub id: CapsuleId,
+    /// Its Workspace.
+    pub workspace_id: WorkspaceId,
+    /// Its name, unique in the Workspace.
+    pub name: String,
+    /// The Git repository URL.
+    pub repo: String,
+    /// The branch that is planned.
+    pub branch: String,
+    /// The configuration directory inside the repository.
+    pub dir: String,
+    /// `tofu` or `terraform`.
+    pub tool: String,
+    /// Per-run variables (a JSON object).
+    pub vars: serde_json::Value,
+    /// The generation of the current state.
+    pub state_generation: i64,
+    /// The current StateVersion, if any apply has written one.
+    pub current_state_version_id: Option<StateVersionId>,
+    /// The apply that holds the Capsule right now.
+    pub running_apply_id: Option<RunId>,
+    /// A push moved the branch since the last plan.
+    pub stale: bool,
+    /// When it was registered.
+    pub created_at: DateTime<Utc>,
+}
+
+/// What registering a Capsule needs.
+#[derive(Debug, Clone)]
+pub struct NewCapsule<'a> {
+    /// Its Workspace.
+    pub workspace_id: WorkspaceId,
+    /// Its name.
+    pub name: &'a str,
+    /// Git URL.
+    pub repo: &'a str,
+    /// Branch.
+    pub branch: &'a str,
+    /// Directory (validated by the caller).
+    pub dir: &'a str,
+    /// `tofu` or `terraform`.
+    pub tool: &'a str,
+    /// Variables.
+    pub vars: &'a serde_json::Value,
+}
+
+/// Inserts a Capsule.
+pub async fn create(tx: &mut Tx, new: &NewCapsule<'_>) -> Result<CapsuleId, StoreError> {
+    let id = CapsuleId::new();
+    sqlx::query!(
+        r#"INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool, vars)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"#,
+        id.as_uuid(),
+        new.workspace_id.as_uuid(),
+        new.name,
+        new.repo,
+        new.branch,
+        new.dir,
+        new.tool,
+        new.vars
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+/// Reads a Capsule.
+pub async fn get<'e, E>(executor: E, id: CapsuleId) -> Result<Option<Capsule>, StoreError>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    let row = sqlx::query!(
+        r#"SELECT id, workspace_id, name, repo, branch, dir, tool, vars, state_generation,
+                  current_state_version_id, running_apply_id, stale, created_at
+             FROM capsules WHERE id = $1"#,
+        id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| Capsule {
+        id: CapsuleId::from_uuid(r.id),
+        workspace_id: WorkspaceId::from_uuid(r.workspace_id),
+        name: r.name,
+        repo: r.repo,
+        branch: r.branch,
+        dir: r.dir,
+        tool: r.tool,
+        vars: r.vars,
+        state_generation: r.state_generation,
+        current_state_version_id: r.current_state_version_id.map(StateVersionId::from_uuid),
+        running_apply_id: r.running_apply_id.map(RunId::from_uuid),
+        stale: r.stale,
+        created_at: r.created_at,
+    }))
+}
+
+/// Takes the Capsule for an apply: only where no other apply holds it. Returns the
+/// current generation, or `None` when another apply holds it.
+pub async fn take_for_apply(tx: &mut Tx, id: CapsuleId, run_id: RunId) -> Result<Option<i64>, StoreError> {
+    let row = sqlx::query!(
+        r#"UPDATE capsules SET running_apply_id = $2, updated_at = now()
+            WHERE id = $1 AND (running_apply_id IS NULL OR running_apply_id = $2)
+        RETURNING state_generation"#,
+        id.as_uuid(),
+        run_id.as_uuid()
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.map(|r| r.state_generation))
+}
+
+/// Lets go of the Capsule, only if this apply holds it.
+pub async fn release_apply(tx: &mut Tx, id: CapsuleId, run_id: RunId) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "UPDATE capsules SET running_apply_id = NULL, updated_at = now() WHERE id = $1 AND running_apply_id = $2",
+        id.as_uuid(),
+        run_id.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The state-generation compare-and-set: moves `g` to `g + 1` and points at the new
+/// StateVersion, only where the generation is still `g` and this apply holds the
+/// Capsule. Releases the Capsule in the same statement.
+pub async fn advance_generation(
+    tx: &mut Tx,
+    id: CapsuleId,
+    run_id: RunId,
+    expected: i64,
+    state_version_id: StateVersionId,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE capsules
+              SET state_generation = state_generation + 1, current_state_version_id = $4,
+                  running_apply_id = NULL, stale = false, updated_at = now()
+            WHERE id = $1 AND state_generation = $3 AND running_apply_id = $2"#,
+        id.as_uuid(),
+        run_id.as_uuid(),
+        expected,
+        state_version_id.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,53 @@
+//! Run events: the ordered record of every step and transition, with time and actor.
+
+use chrono::{DateTime, Utc};
+use takosumi_core::RunId;
+
+use crate::StoreError;
+
+/// One event.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Order within the Run.
+    pub id: i64,
+    /// What happened (`queued`, `claimed`, `tool_started`, …).
+    pub kind: String,
+    /// Who did it (`user:tok_…`, `handler:plan`, `system:reaper`).
+    pub actor: String,
+    /// Details (never secret values).
+    pub data: serde_json::Value,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// Appends an event.
+pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    run_id: RunId,
+    kind: &str,
+    actor: &str,
+    data: serde_json::Value,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        "INSERT INTO run_events (run_id, kind, actor, data) VALUES ($1, $2, $3, $4)",
+        run_id.as_uuid(),
+        kind,
+        actor,
+        data
+    )
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// A Run's events in order.
+pub async fn list(pool: &sqlx::PgPool, run_id: RunId) -> Result<Vec<Event>, StoreError> {
+    let rows = sqlx::query_as!(
+        Event,
+        "SELECT id, kind, actor, data, at FROM run_events WHERE run_id = $1 ORDER BY id",
+        run_id.as_uuid()
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}

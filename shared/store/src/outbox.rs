@@ -1,0 +1,76 @@
+//! The transactional outbox. A wake-up is inserted in the same transaction as the row
+//! change it follows; the relay publishes pending rows with publisher confirms and marks
+//! them sent. A crash between commit and publish loses nothing: the row is still pending.
+
+use takosumi_core::{RunId, RunMessage, Topic};
+
+use crate::{StoreError, Tx};
+
+/// A pending message.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    /// Row id.
+    pub id: i64,
+    /// Queue name.
+    pub topic: String,
+    /// JSON body.
+    pub payload: serde_json::Value,
+}
+
+/// Queues a wake-up for `run_id` on `topic`, sent as soon as the transaction commits.
+pub async fn enqueue(tx: &mut Tx, topic: Topic, run_id: RunId) -> Result<(), StoreError> {
+    enqueue_after(tx, topic, run_id, 0).await
+}
+
+/// Queues a wake-up that the relay holds back for `delay_ms` (retry backoff).
+pub async fn enqueue_after(tx: &mut Tx, topic: Topic, run_id: RunId, delay_ms: i64) -> Result<(), StoreError> {
+    sqlx::query!(
+        r#"INSERT INTO outbox (topic, payload, available_at)
+           VALUES ($1, $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0))"#,
+        topic.queue_name(),
+        RunMessage { run_id }.to_json(),
+        delay_ms
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Locks up to `limit` due rows for this relay; other relays skip them.
+pub async fn lock_due(tx: &mut Tx, limit: i64) -> Result<Vec<Pending>, StoreError> {
+    let rows = sqlx::query_as!(
+        Pending,
+        r#"SELECT id, topic, payload FROM outbox
+            WHERE sent_at IS NULL AND available_at <= now()
+            ORDER BY id LIMIT $1
+            FOR UPDATE SKIP LOCKED"#,
+        limit
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows)
+}
+
+/// Marks rows as published (the broker confirmed them).
+pub async fn mark_sent(tx: &mut Tx, ids: &[i64]) -> Result<(), StoreError> {
+    sqlx::query!("UPDATE outbox SET sent_at = now() WHERE id = ANY($1)", ids)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Counts a failed publish so operators can see a stuck row.
+pub async fn mark_failed(pool: &sqlx::PgPool, ids: &[i64]) -> Result<(), StoreError> {
+    sqlx::query!("UPDATE outbox SET publish_attempts = publish_attempts + 1 WHERE id = ANY($1)", ids)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Rows not yet published.
+pub async fn pending_count(pool: &sqlx::PgPool) -> Result<i64, StoreError> {
+    let row = sqlx::query!(r#"SELECT count(*) as "n!" FROM outbox WHERE sent_at IS NULL"#)
+        .fetch_one(pool)
+        .await?;
+    Ok(row.n)
+}

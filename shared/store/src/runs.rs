@@ -1,0 +1,533 @@
+//! Runs and their transitions. Every transition is an `UPDATE … WHERE status = expected`
+//! (and, while a step runs, `AND lease_owner = me`): zero rows means "already done, or not
+//! yours", which callers treat as an answer, not an error.
+
+use chrono::{DateTime, Utc};
+use takosumi_core::{ActorKind, CapsuleId, Changes, FailureCode, RunGroupId, RunId, RunKind, RunStatus, StateVersionId, WorkspaceId};
+
+use crate::{StoreError, Tx};
+
+/// A Run row, private fields included. Public projections are built from it by the API
+/// and must leave out the `*_object_key` fields and the lease.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// Its id.
+    pub id: RunId,
+    /// What it does.
+    pub kind: RunKind,
+    /// Where it is.
+    pub status: RunStatus,
+    /// Its Workspace.
+    pub workspace_id: WorkspaceId,
+    /// Its Capsule.
+    pub capsule_id: CapsuleId,
+    /// Its RunGroup.
+    pub run_group_id: Option<RunGroupId>,
+    /// For an Apply Run: the plan it carries out.
+    pub plan_run_id: Option<RunId>,
+    /// Who started it.
+    pub actor_kind: ActorKind,
+    /// The actor's id (a token id for users and agents).
+    pub actor_id: String,
+    /// Continue from plan to apply when the plan is clean.
+    pub auto_apply_requested: bool,
+    /// The commit that was executed.
+    pub source_commit: Option<String>,
+    /// Digest of the checked-out tree.
+    pub tree_digest: Option<String>,
+    /// `version -json` of the tool used.
+    pub tool_version: Option<serde_json::Value>,
+    /// SHA-256 of the saved plan file.
+    pub plan_digest: Option<String>,
+    /// Private: where the sealed plan lives.
+    pub plan_object_key: Option<String>,
+    /// Private: where the sealed lockfile lives.
+    pub lockfile_object_key: Option<String>,
+    /// `unknown`, `none` or `present`.
+    pub provider_lock_state: String,
+    /// SHA-256 of the lockfile bytes when present.
+    pub provider_lock_digest: Option<String>,
+    /// Digest over the module tree and the provider lock digest.
+    pub dependency_snapshot: Option<String>,
+    /// The generation a plan saw / an apply produced.
+    pub state_generation: Option<i64>,
+    /// Resource changes from `show -json`.
+    pub changes: Option<serde_json::Value>,
+    /// Drift found (drift checks only).
+    pub drift: Option<bool>,
+    /// Published outputs.
+    pub outputs: Option<serde_json::Value>,
+    /// The StateVersion written by this Run.
+    pub state_version_id: Option<StateVersionId>,
+    /// Names of injected environment variables.
+    pub injected_env_names: Vec<String>,
+    /// Why it is held.
+    pub hold_reason: Option<String>,
+    /// Details of the hold.
+    pub hold_details: Option<serde_json::Value>,
+    /// The gate's decision, once made.
+    pub gate_decision: Option<String>,
+    /// Machine-readable failure code.
+    pub error_code: Option<String>,
+    /// What a person should do next.
+    pub error_message: Option<String>,
+    /// Who canceled it.
+    pub canceled_by: Option<String>,
+    /// When it was canceled.
+    pub canceled_at: Option<DateTime<Utc>>,
+    /// The handler holding it.
+    pub lease_owner: Option<String>,
+    /// Claims so far.
+    pub attempts: i32,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Run {
+    /// The change counts, if recorded.
+    pub fn changes(&self) -> Option<Changes> {
+        self.changes.as_ref().and_then(|c| serde_json::from_value(c.clone()).ok())
+    }
+}
+
+/// Reads a Run.
+pub async fn get<'e, E: sqlx::PgExecutor<'e>>(executor: E, id: RunId) -> Result<Option<Run>, StoreError> {
+    let run = sqlx::query_as!(
+        Run,
+        r#"SELECT id as "id: RunId", kind as "kind: RunKind", status as "status: RunStatus",
+                  workspace_id as "workspace_id: WorkspaceId", capsule_id as "capsule_id: CapsuleId",
+                  run_group_id as "run_group_id: RunGroupId", plan_run_id as "plan_run_id: RunId",
+                  actor_kind as "actor_kind: ActorKind", actor_id, auto_apply_requested,
+                  source_commit, tree_digest, tool_version, plan_digest, plan_object_key,
+                  lockfile_object_key, provider_lock_state, provider_lock_digest, dependency_snapshot,
+                  state_generation, changes, drift, outputs,
+                  state_version_id as "state_version_id: StateVersionId", injected_env_names,
+                  hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
+                  canceled_at, lease_owner, attempts, created_at, updated_at
+             FROM runs WHERE id = $1"#,
+        id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(run)
+}
+
+/// What a new Run starts with.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    /// Kind.
+    pub kind: RunKind,
+    /// Workspace.
+    pub workspace_id: WorkspaceId,
+    /// Capsule.
+    pub capsule_id: CapsuleId,
+    /// Group.
+    pub run_group_id: Option<RunGroupId>,
+    /// The plan an Apply Run carries out.
+    pub plan_run_id: Option<RunId>,
+    /// Actor kind.
+    pub actor_kind: ActorKind,
+    /// Actor id.
+    pub actor_id: String,
+    /// Continue to apply when clean.
+    pub auto_apply_requested: bool,
+    /// The submission's `Idempotency-Key`.
+    pub idempotency_key: Option<String>,
+}
+
+/// Inserts a queued Run. An Apply Run copies its plan's pins so the record shows what it
+/// is bound to from the start.
+pub async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
+    let id = RunId::new();
+    sqlx::query!(
+        r#"INSERT INTO runs (id, kind, workspace_id, capsule_id, run_group_id, plan_run_id, actor_kind,
+                             actor_id, auto_apply_requested, idempotency_key,
+                             source_commit, tree_digest, plan_digest, state_generation,
+                             provider_lock_state, provider_lock_digest, dependency_snapshot, tool_version,
+                             changes, injected_env_names)
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                  p.source_commit, p.tree_digest, p.plan_digest, p.state_generation,
+                  COALESCE(p.provider_lock_state, 'unknown'), p.provider_lock_digest, p.dependency_snapshot,
+                  p.tool_version, p.changes, COALESCE(p.injected_env_names, '{}')
+             FROM (SELECT 1) one
+             LEFT JOIN runs p ON p.id = $6"#,
+        id.as_uuid(),
+        new.kind as RunKind,
+        new.workspace_id.as_uuid(),
+        new.capsule_id.as_uuid(),
+        new.run_group_id.map(|g| g.as_uuid()),
+        new.plan_run_id.map(|p| p.as_uuid()),
+        new.actor_kind as ActorKind,
+        new.actor_id,
+        new.auto_apply_requested,
+        new.idempotency_key
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+/// The Run a previous submission with the same `Idempotency-Key` created.
+pub async fn find_by_idempotency_key<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    workspace_id: WorkspaceId,
+    key: &str,
+) -> Result<Option<RunId>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT id FROM runs WHERE workspace_id = $1 AND idempotency_key = $2",
+        workspace_id.as_uuid(),
+        key
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| RunId::from_uuid(r.id)))
+}
+
+/// The live (not failed, not canceled) Apply Run of a plan, if any.
+pub async fn live_apply_of<'e, E: sqlx::PgExecutor<'e>>(executor: E, plan_run_id: RunId) -> Result<Option<RunId>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT id FROM runs WHERE plan_run_id = $1 AND kind = 'apply' AND status NOT IN ('failed', 'canceled')",
+        plan_run_id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| RunId::from_uuid(r.id)))
+}
+
+/// Claims a Run for a step: `from` → `to`, with a lease. `None`: someone else has it or
+/// the step is done.
+pub async fn claim(
+    tx: &mut Tx,
+    id: RunId,
+    from: RunStatus,
+    to: RunStatus,
+    owner: &str,
+    lease_secs: i64,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE runs SET status = $3, lease_owner = $4,
+                  lease_until = now() + make_interval(secs => $5::bigint::double precision),
+                  attempts = attempts + 1, updated_at = now()
+            WHERE id = $1 AND status = $2"#,
+        id.as_uuid(),
+        from as RunStatus,
+        to as RunStatus,
+        owner,
+        lease_secs
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Extends the lease while the step still holds it. `false`: the lease was lost (the
+/// reaper took the Run back, or it was canceled); the step must stop.
+pub async fn renew_lease(pool: &sqlx::PgPool, id: RunId, owner: &str, lease_secs: i64) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE runs SET lease_until = now() + make_interval(secs => $3::bigint::double precision)
+            WHERE id = $1 AND lease_owner = $2 AND status IN ('planning', 'applying')"#,
+        id.as_uuid(),
+        owner,
+        lease_secs
+    )
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A finished plan's record.
+#[derive(Debug, Clone)]
+pub struct PlanRecord {
+    /// Commit executed.
+    pub source_commit: String,
+    /// Tree digest.
+    pub tree_digest: String,
+    /// Tool version JSON.
+    pub tool_version: serde_json::Value,
+    /// SHA-256 of the plan file.
+    pub plan_digest: String,
+    /// Private: sealed plan object.
+    pub plan_object_key: String,
+    /// Private: sealed lockfile object (when a lockfile exists).
+    pub lockfile_object_key: Option<String>,
+    /// Lockfile digest; `None` = provider-free (explicit null).
+    pub provider_lock_digest: Option<String>,
+    /// Dependency snapshot digest.
+    pub dependency_snapshot: String,
+    /// Generation the plan saw.
+    pub state_generation: i64,
+    /// Changes.
+    pub changes: Changes,
+    /// Drift (drift checks only).
+    pub drift: Option<bool>,
+    /// Injected variable names.
+    pub injected_env_names: Vec<String>,
+}
+
+/// `planning` → `planned` with the record, only for the lease holder.
+pub async fn record_plan(tx: &mut Tx, id: RunId, owner: &str, rec: &PlanRecord) -> Result<bool, StoreError> {
+    let changes = serde_json::to_value(rec.changes).unwrap_or_default();
+    let lock_state = if rec.provider_lock_digest.is_some() { "present" } else { "none" };
+    let done = sqlx::query!(
+        r#"UPDATE runs SET status = 'planned', source_commit = $3, tree_digest = $4, tool_version = $5,
+                  plan_digest = $6, plan_object_key = $7, lockfile_object_key = $8,
+                  provider_lock_state = $9, provider_lock_digest = $10, dependency_snapshot = $11,
+                  state_generation = $12, changes = $13, drift = $14, injected_env_names = $15,
+                  lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
+            WHERE id = $1 AND status = 'planning' AND lease_owner = $2"#,
+        id.as_uuid(),
+        owner,
+        rec.source_commit,
+        rec.tree_digest,
+        rec.tool_version,
+        rec.plan_digest,
+        rec.plan_object_key,
+        rec.lockfile_object_key,
+        lock_state,
+        rec.provider_lock_digest,
+        rec.dependency_snapshot,
+        rec.state_generation,
+        changes,
+        rec.drift,
+        &rec.injected_env_names
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Ends a Run `failed` with a code and a message saying what to do. With `owner`, only
+/// the lease holder may; without, only a Run no step holds (queued or held).
+pub async fn fail(
+    tx: &mut Tx,
+    id: RunId,
+    owner: Option<&str>,
+    code: FailureCode,
+    message: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE runs SET status = 'failed', error_code = $3, error_message = $4,
+                  lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
+            WHERE id = $1
+              AND CASE WHEN $2::text IS NULL THEN status IN ('queued', 'held')
+                       ELSE status IN ('planning', 'applying') AND lease_owner = $2 END"#,
+        id.as_uuid(),
+        owner,
+        code.as_str(),
+        message
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The gate released the Run: records the decision once.
+pub async fn record_gate_release(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE runs SET gate_decision = 'released', updated_at = now()
+            WHERE id = $1 AND gate_decision IS NULL AND status IN ('queued', 'planned')"#,
+        id.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// How an apply claim ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyClaim {
+    /// This handler holds the Run and the Capsule; the generation matched.
+    Claimed,
+    /// Another apply holds the Capsule; the Run stays queued.
+    CapsuleBusy,
+    /// The Capsule's state moved on since the plan: the Run failed, the tool never ran.
+    GenerationChanged {
+        /// What the plan saw.
+        planned: i64,
+        /// What the Capsule is at.
+        current: i64,
+    },
+    /// Not a released, queued Apply Run (done, claimed elsewhere, or never released).
+    NotClaimable,
+}
+
+/// Claims an Apply Run: in one transaction, takes the Run (`queued` → `applying`), takes
+/// the Capsule (only where no apply holds it) and checks the generation the plan saw.
+pub async fn claim_apply(tx: &mut Tx, id: RunId, owner: &str, lease_secs: i64) -> Result<ApplyClaim, StoreError> {
+    let row = sqlx::query!(
+        r#"SELECT capsule_id, state_generation FROM runs
+            WHERE id = $1 AND kind = 'apply' AND status = 'queued' AND gate_decision = 'released'
+            FOR UPDATE"#,
+        id.as_uuid()
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(row) = row else { return Ok(ApplyClaim::NotClaimable) };
+    let capsule_id = CapsuleId::from_uuid(row.capsule_id);
+    let Some(current) = crate::capsules::take_for_apply(tx, capsule_id, id).await? else {
+        return Ok(ApplyClaim::CapsuleBusy);
+    };
+    let planned = row.state_generation.ok_or(StoreError::Conflict("apply run without a planned generation"))?;
+    if planned != current {
+        crate::capsules::release_apply(tx, capsule_id, id).await?;
+        let message = format!(
+            "the Capsule's state moved from generation {planned} to {current} after this plan was made; \
+             plan again and apply the new plan"
+        );
+        fail(tx, id, None, FailureCode::StateGenerationChanged, &message).await?;
+        return Ok(ApplyClaim::GenerationChanged { planned, current });
+    }
+    if !claim(tx, id, RunStatus::Queued, RunStatus::Applying, owner, lease_secs).await? {
+        return Err(StoreError::Conflict("apply run changed while locked"));
+    }
+    Ok(ApplyClaim::Claimed)
+}
+
+/// `applying` → `applied` with outputs and the StateVersion, only for the lease holder.
+pub async fn record_apply(
+    tx: &mut Tx,
+    id: RunId,
+    owner: &str,
+    outputs: &serde_json::Value,
+    state_version_id: Option<StateVersionId>,
+    generation: i64,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE runs SET status = 'applied', outputs = $3, state_version_id = $4, state_generation = $5,
+                  lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
+            WHERE id = $1 AND status = 'applying' AND lease_owner = $2"#,
+        id.as_uuid(),
+        owner,
+        outputs,
+        state_version_id.map(|s| s.as_uuid()),
+        generation
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Forgets where a plan's sealed file was, once it has been wiped.
+pub async fn clear_plan_object(tx: &mut Tx, id: RunId) -> Result<(), StoreError> {
+    sqlx::query!("UPDATE runs SET plan_object_key = NULL, updated_at = now() WHERE id = $1", id.as_uuid())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// The oldest released Apply Run of a Capsule still waiting for it.
+pub async fn next_waiting_apply(tx: &mut Tx, capsule_id: CapsuleId) -> Result<Option<RunId>, StoreError> {
+    let row = sqlx::query!(
+        r#"SELECT id FROM runs
+            WHERE capsule_id = $1 AND kind = 'apply' AND status = 'queued' AND gate_decision = 'released'
+            ORDER BY created_at LIMIT 1"#,
+        capsule_id.as_uuid()
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.map(|r| RunId::from_uuid(r.id)))
+}
+
+/// A Run whose lease expired, and what the reaper made of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    /// The Run.
+    pub id: RunId,
+    /// Its kind.
+    pub kind: RunKind,
+    /// Its status now: `queued` (will be retried), `failed` (attempts exhausted) or
+    /// `unknown_outcome` (an apply).
+    pub status: RunStatus,
+}
+
+/// Takes back Runs whose handler vanished. A plan (which changes no infrastructure) is
+/// queued again, up to `max_attempts` claims; an apply becomes `unknown_outcome` and is
+/// never re-applied automatically. Safe to run from many processes at once.
+pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>, StoreError> {
+    let rows = sqlx::query!(
+        r#"SELECT id, kind as "kind: RunKind", status as "status: RunStatus", attempts, capsule_id
+             FROM runs
+            WHERE status IN ('planning', 'applying') AND lease_until < now()
+            ORDER BY lease_until
+            LIMIT 100
+            FOR UPDATE SKIP LOCKED"#
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut reaped = Vec::with_capacity(rows.len());
+    for r in rows {
+        let id = RunId::from_uuid(r.id);
+        let status = if r.status == RunStatus::Applying {
+            RunStatus::UnknownOutcome
+        } else if r.attempts >= max_attempts {
+            RunStatus::Failed
+        } else {
+            RunStatus::Queued
+        };
+        let (code, message): (Option<&str>, Option<String>) = match status {
+            RunStatus::UnknownOutcome => (
+                Some("unknown_outcome"),
+                Some(
+                    "the apply stopped without a recorded result; inspect the provider side and the Capsule's \
+                     current StateVersion before applying anything else"
+                        .to_owned(),
+                ),
+            ),
+            RunStatus::Failed => (
+                Some(FailureCode::AttemptsExhausted.as_str()),
+                Some(format!("the handler stopped {max_attempts} times while running this step; check the logs, then submit it again")),
+            ),
+            _ => (None, None),
+        };
+        sqlx::query!(
+            r#"UPDATE runs SET status = $2, lease_owner = NULL, lease_until = NULL, error_code = $3,
+                      error_message = $4, updated_at = now(),
+                      finished_at = CASE WHEN $2 IN ('queued'::run_status) THEN NULL ELSE now() END
+                WHERE id = $1"#,
+            id.as_uuid(),
+            status as RunStatus,
+            code,
+            message
+        )
+        .execute(&mut **tx)
+        .await?;
+        if r.status == RunStatus::Applying {
+            crate::capsules::release_apply(tx, CapsuleId::from_uuid(r.capsule_id), id).await?;
+        }
+        reaped.push(Reaped { id, kind: r.kind, status });
+    }
+    Ok(reaped)
+}
+
+/// Queued Runs that nothing has touched for `idle_secs` and that have no wake-up pending:
+/// their message was lost (a handler died between ack and claim). Returns them so the
+/// caller can enqueue a new wake-up in the same transaction.
+pub async fn stuck_queued(tx: &mut Tx, idle_secs: i64) -> Result<Vec<(RunId, RunKind, Option<String>)>, StoreError> {
+    let rows = sqlx::query!(
+        r#"SELECT r.id, r.kind as "kind: RunKind", r.gate_decision FROM runs r
+            WHERE r.status = 'queued'
+              AND r.updated_at < now() - make_interval(secs => $1::bigint::double precision)
+              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.sent_at IS NULL AND o.payload->>'runId' = 'run_' || replace(r.id::text, '-', ''))
+            ORDER BY r.updated_at
+            LIMIT 100
+            FOR UPDATE OF r SKIP LOCKED"#,
+        idle_secs
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
+    sqlx::query!("UPDATE runs SET updated_at = now() WHERE id = ANY($1)", &ids)
+        .execute(&mut **tx)
+        .await?;
+    Ok(rows.into_iter().map(|r| (RunId::from_uuid(r.id), r.kind, r.gate_decision)).collect())
+}
+
+/// Points a (failed) Run at the StateVersion its partial apply wrote.
+pub async fn set_state_version(tx: &mut Tx, id: RunId, sv: StateVersionId) -> Result<(), StoreError> {
+    sqlx::query!("UPDATE runs SET state_version_id = $2 WHERE id = $1", id.as_uuid(), sv.as_uuid())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
