@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Stops the local stack started by start.sh: s3s-fs (pid file), RabbitMQ, Postgres.
+# Stops the local stack: Takosumi processes started by quickstart.sh, s3s-fs (pid file), RabbitMQ,
+# Postgres.
 # Data stays in $STACK and in the services' own data folders; start.sh brings it all back.
 set -euo pipefail
 
@@ -7,6 +8,19 @@ STACK=${TAKOSUMI_STACK:-/var/tmp/takosumi-stack}
 
 log() { printf 'stop: %s\n' "$*" >&2; }
 [ "$(id -u)" = 0 ] || { log "ERROR: run as root"; exit 1; }
+
+# --- Takosumi processes started by quickstart.sh ---
+for pid_file in "$STACK"/pids/*.pid; do
+    [ -f "$pid_file" ] || continue
+    pid=$(cat "$pid_file")
+    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+        takosumi-*)
+            log "stopping $(basename "$pid_file" .pid) (pid $pid)"
+            kill "$pid" 2>/dev/null || true
+            ;;
+    esac
+    rm -f "$pid_file"
+done
 
 # --- s3s-fs ---
 PID_FILE=$STACK/s3s.pid

@@ -1,1 +1,467 @@
-//! placeholder
+//! The end-to-end test fixture. Every test gets its own Postgres database, RabbitMQ vhost,
+//! S3 bucket and private work directory, created here and dropped by [`Stack::stop`].
+//! The services are the real ones `infra/local/start.sh` runs (their addresses come from
+//! its `env.sh`); the tool is the real terraform, behind a wrapper script that only
+//! records each invocation before `exec`-ing it, so tests can count tool starts.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use takosumi_client::Client;
+use takosumi_core::{RunId, Topic};
+use takosumi_runtime::{Ctx, Settings, run_worker};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Which steps run inside the test process.
+#[derive(Debug, Clone, Copy)]
+pub struct Steps {
+    /// The API (with relay and reaper).
+    pub api: bool,
+    /// The plan worker.
+    pub plan: bool,
+    /// The gate worker.
+    pub gate: bool,
+    /// The apply worker.
+    pub apply: bool,
+}
+
+impl Steps {
+    /// Everything in-process.
+    pub const ALL: Steps = Steps {
+        api: true,
+        plan: true,
+        gate: true,
+        apply: true,
+    };
+    /// Only the API: tests drive the handlers themselves.
+    pub const API_ONLY: Steps = Steps {
+        api: true,
+        plan: false,
+        gate: false,
+        apply: false,
+    };
+}
+
+/// Options for a test stack.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Steps started in-process.
+    pub steps: Steps,
+    /// Lease length in seconds.
+    pub lease_secs: i64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            steps: Steps::ALL,
+            lease_secs: 30,
+        }
+    }
+}
+
+fn env(name: &str) -> anyhow::Result<String> {
+    std::env::var(name).with_context(|| {
+        format!("{name} is not set: run the tests through infra/local/test.sh (it starts the stack and sources its env.sh)")
+    })
+}
+
+fn short_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+}
+
+/// A running, isolated Takosumi.
+pub struct Stack {
+    /// The settings every in-process step uses.
+    pub settings: Settings,
+    /// A step context for calling handlers directly and reading private rows.
+    pub ctx: Ctx,
+    /// An admin API client.
+    pub client: Client,
+    /// The API's base URL.
+    pub api_url: String,
+    /// The admin token.
+    pub admin_token: String,
+    env_vars: HashMap<String, String>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    db_name: String,
+    vhost: String,
+    work: tempfile::TempDir,
+    tool_log: PathBuf,
+    pause_file: PathBuf,
+}
+
+impl Stack {
+    /// Starts a stack with all steps in-process.
+    pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Starts a stack.
+    pub async fn start_with(opts: Options) -> anyhow::Result<Self> {
+        let id = short_id();
+        let work = tempfile::tempdir()?;
+        // A database of its own.
+        let db_name = format!("takosumi_t_{id}");
+        let admin_url = env("TAKOSUMI_PG_ADMIN_URL")?;
+        let admin = takosumi_store::connect(&admin_url, 1).await?;
+        sqlx::query(&format!("CREATE DATABASE {db_name}"))
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+        let database_url = replace_db(&admin_url, &db_name);
+        // A vhost of its own.
+        let vhost = format!("t_{id}");
+        let mgmt = env("TAKOSUMI_RABBITMQ_MGMT_URL")?;
+        let (mu, mp) = (
+            env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
+            env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
+        );
+        let http = reqwest::Client::new();
+        http.put(format!("{mgmt}/api/vhosts/{vhost}"))
+            .basic_auth(&mu, Some(&mp))
+            .send()
+            .await?
+            .error_for_status()?;
+        http.put(format!("{mgmt}/api/permissions/{vhost}/{mu}"))
+            .basic_auth(&mu, Some(&mp))
+            .json(&serde_json::json!({ "configure": ".*", "write": ".*", "read": ".*" }))
+            .send()
+            .await?
+            .error_for_status()?;
+        let amqp_base = env("TAKOSUMI_AMQP_URL")?;
+        let amqp_url = format!(
+            "{}/{vhost}",
+            amqp_base
+                .rsplit_once('/')
+                .map_or(amqp_base.as_str(), |(b, _)| b)
+        );
+        // The real terraform behind a recording wrapper.
+        let tool_log = work.path().join("tool.log");
+        let pause_file = work.path().join("pause-plan");
+        let wrapper = work.path().join("terraform");
+        let real = env("TAKOSUMI_TERRAFORM_BIN")?;
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\necho \"$1\" >> '{log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; sleep 120; fi\nexec '{real}' \"$@\"\n",
+                log = tool_log.display(),
+                pause = pause_file.display(),
+            ),
+        )?;
+        set_executable(&wrapper)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let api_url = format!("http://{}", listener.local_addr()?);
+        let admin_token = format!("tks_test_{}", short_id());
+        let mut vars: HashMap<String, String> = HashMap::new();
+        for (k, v) in [
+            ("TAKOSUMI_DATABASE_URL", database_url),
+            ("TAKOSUMI_AMQP_URL", amqp_url),
+            ("TAKOSUMI_S3_ENDPOINT", env("TAKOSUMI_S3_ENDPOINT")?),
+            ("TAKOSUMI_S3_REGION", env("TAKOSUMI_S3_REGION")?),
+            ("TAKOSUMI_S3_ACCESS_KEY", env("TAKOSUMI_S3_ACCESS_KEY")?),
+            ("TAKOSUMI_S3_SECRET_KEY", env("TAKOSUMI_S3_SECRET_KEY")?),
+            ("TAKOSUMI_S3_BUCKET", format!("t-{id}")),
+            ("TAKOSUMI_SEAL_KEY", env("TAKOSUMI_SEAL_KEY")?),
+            ("TAKOSUMI_SEAL_KEY_ID", "test-1".to_owned()),
+            ("TAKOSUMI_TERRAFORM_BIN", wrapper.display().to_string()),
+            ("TAKOSUMI_TF_CLI_CONFIG", env("TAKOSUMI_TF_CLI_CONFIG")?),
+            (
+                "TAKOSUMI_WORK_DIR",
+                work.path().join("runs").display().to_string(),
+            ),
+            ("TAKOSUMI_ADMIN_TOKEN", admin_token.clone()),
+            (
+                "TAKOSUMI_LISTEN",
+                api_url.trim_start_matches("http://").to_owned(),
+            ),
+            ("TAKOSUMI_LEASE_SECS", opts.lease_secs.to_string()),
+            ("TAKOSUMI_REAPER_INTERVAL_MS", "300".to_owned()),
+            ("TAKOSUMI_STUCK_QUEUED_SECS", "20".to_owned()),
+        ] {
+            vars.insert(k.to_owned(), v);
+        }
+        let settings = Settings::from_map(&vars)?;
+        let ctx = Ctx::connect(&settings, "test").await?;
+        takosumi_api::bootstrap_admin(&ctx.pool, &settings).await?;
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+        if opts.steps.api {
+            let (ctx, settings, stop) = (
+                Ctx::connect(&settings, "api").await?,
+                settings.clone(),
+                shutdown.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                if let Err(e) = takosumi_api::serve(ctx, &settings, listener, stop).await {
+                    eprintln!("api stopped: {e}");
+                }
+            }));
+        }
+        let steps: [(bool, Topic); 3] = [
+            (opts.steps.plan, Topic::Plan),
+            (opts.steps.gate, Topic::Gate),
+            (opts.steps.apply, Topic::Apply),
+        ];
+        for (on, topic) in steps {
+            if on {
+                tasks.push(spawn_step(&settings, topic, shutdown.clone()).await?);
+            }
+        }
+        let client = Client::new(&api_url, &admin_token)?;
+        Ok(Self {
+            settings,
+            ctx,
+            client,
+            api_url,
+            admin_token,
+            env_vars: vars,
+            shutdown,
+            tasks,
+            db_name,
+            vhost,
+            work,
+            tool_log,
+            pause_file,
+        })
+    }
+
+    /// The `TAKOSUMI_*` environment a step process of this stack needs.
+    pub fn env_vars(&self) -> &HashMap<String, String> {
+        &self.env_vars
+    }
+
+    /// Every tool invocation so far: its first argument (`version`, `init`, `plan`, …).
+    pub fn tool_invocations(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.tool_log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// How many times the tool was started with `command`.
+    pub fn tool_count(&self, command: &str) -> usize {
+        self.tool_invocations()
+            .iter()
+            .filter(|c| *c == command)
+            .count()
+    }
+
+    /// While set, every `plan` the tool runs sleeps first (to kill a handler mid-plan).
+    pub fn pause_plans(&self, on: bool) -> anyhow::Result<()> {
+        if on {
+            std::fs::write(&self.pause_file, b"")?;
+        } else if self.pause_file.exists() {
+            std::fs::remove_file(&self.pause_file)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a step as its real binary (`takosumi-plan`, …) in its own process.
+    pub fn spawn_process(&self, step: &str) -> anyhow::Result<tokio::process::Child> {
+        let bin = binary(&format!("takosumi-{step}"))?;
+        let child = tokio::process::Command::new(bin)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .envs(&self.env_vars)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        Ok(child)
+    }
+
+    /// Polls a Run until it is terminal (or held).
+    pub async fn wait(&self, run: RunId) -> anyhow::Result<takosumi_client::Run> {
+        Ok(self.client.wait(run, Duration::from_secs(90)).await?)
+    }
+
+    /// Stops everything and drops the database and vhost.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(20), t).await;
+        }
+        self.ctx.bus.close().await;
+        self.ctx.pool.close().await;
+        let admin = takosumi_store::connect(&env("TAKOSUMI_PG_ADMIN_URL")?, 1).await?;
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.db_name
+        ))
+        .execute(&admin)
+        .await?;
+        admin.close().await;
+        let mgmt = env("TAKOSUMI_RABBITMQ_MGMT_URL")?;
+        let (mu, mp) = (
+            env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
+            env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
+        );
+        reqwest::Client::new()
+            .delete(format!("{mgmt}/api/vhosts/{}", self.vhost))
+            .basic_auth(mu, Some(mp))
+            .send()
+            .await?;
+        drop(self.work);
+        Ok(())
+    }
+}
+
+async fn spawn_step(
+    settings: &Settings,
+    topic: Topic,
+    shutdown: CancellationToken,
+) -> anyhow::Result<JoinHandle<()>> {
+    let ctx = Ctx::connect(settings, topic.queue_name()).await?;
+    let settings = settings.clone();
+    Ok(tokio::spawn(async move {
+        let result = match topic {
+            Topic::Plan => {
+                run_worker(
+                    ctx,
+                    &settings,
+                    topic,
+                    |c: Ctx, m| async move { takosumi_plan::handle(&c, m).await },
+                    shutdown,
+                )
+                .await
+            }
+            Topic::Gate => {
+                run_worker(
+                    ctx,
+                    &settings,
+                    topic,
+                    |c: Ctx, m| async move { takosumi_gate::handle(&c, m).await },
+                    shutdown,
+                )
+                .await
+            }
+            _ => {
+                run_worker(
+                    ctx,
+                    &settings,
+                    topic,
+                    |c: Ctx, m| async move { takosumi_apply::handle(&c, m).await },
+                    shutdown,
+                )
+                .await
+            }
+        };
+        if let Err(e) = result {
+            eprintln!("{topic:?} worker stopped: {e}");
+        }
+    }))
+}
+
+fn replace_db(url: &str, db: &str) -> String {
+    match url.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{db}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(unix)]
+fn set_executable(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// A workspace binary next to the test executable (`infra/local/test.sh` builds them first).
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable has no target directory")?;
+    let path = dir.join(name);
+    if !path.exists() {
+        bail!(
+            "{} is missing: build the binaries first (`cargo build --workspace --bins`, as infra/local/test.sh does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A throwaway Git repository served as a `file://` URL.
+pub struct GitRepo {
+    dir: tempfile::TempDir,
+}
+
+impl GitRepo {
+    /// A repository whose first commit on `main` holds `files`.
+    pub fn new(files: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        git(dir.path(), &["init", "-q", "-b", "main"])?;
+        let repo = Self { dir };
+        repo.commit(files, "initial")?;
+        Ok(repo)
+    }
+
+    /// A repository holding one of `infra/examples/*` at `infra/<name>`.
+    pub fn with_example(name: &str) -> anyhow::Result<Self> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../infra/examples")
+            .join(name)
+            .join("main.tf");
+        let text =
+            std::fs::read_to_string(&src).with_context(|| format!("reading {}", src.display()))?;
+        Self::new(&[(&format!("infra/{name}/main.tf"), &text)])
+    }
+
+    /// Writes `files` and commits them; returns the commit id.
+    pub fn commit(&self, files: &[(&str, &str)], message: &str) -> anyhow::Result<String> {
+        for (path, text) in files {
+            let p = self.dir.path().join(path);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(p, text)?;
+        }
+        git(self.dir.path(), &["add", "-A"])?;
+        git(
+            self.dir.path(),
+            &[
+                "-c",
+                "user.email=t@takosumi.test",
+                "-c",
+                "user.name=test",
+                "commit",
+                "-q",
+                "-m",
+                message,
+            ],
+        )?;
+        let out = std::process::Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(self.dir.path())
+            .output()?;
+        Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+    }
+
+    /// The repository's URL.
+    pub fn url(&self) -> String {
+        format!("file://{}", self.dir.path().display())
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let status = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("git {args:?} failed");
+    }
+    Ok(())
+}

@@ -28,20 +28,30 @@ pub enum Action {
 impl Caller {
     /// `user:tok_…` / `agent:tok_…` for events and activity.
     pub fn actor(&self) -> String {
-        format!("{}:{}", if self.0.role == "agent" { "agent" } else { "user" }, self.0.id)
+        format!(
+            "{}:{}",
+            if self.0.role == "agent" {
+                "agent"
+            } else {
+                "user"
+            },
+            self.0.id
+        )
     }
 
     /// Checks the role allows `action` within `workspace` (`None`: instance-wide).
     pub fn require(&self, action: Action, workspace: Option<WorkspaceId>) -> Result<(), ApiError> {
         let g = &self.0;
-        if let (Some(scope), Some(ws)) = (g.workspace_id, workspace) {
-            if scope != ws {
-                // Same answer as an unknown id: a token must not learn what other Workspaces hold.
-                return Err(ApiError::not_found("the resource"));
-            }
+        // Same answer as an unknown id: a token must not learn what other Workspaces hold.
+        if let (Some(scope), Some(ws)) = (g.workspace_id, workspace)
+            && scope != ws
+        {
+            return Err(ApiError::not_found("the resource"));
         }
         if workspace.is_none() && g.workspace_id.is_some() && action != Action::Read {
-            return Err(ApiError::forbidden("this token is limited to one Workspace"));
+            return Err(ApiError::forbidden(
+                "this token is limited to one Workspace",
+            ));
         }
         let allowed = match action {
             Action::Read => true,
@@ -51,7 +61,10 @@ impl Caller {
         if allowed {
             Ok(())
         } else {
-            Err(ApiError::forbidden(format!("the {} role may not do this", g.role)))
+            Err(ApiError::forbidden(format!(
+                "the {} role may not do this",
+                g.role
+            )))
         }
     }
 }
@@ -59,20 +72,29 @@ impl Caller {
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let unauthorized = |m: &str| ApiError::client(StatusCode::UNAUTHORIZED, "unauthorized", m);
         let header = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
-            .ok_or_else(|| unauthorized("missing Authorization header: send `Authorization: Bearer <token>`"))?;
-        let value = header.to_str().map_err(|_| unauthorized("the Authorization header is not valid text"))?;
+            .ok_or_else(|| {
+                unauthorized("missing Authorization header: send `Authorization: Bearer <token>`")
+            })?;
+        let value = header
+            .to_str()
+            .map_err(|_| unauthorized("the Authorization header is not valid text"))?;
         let token = value
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
-        let grant = tokens::find(&state.pool, token).await?.ok_or_else(|| unauthorized("the token is not valid"))?;
+        let grant = tokens::find(&state.pool, token)
+            .await?
+            .ok_or_else(|| unauthorized("the token is not valid"))?;
         Ok(Caller(grant))
     }
 }

@@ -29,7 +29,11 @@ pub enum ApiError {
 impl ApiError {
     /// A client error.
     pub fn client(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self::Client { status, code, message: message.into() }
+        Self::Client {
+            status,
+            code,
+            message: message.into(),
+        }
     }
     /// 400 `invalid_json`.
     pub fn invalid_json(message: impl Into<String>) -> Self {
@@ -41,7 +45,11 @@ impl ApiError {
     }
     /// 404 `not_found`.
     pub fn not_found(what: &str) -> Self {
-        Self::client(StatusCode::NOT_FOUND, "not_found", format!("{what} was not found"))
+        Self::client(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{what} was not found"),
+        )
     }
     /// 409 with a code.
     pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
@@ -55,7 +63,10 @@ impl ApiError {
 
 impl From<takosumi_store::StoreError> for ApiError {
     fn from(e: takosumi_store::StoreError) -> Self {
-        Self::Internal { transient: e.retryable(), source: Box::new(e) }
+        Self::Internal {
+            transient: e.retryable(),
+            source: Box::new(e),
+        }
     }
 }
 
@@ -68,9 +79,15 @@ impl From<sqlx::Error> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
-            Self::Client { status, code, message } => {
-                (status, Json(serde_json::json!({ "code": code, "message": message }))).into_response()
-            }
+            Self::Client {
+                status,
+                code,
+                message,
+            } => (
+                status,
+                Json(serde_json::json!({ "code": code, "message": message })),
+            )
+                .into_response(),
             Self::Internal { transient, source } => {
                 let mut chain = source.to_string();
                 let mut cur = source.source();
@@ -81,11 +98,23 @@ impl IntoResponse for ApiError {
                 }
                 tracing::error!(error = %chain, "request failed");
                 let (status, code, message) = if transient {
-                    (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "a dependency is unavailable; try again shortly")
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        "a dependency is unavailable; try again shortly",
+                    )
                 } else {
-                    (StatusCode::INTERNAL_SERVER_ERROR, "internal", "the request failed on our side; the operators have the details")
+                    (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        "the request failed on our side; the operators have the details",
+                    )
                 };
-                (status, Json(serde_json::json!({ "code": code, "message": message }))).into_response()
+                (
+                    status,
+                    Json(serde_json::json!({ "code": code, "message": message })),
+                )
+                    .into_response()
             }
         }
     }

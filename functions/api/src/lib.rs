@@ -38,13 +38,19 @@ pub fn router(state: AppState) -> Router {
 /// Stores `TAKOSUMI_ADMIN_TOKEN` (hashed) as an admin token, if set.
 pub async fn bootstrap_admin(pool: &Pool, settings: &Settings) -> Result<(), RuntimeError> {
     if let Some(token) = &settings.admin_token {
-        takosumi_store::tokens::upsert(pool, token.expose(), "bootstrap-admin", "admin", None).await?;
+        takosumi_store::tokens::upsert(pool, token.expose(), "bootstrap-admin", "admin", None)
+            .await?;
     }
     Ok(())
 }
 
 /// Serves the API on `listener` until `shutdown`, with the relay and reaper beside it.
-pub async fn serve(ctx: Ctx, settings: &Settings, listener: TcpListener, shutdown: CancellationToken) -> Result<(), RuntimeError> {
+pub async fn serve(
+    ctx: Ctx,
+    settings: &Settings,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), RuntimeError> {
     bootstrap_admin(&ctx.pool, settings).await?;
     let background = CancellationToken::new();
     let relay = {
@@ -65,12 +71,17 @@ pub async fn serve(ctx: Ctx, settings: &Settings, listener: TcpListener, shutdow
         settings.stuck_queued_secs,
         background.clone(),
     ));
-    let app = router(AppState { pool: ctx.pool.clone(), relay_wake: ctx.relay_wake.clone() });
+    let app = router(AppState {
+        pool: ctx.pool.clone(),
+        relay_wake: ctx.relay_wake.clone(),
+    });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening");
     }
     let stop = shutdown.clone();
-    let served = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await;
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
     if let Err(e) = served {
         tracing::error!(error = %e, "server stopped with an error");
     }

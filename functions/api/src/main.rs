@@ -39,7 +39,11 @@ async fn main() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(&settings.listen).await?;
             takosumi_api::serve(ctx, &settings, listener, shutdown_signal()).await?;
         }
-        Command::CreateToken { name, role, workspace } => {
+        Command::CreateToken {
+            name,
+            role,
+            workspace,
+        } => {
             anyhow::ensure!(
                 ["viewer", "operator", "approver", "admin", "agent"].contains(&role.as_str()),
                 "--role must be viewer, operator, approver, admin or agent"

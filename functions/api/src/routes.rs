@@ -19,34 +19,63 @@ use crate::{ApiError, AppState, views};
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/healthz", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route(
+            "/healthz",
+            get(|| async { Json(json!({ "status": "ok" })) }),
+        )
         .route("/api/v1/workspaces", post(create_workspace))
         .route("/api/v1/workspaces/{ws}/capsules", post(create_capsule))
-        .route("/api/v1/capsules/{cap}", get(get_capsule).delete(destroy_capsule))
+        .route(
+            "/api/v1/capsules/{cap}",
+            get(get_capsule).delete(destroy_capsule),
+        )
         .route("/api/v1/capsules/{cap}/plan", post(plan_capsule))
         .route("/api/v1/runs/{run}", get(get_run))
         .route("/api/v1/runs/{run}/events", get(run_events))
         .route("/api/v1/runs/{run}/logs", get(run_logs))
         .route("/api/v1/runs/{run}/apply", post(apply_run))
-        .fallback(|| async { ApiError::client(StatusCode::NOT_FOUND, "no_such_endpoint", "no such endpoint; see the API reference in DESIGN.md §5") })
+        .fallback(|| async {
+            ApiError::client(
+                StatusCode::NOT_FOUND,
+                "no_such_endpoint",
+                "no such endpoint; see the API reference in DESIGN.md §5",
+            )
+        })
 }
 
 fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::invalid_json("the request body is empty; send a JSON object"));
+        return Err(ApiError::invalid_json(
+            "the request body is empty; send a JSON object",
+        ));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
 }
 
-fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(raw: &str) -> Result<T, ApiError> {
-    raw.parse().map_err(|e: takosumi_core::IdParseError| ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))
+fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
+    raw: &str,
+) -> Result<T, ApiError> {
+    raw.parse().map_err(|e: takosumi_core::IdParseError| {
+        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+    })
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
-    let key = v.to_str().map_err(|_| ApiError::invalid("invalid_idempotency_key", "Idempotency-Key must be printable text"))?;
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = v.to_str().map_err(|_| {
+        ApiError::invalid(
+            "invalid_idempotency_key",
+            "Idempotency-Key must be printable text",
+        )
+    })?;
     if key.is_empty() || key.len() > 200 {
-        return Err(ApiError::invalid("invalid_idempotency_key", "Idempotency-Key must be 1 to 200 characters"));
+        return Err(ApiError::invalid(
+            "invalid_idempotency_key",
+            "Idempotency-Key must be 1 to 200 characters",
+        ));
     }
     Ok(Some(key.to_owned()))
 }
@@ -54,8 +83,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
 }
 
 #[derive(Deserialize)]
@@ -64,23 +98,44 @@ struct NewWorkspace {
     name: String,
 }
 
-async fn create_workspace(State(st): State<AppState>, caller: Caller, body: Bytes) -> Result<impl IntoResponse, ApiError> {
+async fn create_workspace(
+    State(st): State<AppState>,
+    caller: Caller,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
     caller.require(Action::Administer, None)?;
     let req: NewWorkspace = parse_body(&body)?;
     if !valid_name(&req.name) {
-        return Err(ApiError::invalid("invalid_name", "a Workspace name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit"));
+        return Err(ApiError::invalid(
+            "invalid_name",
+            "a Workspace name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
+        ));
     }
     let mut tx = st.pool.begin().await?;
     let ws = match workspaces::create(&mut tx, &req.name).await {
         Ok(ws) => ws,
         Err(e) if e.is_unique_violation() => {
-            return Err(ApiError::conflict("workspace_exists", format!("a Workspace named {:?} already exists", req.name)));
+            return Err(ApiError::conflict(
+                "workspace_exists",
+                format!("a Workspace named {:?} already exists", req.name),
+            ));
         }
         Err(e) => return Err(e.into()),
     };
-    activity::append(&mut *tx, ws.id, "workspace_created", &ws.id.to_string(), &caller.actor(), json!({ "name": ws.name })).await?;
+    activity::append(
+        &mut *tx,
+        ws.id,
+        "workspace_created",
+        &ws.id.to_string(),
+        &caller.actor(),
+        json!({ "name": ws.name }),
+    )
+    .await?;
     tx.commit().await?;
-    Ok((StatusCode::CREATED, Json(json!({ "id": ws.id, "name": ws.name, "createdAt": ws.created_at }))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "id": ws.id, "name": ws.name, "createdAt": ws.created_at })),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -115,22 +170,44 @@ async fn create_capsule(
 ) -> Result<impl IntoResponse, ApiError> {
     let ws: WorkspaceId = parse_id(&ws)?;
     caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws).await?.ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    workspaces::get(&st.pool, ws)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
     caller.require(Action::Operate, Some(ws))?;
     let req: NewCapsule = parse_body(&body)?;
     if !valid_name(&req.name) {
-        return Err(ApiError::invalid("invalid_name", "a Capsule name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit"));
+        return Err(ApiError::invalid(
+            "invalid_name",
+            "a Capsule name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
+        ));
     }
     let repo = req.source.repo.trim();
     if repo.is_empty() || repo.starts_with('-') || repo.chars().any(char::is_whitespace) {
-        return Err(ApiError::invalid("invalid_source", "source.repo must be a Git URL (https://, ssh://, git@…, or file://)"));
+        return Err(ApiError::invalid(
+            "invalid_source",
+            "source.repo must be a Git URL (https://, ssh://, git@…, or file://)",
+        ));
     }
     let branch = req.source.branch.trim();
-    if branch.is_empty() || branch.starts_with('-') || branch.contains("..") || branch.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(ApiError::invalid("invalid_source", "source.branch must be a branch name"));
+    if branch.is_empty()
+        || branch.starts_with('-')
+        || branch.contains("..")
+        || branch.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(ApiError::invalid(
+            "invalid_source",
+            "source.branch must be a branch name",
+        ));
     }
-    Runner::validate_dir(&req.dir).map_err(|e| ApiError::invalid("invalid_dir", format!("{e}; give a directory relative to the repository root, without '..'")))?;
-    req.tool.parse::<Tool>().map_err(|_| ApiError::invalid("invalid_tool", "tool must be \"tofu\" or \"terraform\""))?;
+    Runner::validate_dir(&req.dir).map_err(|e| {
+        ApiError::invalid(
+            "invalid_dir",
+            format!("{e}; give a directory relative to the repository root, without '..'"),
+        )
+    })?;
+    req.tool
+        .parse::<Tool>()
+        .map_err(|_| ApiError::invalid("invalid_tool", "tool must be \"tofu\" or \"terraform\""))?;
     takosumi_runner::ToolEnv::new()
         .with_variables(&req.vars)
         .map_err(|e| ApiError::invalid("invalid_vars", e.to_string()))?;
@@ -148,32 +225,59 @@ async fn create_capsule(
     let id = match capsules::create(&mut tx, &new).await {
         Ok(id) => id,
         Err(e) if e.is_unique_violation() => {
-            return Err(ApiError::conflict("capsule_exists", format!("a Capsule named {:?} already exists in this Workspace", req.name)));
+            return Err(ApiError::conflict(
+                "capsule_exists",
+                format!(
+                    "a Capsule named {:?} already exists in this Workspace",
+                    req.name
+                ),
+            ));
         }
         Err(e) => return Err(e.into()),
     };
-    activity::append(&mut *tx, ws, "capsule_registered", &id.to_string(), &caller.actor(), json!({ "name": req.name, "repo": repo, "branch": branch, "dir": req.dir }))
-        .await?;
-    let capsule = capsules::get(&mut *tx, id).await?.ok_or_else(|| ApiError::not_found("the new Capsule"))?;
+    activity::append(
+        &mut *tx,
+        ws,
+        "capsule_registered",
+        &id.to_string(),
+        &caller.actor(),
+        json!({ "name": req.name, "repo": repo, "branch": branch, "dir": req.dir }),
+    )
+    .await?;
+    let capsule = capsules::get(&mut *tx, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the new Capsule"))?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(views::capsule(&capsule))))
 }
 
-async fn load_capsule(st: &AppState, caller: &Caller, raw: &str) -> Result<capsules::Capsule, ApiError> {
+async fn load_capsule(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+) -> Result<capsules::Capsule, ApiError> {
     let id: CapsuleId = parse_id(raw)?;
-    let capsule = capsules::get(&st.pool, id).await?.ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
+    let capsule = capsules::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
     caller.require(Action::Read, Some(capsule.workspace_id))?;
     Ok(capsule)
 }
 
 async fn load_run(st: &AppState, caller: &Caller, raw: &str) -> Result<runs::Run, ApiError> {
     let id: RunId = parse_id(raw)?;
-    let run = runs::get(&st.pool, id).await?.ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
+    let run = runs::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
     caller.require(Action::Read, Some(run.workspace_id))?;
     Ok(run)
 }
 
-async fn get_capsule(State(st): State<AppState>, caller: Caller, Path(cap): Path<String>) -> Result<impl IntoResponse, ApiError> {
+async fn get_capsule(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(cap): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     let capsule = load_capsule(&st, &caller, &cap).await?;
     Ok(Json(views::capsule(&capsule)))
 }
@@ -197,28 +301,60 @@ async fn destroy_capsule(
 }
 
 fn actor_kind(caller: &Caller) -> ActorKind {
-    if caller.0.role == "agent" { ActorKind::Agent } else { ActorKind::User }
+    if caller.0.role == "agent" {
+        ActorKind::Agent
+    } else {
+        ActorKind::User
+    }
 }
 
 /// Returns the Run an earlier submission with the same key created, if it is the same
 /// kind of request.
-async fn replay(st: &AppState, ws: WorkspaceId, key: Option<&str>, kind: RunKind, subject: &str) -> Result<Option<runs::Run>, ApiError> {
+async fn replay(
+    st: &AppState,
+    ws: WorkspaceId,
+    key: Option<&str>,
+    kind: RunKind,
+    subject: &str,
+) -> Result<Option<runs::Run>, ApiError> {
     let Some(key) = key else { return Ok(None) };
-    let Some(id) = runs::find_by_idempotency_key(&st.pool, ws, key).await? else { return Ok(None) };
-    let run = runs::get(&st.pool, id).await?.ok_or_else(|| ApiError::not_found("the idempotent Run"))?;
+    let Some(id) = runs::find_by_idempotency_key(&st.pool, ws, key).await? else {
+        return Ok(None);
+    };
+    let run = runs::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the idempotent Run"))?;
     let same = run.kind == kind
-        && (run.capsule_id.to_string() == subject || run.plan_run_id.is_some_and(|p| p.to_string() == subject));
+        && (run.capsule_id.to_string() == subject
+            || run.plan_run_id.is_some_and(|p| p.to_string() == subject));
     if !same {
-        return Err(ApiError::invalid("idempotency_key_reused", "this Idempotency-Key was already used for a different request"));
+        return Err(ApiError::invalid(
+            "idempotency_key_reused",
+            "this Idempotency-Key was already used for a different request",
+        ));
     }
     Ok(Some(run))
 }
 
-async fn submit_plan(st: AppState, caller: Caller, cap: String, headers: HeaderMap, kind: RunKind) -> Result<impl IntoResponse, ApiError> {
+async fn submit_plan(
+    st: AppState,
+    caller: Caller,
+    cap: String,
+    headers: HeaderMap,
+    kind: RunKind,
+) -> Result<impl IntoResponse, ApiError> {
     let capsule = load_capsule(&st, &caller, &cap).await?;
     caller.require(Action::Operate, Some(capsule.workspace_id))?;
     let key = idempotency_key(&headers)?;
-    if let Some(run) = replay(&st, capsule.workspace_id, key.as_deref(), kind, &capsule.id.to_string()).await? {
+    if let Some(run) = replay(
+        &st,
+        capsule.workspace_id,
+        key.as_deref(),
+        kind,
+        &capsule.id.to_string(),
+    )
+    .await?
+    {
         return Ok((StatusCode::ACCEPTED, Json(views::run(&run))));
     }
     let new = runs::NewRun {
@@ -237,18 +373,45 @@ async fn submit_plan(st: AppState, caller: Caller, cap: String, headers: HeaderM
         Ok(id) => id,
         Err(e) if e.is_unique_violation() && key.is_some() => {
             drop(tx);
-            let run = replay(&st, capsule.workspace_id, key.as_deref(), kind, &capsule.id.to_string())
-                .await?
-                .ok_or_else(|| ApiError::conflict("conflict", "a concurrent request with this Idempotency-Key is in progress; retry"))?;
+            let run = replay(
+                &st,
+                capsule.workspace_id,
+                key.as_deref(),
+                kind,
+                &capsule.id.to_string(),
+            )
+            .await?
+            .ok_or_else(|| {
+                ApiError::conflict(
+                    "conflict",
+                    "a concurrent request with this Idempotency-Key is in progress; retry",
+                )
+            })?;
             return Ok((StatusCode::ACCEPTED, Json(views::run(&run))));
         }
         Err(e) => return Err(e.into()),
     };
-    events::append(&mut *tx, id, "queued", &caller.actor(), json!({ "kind": kind })).await?;
-    activity::append(&mut *tx, capsule.workspace_id, "run_started", &id.to_string(), &caller.actor(), json!({ "kind": kind, "capsuleId": capsule.id }))
-        .await?;
+    events::append(
+        &mut *tx,
+        id,
+        "queued",
+        &caller.actor(),
+        json!({ "kind": kind }),
+    )
+    .await?;
+    activity::append(
+        &mut *tx,
+        capsule.workspace_id,
+        "run_started",
+        &id.to_string(),
+        &caller.actor(),
+        json!({ "kind": kind, "capsuleId": capsule.id }),
+    )
+    .await?;
     outbox::enqueue(&mut tx, Topic::Plan, id).await?;
-    let run = runs::get(&mut *tx, id).await?.ok_or_else(|| ApiError::not_found("the new Run"))?;
+    let run = runs::get(&mut *tx, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the new Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
     Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
@@ -263,23 +426,50 @@ async fn apply_run(
     let plan = load_run(&st, &caller, &run).await?;
     caller.require(Action::Operate, Some(plan.workspace_id))?;
     let key = idempotency_key(&headers)?;
-    if let Some(run) = replay(&st, plan.workspace_id, key.as_deref(), RunKind::Apply, &plan.id.to_string()).await? {
+    if let Some(run) = replay(
+        &st,
+        plan.workspace_id,
+        key.as_deref(),
+        RunKind::Apply,
+        &plan.id.to_string(),
+    )
+    .await?
+    {
         return Ok((StatusCode::ACCEPTED, Json(views::run(&run))));
     }
     if !plan.kind.is_plan_like() {
-        return Err(ApiError::conflict("not_a_plan", format!("{} is an apply Run; apply the plan Run it carries out instead", plan.id)));
+        return Err(ApiError::conflict(
+            "not_a_plan",
+            format!(
+                "{} is an apply Run; apply the plan Run it carries out instead",
+                plan.id
+            ),
+        ));
     }
     if plan.status != RunStatus::Planned {
         return Err(ApiError::conflict(
             "plan_not_ready",
-            format!("{} is {}; only a planned Run can be applied", plan.id, plan.status.as_str()),
+            format!(
+                "{} is {}; only a planned Run can be applied",
+                plan.id,
+                plan.status.as_str()
+            ),
         ));
     }
     if plan.plan_object_key.is_none() {
-        return Err(ApiError::conflict("plan_already_used", format!("the saved plan of {} was already applied or wiped; plan again", plan.id)));
+        return Err(ApiError::conflict(
+            "plan_already_used",
+            format!(
+                "the saved plan of {} was already applied or wiped; plan again",
+                plan.id
+            ),
+        ));
     }
     if let Some(existing) = runs::live_apply_of(&st.pool, plan.id).await? {
-        return Err(ApiError::conflict("apply_exists", format!("{existing} already applies this plan")));
+        return Err(ApiError::conflict(
+            "apply_exists",
+            format!("{existing} already applies this plan"),
+        ));
     }
     let new = runs::NewRun {
         kind: RunKind::Apply,
@@ -297,42 +487,85 @@ async fn apply_run(
         Ok(id) => id,
         Err(e) if e.is_unique_violation() => {
             drop(tx);
-            if let Some(run) = replay(&st, plan.workspace_id, key.as_deref(), RunKind::Apply, &plan.id.to_string()).await? {
+            if let Some(run) = replay(
+                &st,
+                plan.workspace_id,
+                key.as_deref(),
+                RunKind::Apply,
+                &plan.id.to_string(),
+            )
+            .await?
+            {
                 return Ok((StatusCode::ACCEPTED, Json(views::run(&run))));
             }
-            return Err(ApiError::conflict("apply_exists", format!("another apply of {} was just submitted", plan.id)));
+            return Err(ApiError::conflict(
+                "apply_exists",
+                format!("another apply of {} was just submitted", plan.id),
+            ));
         }
         Err(e) => return Err(e.into()),
     };
-    events::append(&mut *tx, id, "queued", &caller.actor(), json!({ "kind": "apply", "planRunId": plan.id, "planDigest": plan.plan_digest }))
-        .await?;
-    activity::append(&mut *tx, plan.workspace_id, "run_started", &id.to_string(), &caller.actor(), json!({ "kind": "apply", "planRunId": plan.id }))
-        .await?;
+    events::append(
+        &mut *tx,
+        id,
+        "queued",
+        &caller.actor(),
+        json!({ "kind": "apply", "planRunId": plan.id, "planDigest": plan.plan_digest }),
+    )
+    .await?;
+    activity::append(
+        &mut *tx,
+        plan.workspace_id,
+        "run_started",
+        &id.to_string(),
+        &caller.actor(),
+        json!({ "kind": "apply", "planRunId": plan.id }),
+    )
+    .await?;
     outbox::enqueue(&mut tx, Topic::Gate, id).await?;
-    let run = runs::get(&mut *tx, id).await?.ok_or_else(|| ApiError::not_found("the new Run"))?;
+    let run = runs::get(&mut *tx, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the new Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
     Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
 }
 
-async fn get_run(State(st): State<AppState>, caller: Caller, Path(run): Path<String>) -> Result<impl IntoResponse, ApiError> {
+async fn get_run(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(run): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     let run = load_run(&st, &caller, &run).await?;
     Ok(Json(views::run(&run)))
 }
 
-async fn run_events(State(st): State<AppState>, caller: Caller, Path(run): Path<String>) -> Result<impl IntoResponse, ApiError> {
+async fn run_events(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(run): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     let run = load_run(&st, &caller, &run).await?;
     let list = events::list(&st.pool, run.id).await?;
     let items: Vec<Value> = list
         .iter()
-        .map(|e| json!({ "id": e.id, "kind": e.kind, "actor": e.actor, "data": e.data, "at": e.at }))
+        .map(
+            |e| json!({ "id": e.id, "kind": e.kind, "actor": e.actor, "data": e.data, "at": e.at }),
+        )
         .collect();
     Ok(Json(json!({ "runId": run.id, "events": items })))
 }
 
-async fn run_logs(State(st): State<AppState>, caller: Caller, Path(run): Path<String>) -> Result<impl IntoResponse, ApiError> {
+async fn run_logs(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(run): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     let run = load_run(&st, &caller, &run).await?;
     let logs = takosumi_store::logs::read(&st.pool, run.id).await?;
-    let items: Vec<Value> = logs.iter().map(|(step, text)| json!({ "step": step, "text": text })).collect();
+    let items: Vec<Value> = logs
+        .iter()
+        .map(|(step, text)| json!({ "step": step, "text": text }))
+        .collect();
     Ok(Json(json!({ "runId": run.id, "logs": items })))
 }

@@ -22,7 +22,10 @@ pub fn run(r: &Run) -> Value {
             None => Value::Null,
         },
     );
-    m.insert("toolVersion".into(), r.tool_version.clone().unwrap_or(Value::Null));
+    m.insert(
+        "toolVersion".into(),
+        r.tool_version.clone().unwrap_or(Value::Null),
+    );
     // null = provider-free (recorded); absent = unknown (legacy / not yet planned).
     match r.provider_lock_state.as_str() {
         "none" => {
@@ -53,7 +56,10 @@ pub fn run(r: &Run) -> Value {
             None => Value::Null,
         },
     );
-    m.insert("actor".into(), json!({ "kind": r.actor_kind, "id": r.actor_id }));
+    m.insert(
+        "actor".into(),
+        json!({ "kind": r.actor_kind, "id": r.actor_id }),
+    );
     m.insert("autoApplyRequested".into(), json!(r.auto_apply_requested));
     m.insert("injectedEnvNames".into(), json!(r.injected_env_names));
     m.insert("attempts".into(), json!(r.attempts));

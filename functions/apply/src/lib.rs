@@ -6,7 +6,9 @@
 //! file is wiped when the apply ends. An apply is never retried automatically once the
 //! tool may have started.
 
-use takosumi_core::{CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StateVersionId, StepError, Topic};
+use takosumi_core::{
+    CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StateVersionId, StepError, Topic,
+};
 use takosumi_objects::ObjectError;
 use takosumi_runner::{RunnerError, Tool, ToolEnv, Workdir, is_stale_plan, public_outputs};
 use takosumi_runtime::Ctx;
@@ -31,16 +33,26 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     if run.kind != RunKind::Apply {
         return Err(StepError::Poison(format!("{run_id} is not an apply run")));
     }
-    let plan_run_id = run.plan_run_id.ok_or_else(|| StepError::Poison(format!("{run_id} has no plan")))?;
+    let plan_run_id = run
+        .plan_run_id
+        .ok_or_else(|| StepError::Poison(format!("{run_id} has no plan")))?;
 
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    let claim = runs::claim_apply(&mut tx, run_id, &ctx.owner, ctx.lease_secs).await.map_err(store_err)?;
+    let claim = runs::claim_apply(&mut tx, run_id, &ctx.owner, ctx.lease_secs)
+        .await
+        .map_err(store_err)?;
     let actor = format!("handler:{}", ctx.owner);
     match &claim {
         ApplyClaim::Claimed => {
-            events::append(&mut *tx, run_id, "claimed", &actor, serde_json::json!({ "step": "apply" }))
-                .await
-                .map_err(store_err)?;
+            events::append(
+                &mut *tx,
+                run_id,
+                "claimed",
+                &actor,
+                serde_json::json!({ "step": "apply" }),
+            )
+            .await
+            .map_err(store_err)?;
         }
         ApplyClaim::GenerationChanged { planned, current } => {
             events::append(
@@ -58,7 +70,9 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     match claim {
         ApplyClaim::Claimed => {}
-        ApplyClaim::GenerationChanged { .. } => return Ok(Outcome::Failed(FailureCode::StateGenerationChanged)),
+        ApplyClaim::GenerationChanged { .. } => {
+            return Ok(Outcome::Failed(FailureCode::StateGenerationChanged));
+        }
         // The running apply wakes the oldest waiting one when it ends.
         ApplyClaim::CapsuleBusy => return Ok(Outcome::Deferred("another apply holds the Capsule")),
         ApplyClaim::NotClaimable => return Ok(Outcome::Skipped("not a released, queued apply")),
@@ -69,7 +83,10 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     drop(lease);
     match result {
         Ok(outcome) => Ok(outcome),
-        Err(ApplyError::Fail(code, message)) => ctx.fail_claimed(run_id, Some(run.capsule_id), code, &message).await,
+        Err(ApplyError::Fail(code, message)) => {
+            ctx.fail_claimed(run_id, Some(run.capsule_id), code, &message)
+                .await
+        }
         Err(ApplyError::Step(e)) => {
             // Before the tool starts nothing has changed, but an apply is never retried
             // behind a person's back: it fails and says to submit it again.
@@ -118,31 +135,49 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
-    let tool: Tool = capsule.tool.parse().map_err(|e| tool_failure(e, "the Capsule's tool"))?;
+    let tool: Tool = capsule
+        .tool
+        .parse()
+        .map_err(|e| tool_failure(e, "the Capsule's tool"))?;
     let (Some(plan_digest), Some(commit), Some(tree_digest), Some(generation)) = (
         plan_run.plan_digest.as_deref(),
         plan_run.source_commit.as_deref(),
         plan_run.tree_digest.as_deref(),
         plan_run.state_generation,
     ) else {
-        return Err(fail(FailureCode::StalePlan, "the plan Run has no complete record; plan again"));
+        return Err(fail(
+            FailureCode::StalePlan,
+            "the plan Run has no complete record; plan again",
+        ));
     };
 
     // Pin 1: the sealed plan opens under the plan Run's id and hashes to planDigest.
     let Some(plan_key) = plan_run.plan_object_key.as_deref() else {
-        return Err(fail(FailureCode::StalePlan, "the saved plan was already used or wiped; plan again and apply the new plan"));
+        return Err(fail(
+            FailureCode::StalePlan,
+            "the saved plan was already used or wiped; plan again and apply the new plan",
+        ));
     };
     let sealed = match ctx.objects.get(plan_key, MAX_SEALED_PLAN).await {
         Ok(s) => s,
         Err(ObjectError::NotFound) => {
-            return Err(fail(FailureCode::PlanDigestMismatch, "the sealed plan file is missing from storage; plan again"));
+            return Err(fail(
+                FailureCode::PlanDigestMismatch,
+                "the sealed plan file is missing from storage; plan again",
+            ));
         }
         Err(e) => return Err(object_err(e).into()),
     };
-    let plan_bytes = match ctx.sealer.unseal(Purpose::Plan, &plan_run_id.to_string(), &sealed) {
+    let plan_bytes = match ctx
+        .sealer
+        .unseal(Purpose::Plan, &plan_run_id.to_string(), &sealed)
+    {
         Ok(b) => b,
         Err(SealError::UnknownKey { .. }) => {
-            return Err(fail(FailureCode::PlanDigestMismatch, "the sealed plan was sealed with a key this server does not hold; plan again"));
+            return Err(fail(
+                FailureCode::PlanDigestMismatch,
+                "the sealed plan was sealed with a key this server does not hold; plan again",
+            ));
         }
         Err(_) => {
             return Err(fail(
@@ -157,26 +192,58 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
             "the saved plan does not match the digest that was reviewed; nothing was applied; plan again",
         ));
     }
-    ctx.event(run_id, "pin_checked", serde_json::json!({ "pin": "planDigest", "planDigest": plan_digest })).await;
+    ctx.event(
+        run_id,
+        "pin_checked",
+        serde_json::json!({ "pin": "planDigest", "planDigest": plan_digest }),
+    )
+    .await;
 
     // Pin 2: the same commit and tree.
-    let wd = ctx.runner.workdir(&run_id.to_string()).map_err(runner_err)?;
-    let source = match ctx.runner.checkout(&wd, &capsule.repo, &capsule.branch, Some(commit), &capsule.dir).await {
+    let wd = ctx
+        .runner
+        .workdir(&run_id.to_string())
+        .map_err(runner_err)?;
+    let source = match ctx
+        .runner
+        .checkout(
+            &wd,
+            &capsule.repo,
+            &capsule.branch,
+            Some(commit),
+            &capsule.dir,
+        )
+        .await
+    {
         Ok(s) => s,
         Err(e @ RunnerError::CommitNotFound(_)) => {
-            return Err(fail(FailureCode::SourceChanged, format!("{e}; plan again from the current branch")));
+            return Err(fail(
+                FailureCode::SourceChanged,
+                format!("{e}; plan again from the current branch"),
+            ));
         }
         Err(e) => return Err(tool_failure(e, "checking out the planned commit failed")),
     };
     if source.commit != commit || source.tree_digest != tree_digest {
-        return Err(fail(FailureCode::SourceChanged, "the checked-out source differs from the plan's; plan again"));
+        return Err(fail(
+            FailureCode::SourceChanged,
+            "the checked-out source differs from the plan's; plan again",
+        ));
     }
-    ctx.event(run_id, "pin_checked", serde_json::json!({ "pin": "sourceSnapshot", "commit": commit })).await;
+    ctx.event(
+        run_id,
+        "pin_checked",
+        serde_json::json!({ "pin": "sourceSnapshot", "commit": commit }),
+    )
+    .await;
 
     // Pin 3: the state the plan saw (the claim checked the generation; restore it).
     let restored = ctx.restore_state(&wd, &capsule).await?;
     if capsule.state_generation != generation {
-        return Err(fail(FailureCode::StateGenerationChanged, "the Capsule's state moved on since the plan; plan again"));
+        return Err(fail(
+            FailureCode::StateGenerationChanged,
+            "the Capsule's state moved on since the plan; plan again",
+        ));
     }
     ctx.runner.write_backend_override(&wd).map_err(runner_err)?;
 
@@ -184,19 +251,36 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     let expected_lock = install_lockfile(ctx, &wd, &plan_run).await?;
 
     let vars = capsule.vars.as_object().cloned().unwrap_or_default();
-    let env = ToolEnv::new().with_variables(&vars).map_err(|e| tool_failure(e, "a Capsule variable"))?;
-    ctx.event(run_id, "tool_started", serde_json::json!({ "command": "init" })).await;
+    let env = ToolEnv::new()
+        .with_variables(&vars)
+        .map_err(|e| tool_failure(e, "a Capsule variable"))?;
+    ctx.event(
+        run_id,
+        "tool_started",
+        serde_json::json!({ "command": "init" }),
+    )
+    .await;
     let init = ctx.runner.init(&wd, tool, &env).await;
     log_result(ctx, run_id, "init", &init).await;
     init.map_err(|e| tool_failure(e, "init failed"))?;
     let lock_after = ctx.runner.read_lockfile(&wd).map_err(runner_err)?;
     if lock_after.as_deref().map(takosumi_store::sha256_hex) != expected_lock {
-        return Err(fail(FailureCode::LockfileMismatch, "init changed the provider lockfile the plan recorded; plan again"));
+        return Err(fail(
+            FailureCode::LockfileMismatch,
+            "init changed the provider lockfile the plan recorded; plan again",
+        ));
     }
 
-    ctx.runner.write_plan_file(&wd, &plan_bytes).map_err(runner_err)?;
+    ctx.runner
+        .write_plan_file(&wd, &plan_bytes)
+        .map_err(runner_err)?;
     drop(plan_bytes);
-    ctx.event(run_id, "tool_started", serde_json::json!({ "command": "apply" })).await;
+    ctx.event(
+        run_id,
+        "tool_started",
+        serde_json::json!({ "command": "apply" }),
+    )
+    .await;
     let applied = ctx.runner.apply(&wd, tool, &env).await;
     let _ = ctx.runner.wipe_plan_file(&wd);
     wipe_sealed_plan(ctx, plan_run_id, plan_key).await;
@@ -213,7 +297,11 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     let state = ctx.runner.read_state(&wd).map_err(runner_err)?;
     let changed_state = state.filter(|s| Some(s) != restored.as_ref());
     let outputs = if applied.success() {
-        let out = ctx.runner.output_json(&wd, tool, &env).await.map_err(|e| tool_failure(e, "reading outputs"))?;
+        let out = ctx
+            .runner
+            .output_json(&wd, tool, &env)
+            .await
+            .map_err(|e| tool_failure(e, "reading outputs"))?;
         serde_json::Value::Object(public_outputs(&out))
     } else {
         serde_json::Value::Null
@@ -226,84 +314,167 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
     let new_generation = match &sv {
         Some((sv, size)) => {
-            state_versions::insert(&mut tx, sv, *size).await.map_err(store_err)?;
-            if !capsules::advance_generation(&mut tx, capsule.id, run_id, generation, sv.id).await.map_err(store_err)? {
-                return Err(StepError::Internal("the Capsule's generation moved while this apply held it".into()).into());
+            state_versions::insert(&mut tx, sv, *size)
+                .await
+                .map_err(store_err)?;
+            if !capsules::advance_generation(&mut tx, capsule.id, run_id, generation, sv.id)
+                .await
+                .map_err(store_err)?
+            {
+                return Err(StepError::Internal(
+                    "the Capsule's generation moved while this apply held it".into(),
+                )
+                .into());
             }
             generation + 1
         }
         None => {
-            capsules::release_apply(&mut tx, capsule.id, run_id).await.map_err(store_err)?;
+            capsules::release_apply(&mut tx, capsule.id, run_id)
+                .await
+                .map_err(store_err)?;
             generation
         }
     };
     let actor = format!("handler:{}", ctx.owner);
     if let Some((sv, _)) = &sv {
-        events::append(&mut *tx, run_id, "state_version_written", &actor, serde_json::json!({ "stateVersionId": sv.id, "generation": new_generation }))
-            .await
-            .map_err(store_err)?;
+        events::append(
+            &mut *tx,
+            run_id,
+            "state_version_written",
+            &actor,
+            serde_json::json!({ "stateVersionId": sv.id, "generation": new_generation }),
+        )
+        .await
+        .map_err(store_err)?;
     }
-    runs::clear_plan_object(&mut tx, plan_run_id).await.map_err(store_err)?;
+    runs::clear_plan_object(&mut tx, plan_run_id)
+        .await
+        .map_err(store_err)?;
     if applied.success() {
-        if !runs::record_apply(&mut tx, run_id, &ctx.owner, &outputs, sv.as_ref().map(|(s, _)| s.id), new_generation)
-            .await
-            .map_err(store_err)?
+        if !runs::record_apply(
+            &mut tx,
+            run_id,
+            &ctx.owner,
+            &outputs,
+            sv.as_ref().map(|(s, _)| s.id),
+            new_generation,
+        )
+        .await
+        .map_err(store_err)?
         {
             return Err(StepError::Internal("lease lost while applying".into()).into());
         }
-        events::append(&mut *tx, run_id, "applied", &actor, serde_json::json!({ "generation": new_generation }))
-            .await
-            .map_err(store_err)?;
+        events::append(
+            &mut *tx,
+            run_id,
+            "applied",
+            &actor,
+            serde_json::json!({ "generation": new_generation }),
+        )
+        .await
+        .map_err(store_err)?;
     } else {
         let message = if sv.is_some() {
             "apply failed after changing state; a new StateVersion was recorded. Check the logs and the provider side before planning again"
         } else {
             "apply failed; check the run's logs, then plan again"
         };
-        runs::fail(&mut tx, run_id, Some(&ctx.owner), FailureCode::ApplyFailed, message).await.map_err(store_err)?;
+        runs::fail(
+            &mut tx,
+            run_id,
+            Some(&ctx.owner),
+            FailureCode::ApplyFailed,
+            message,
+        )
+        .await
+        .map_err(store_err)?;
         sqlx_state_version(&mut tx, run_id, sv.as_ref().map(|(s, _)| s.id)).await?;
-        events::append(&mut *tx, run_id, "failed", &actor, serde_json::json!({ "code": FailureCode::ApplyFailed, "exitCode": applied.exit_code }))
+        events::append(
+            &mut *tx,
+            run_id,
+            "failed",
+            &actor,
+            serde_json::json!({ "code": FailureCode::ApplyFailed, "exitCode": applied.exit_code }),
+        )
+        .await
+        .map_err(store_err)?;
+    }
+    if let Some(next) = runs::next_waiting_apply(&mut tx, capsule.id)
+        .await
+        .map_err(store_err)?
+    {
+        outbox::enqueue(&mut tx, Topic::Apply, next)
             .await
             .map_err(store_err)?;
-    }
-    if let Some(next) = runs::next_waiting_apply(&mut tx, capsule.id).await.map_err(store_err)? {
-        outbox::enqueue(&mut tx, Topic::Apply, next).await.map_err(store_err)?;
     }
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();
     wd.close().map_err(runner_err)?;
-    Ok(if applied.success() { Outcome::Done } else { Outcome::Failed(FailureCode::ApplyFailed) })
+    Ok(if applied.success() {
+        Outcome::Done
+    } else {
+        Outcome::Failed(FailureCode::ApplyFailed)
+    })
 }
 
 /// Puts the plan's recorded lockfile in place before init; returns its digest (`None`
 /// for a provider-free plan).
-async fn install_lockfile(ctx: &Ctx, wd: &Workdir, plan_run: &runs::Run) -> Result<Option<String>, ApplyError> {
+async fn install_lockfile(
+    ctx: &Ctx,
+    wd: &Workdir,
+    plan_run: &runs::Run,
+) -> Result<Option<String>, ApplyError> {
     match plan_run.provider_lock_state.as_str() {
         "none" => Ok(None),
         "present" => {
-            let (Some(key), Some(digest)) = (plan_run.lockfile_object_key.as_deref(), plan_run.provider_lock_digest.as_deref()) else {
-                return Err(fail(FailureCode::LockfileMismatch, "the plan's lockfile record is incomplete; plan again"));
+            let (Some(key), Some(digest)) = (
+                plan_run.lockfile_object_key.as_deref(),
+                plan_run.provider_lock_digest.as_deref(),
+            ) else {
+                return Err(fail(
+                    FailureCode::LockfileMismatch,
+                    "the plan's lockfile record is incomplete; plan again",
+                ));
             };
             let sealed = match ctx.objects.get(key, MAX_SEALED_LOCKFILE).await {
                 Ok(s) => s,
-                Err(ObjectError::NotFound) => return Err(fail(FailureCode::LockfileMismatch, "the plan's lockfile is missing; plan again")),
+                Err(ObjectError::NotFound) => {
+                    return Err(fail(
+                        FailureCode::LockfileMismatch,
+                        "the plan's lockfile is missing; plan again",
+                    ));
+                }
                 Err(ObjectError::TooLarge { .. }) => {
-                    return Err(fail(FailureCode::LockfileTooLarge, "the plan's stored lockfile is over 1 MiB; plan again"));
+                    return Err(fail(
+                        FailureCode::LockfileTooLarge,
+                        "the plan's stored lockfile is over 1 MiB; plan again",
+                    ));
                 }
                 Err(e) => return Err(object_err(e).into()),
             };
             let bytes = ctx
                 .sealer
                 .unseal(Purpose::Lockfile, &plan_run.id.to_string(), &sealed)
-                .map_err(|_| fail(FailureCode::LockfileMismatch, "the plan's lockfile does not open for this plan; plan again"))?;
+                .map_err(|_| {
+                    fail(
+                        FailureCode::LockfileMismatch,
+                        "the plan's lockfile does not open for this plan; plan again",
+                    )
+                })?;
             if takosumi_store::sha256_hex(&bytes) != digest {
-                return Err(fail(FailureCode::LockfileMismatch, "the plan's lockfile does not match its digest; plan again"));
+                return Err(fail(
+                    FailureCode::LockfileMismatch,
+                    "the plan's lockfile does not match its digest; plan again",
+                ));
             }
             std::fs::write(wd.config_dir().join(".terraform.lock.hcl"), &bytes)
-                .map_err(|e| StepError::internal(e))?;
+                .map_err(StepError::internal)?;
             Ok(Some(digest.to_owned()))
         }
-        _ => Err(fail(FailureCode::LockfileMismatch, "the plan has no lockfile record (made by an older runner); plan again")),
+        _ => Err(fail(
+            FailureCode::LockfileMismatch,
+            "the plan has no lockfile record (made by an older runner); plan again",
+        )),
     }
 }
 
@@ -316,8 +487,14 @@ async fn seal_state(
 ) -> Result<(state_versions::StateVersion, i64), ApplyError> {
     let id = StateVersionId::new();
     let key = state_key(capsule_id, id);
-    let sealed = ctx.sealer.seal(Purpose::State, &id.to_string(), bytes).map_err(StepError::internal)?;
-    ctx.objects.put_if_absent(&key, sealed).await.map_err(object_err)?;
+    let sealed = ctx
+        .sealer
+        .seal(Purpose::State, &id.to_string(), bytes)
+        .map_err(StepError::internal)?;
+    ctx.objects
+        .put_if_absent(&key, sealed)
+        .await
+        .map_err(object_err)?;
     let sv = state_versions::StateVersion {
         id,
         capsule_id,
@@ -329,9 +506,15 @@ async fn seal_state(
     Ok((sv, i64::try_from(bytes.len()).unwrap_or(i64::MAX)))
 }
 
-async fn sqlx_state_version(tx: &mut takosumi_store::Tx, run_id: RunId, sv: Option<StateVersionId>) -> Result<(), ApplyError> {
+async fn sqlx_state_version(
+    tx: &mut takosumi_store::Tx,
+    run_id: RunId,
+    sv: Option<StateVersionId>,
+) -> Result<(), ApplyError> {
     if let Some(sv) = sv {
-        runs::set_state_version(tx, run_id, sv).await.map_err(store_err)?;
+        runs::set_state_version(tx, run_id, sv)
+            .await
+            .map_err(store_err)?;
     }
     Ok(())
 }
@@ -343,7 +526,12 @@ async fn wipe_sealed_plan(ctx: &Ctx, plan_run_id: RunId, key: &str) {
     }
 }
 
-async fn log_result(ctx: &Ctx, run_id: RunId, step: &str, result: &Result<takosumi_runner::ToolOutput, RunnerError>) {
+async fn log_result(
+    ctx: &Ctx,
+    run_id: RunId,
+    step: &str,
+    result: &Result<takosumi_runner::ToolOutput, RunnerError>,
+) {
     match result {
         Ok(out) => ctx.log(run_id, step, &out.output).await,
         Err(RunnerError::ToolFailed { output, .. }) => ctx.log(run_id, step, output).await,

@@ -15,12 +15,21 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
-    let expected = if run.kind == RunKind::Apply { RunStatus::Queued } else { RunStatus::Planned };
+    let expected = if run.kind == RunKind::Apply {
+        RunStatus::Queued
+    } else {
+        RunStatus::Planned
+    };
     if run.status != expected || run.gate_decision.is_some() {
-        return Ok(Outcome::Skipped("already decided, or not waiting for the gate"));
+        return Ok(Outcome::Skipped(
+            "already decided, or not waiting for the gate",
+        ));
     }
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    if !runs::record_gate_release(&mut tx, run_id).await.map_err(store_err)? {
+    if !runs::record_gate_release(&mut tx, run_id)
+        .await
+        .map_err(store_err)?
+    {
         return Ok(Outcome::Skipped("decided by another handler"));
     }
     let actor = format!("handler:{}", ctx.owner);
@@ -34,7 +43,9 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     .await
     .map_err(store_err)?;
     if run.kind == RunKind::Apply {
-        outbox::enqueue(&mut tx, Topic::Apply, run_id).await.map_err(store_err)?;
+        outbox::enqueue(&mut tx, Topic::Apply, run_id)
+            .await
+            .map_err(store_err)?;
     }
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();

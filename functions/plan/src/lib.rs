@@ -4,7 +4,9 @@
 //! the provider lockfile into object storage, and commits the record together with the
 //! gate's wake-up. It never applies anything.
 
-use takosumi_core::{Changes, FailureCode, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic};
+use takosumi_core::{
+    Changes, FailureCode, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic,
+};
 use takosumi_objects::PutOutcome;
 use takosumi_runner::{RunnerError, Tool, ToolEnv, count_changes};
 use takosumi_runtime::Ctx;
@@ -24,34 +26,64 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
     if !matches!(run.kind, RunKind::Plan | RunKind::Destroy) {
-        return Err(StepError::Poison(format!("{run_id} is a {:?} run, not a plan", run.kind)));
+        return Err(StepError::Poison(format!(
+            "{run_id} is a {:?} run, not a plan",
+            run.kind
+        )));
     }
     if run.status != RunStatus::Queued {
-        return Ok(Outcome::Skipped("not queued: claimed elsewhere or already planned"));
+        return Ok(Outcome::Skipped(
+            "not queued: claimed elsewhere or already planned",
+        ));
     }
     if run.attempts >= ctx.max_attempts {
         let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-        let msg = format!("planning was attempted {} times without finishing; check the logs and plan again", run.attempts);
-        if runs::fail(&mut tx, run_id, None, FailureCode::AttemptsExhausted, &msg).await.map_err(store_err)? {
-            events::append(&mut *tx, run_id, "failed", "system:plan", serde_json::json!({ "code": "attempts_exhausted" }))
-                .await
-                .map_err(store_err)?;
+        let msg = format!(
+            "planning was attempted {} times without finishing; check the logs and plan again",
+            run.attempts
+        );
+        if runs::fail(&mut tx, run_id, None, FailureCode::AttemptsExhausted, &msg)
+            .await
+            .map_err(store_err)?
+        {
+            events::append(
+                &mut *tx,
+                run_id,
+                "failed",
+                "system:plan",
+                serde_json::json!({ "code": "attempts_exhausted" }),
+            )
+            .await
+            .map_err(store_err)?;
         }
         tx.commit().await.map_err(|e| store_err(e.into()))?;
         return Ok(Outcome::Failed(FailureCode::AttemptsExhausted));
     }
 
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    if !runs::claim(&mut tx, run_id, RunStatus::Queued, RunStatus::Planning, &ctx.owner, ctx.lease_secs)
-        .await
-        .map_err(store_err)?
+    if !runs::claim(
+        &mut tx,
+        run_id,
+        RunStatus::Queued,
+        RunStatus::Planning,
+        &ctx.owner,
+        ctx.lease_secs,
+    )
+    .await
+    .map_err(store_err)?
     {
         return Ok(Outcome::Skipped("claimed by another handler"));
     }
     let actor = format!("handler:{}", ctx.owner);
-    events::append(&mut *tx, run_id, "claimed", &actor, serde_json::json!({ "step": "plan", "attempt": run.attempts + 1 }))
-        .await
-        .map_err(store_err)?;
+    events::append(
+        &mut *tx,
+        run_id,
+        "claimed",
+        &actor,
+        serde_json::json!({ "step": "plan", "attempt": run.attempts + 1 }),
+    )
+    .await
+    .map_err(store_err)?;
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     let attempt = run.attempts + 1;
 
@@ -104,24 +136,51 @@ async fn plan(
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
-    let tool: Tool = capsule.tool.parse().map_err(|e| tool_failure(e, "the Capsule's tool"))?;
-    let wd = ctx.runner.workdir(&run_id.to_string()).map_err(runner_err)?;
+    let tool: Tool = capsule
+        .tool
+        .parse()
+        .map_err(|e| tool_failure(e, "the Capsule's tool"))?;
+    let wd = ctx
+        .runner
+        .workdir(&run_id.to_string())
+        .map_err(runner_err)?;
 
-    ctx.event(run_id, "checkout_started", serde_json::json!({ "branch": capsule.branch })).await;
+    ctx.event(
+        run_id,
+        "checkout_started",
+        serde_json::json!({ "branch": capsule.branch }),
+    )
+    .await;
     let source = ctx
         .runner
         .checkout(&wd, &capsule.repo, &capsule.branch, None, &capsule.dir)
         .await
         .map_err(|e| tool_failure(e, "checking out the source failed"))?;
-    ctx.event(run_id, "checked_out", serde_json::json!({ "commit": source.commit, "treeDigest": source.tree_digest })).await;
+    ctx.event(
+        run_id,
+        "checked_out",
+        serde_json::json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
+    )
+    .await;
 
     ctx.restore_state(&wd, &capsule).await?;
     ctx.runner.write_backend_override(&wd).map_err(runner_err)?;
     let vars = capsule.vars.as_object().cloned().unwrap_or_default();
-    let env = ToolEnv::new().with_variables(&vars).map_err(|e| tool_failure(e, "a Capsule variable"))?;
-    let tool_version = ctx.runner.version(tool, &env).await.map_err(|e| tool_failure(e, "reading the tool version"))?;
+    let env = ToolEnv::new()
+        .with_variables(&vars)
+        .map_err(|e| tool_failure(e, "a Capsule variable"))?;
+    let tool_version = ctx
+        .runner
+        .version(tool, &env)
+        .await
+        .map_err(|e| tool_failure(e, "reading the tool version"))?;
 
-    ctx.event(run_id, "tool_started", serde_json::json!({ "command": "init" })).await;
+    ctx.event(
+        run_id,
+        "tool_started",
+        serde_json::json!({ "command": "init" }),
+    )
+    .await;
     let init = ctx.runner.init(&wd, tool, &env).await;
     log_result(ctx, run, "init", &init).await;
     init.map_err(|e| tool_failure(e, "init failed"))?;
@@ -129,25 +188,48 @@ async fn plan(
     // Lockfile continuity: the raw bytes right after init, or an explicit null.
     let lockfile = match ctx.runner.read_lockfile(&wd) {
         Ok(l) => l,
-        Err(e @ RunnerError::LockfileTooLarge { .. }) => return Err(PlanError::Fail(FailureCode::LockfileTooLarge, e.to_string())),
+        Err(e @ RunnerError::LockfileTooLarge { .. }) => {
+            return Err(PlanError::Fail(
+                FailureCode::LockfileTooLarge,
+                e.to_string(),
+            ));
+        }
         Err(e) => return Err(runner_err(e).into()),
     };
     let (lock_digest, lock_key) = match &lockfile {
         None => (None, None),
         Some(bytes) => {
             let key = lockfile_key(run_id, attempt);
-            let sealed = ctx.sealer.seal(Purpose::Lockfile, &run_id.to_string(), bytes).map_err(StepError::internal)?;
-            ctx.objects.put_if_absent(&key, sealed).await.map_err(object_err)?;
+            let sealed = ctx
+                .sealer
+                .seal(Purpose::Lockfile, &run_id.to_string(), bytes)
+                .map_err(StepError::internal)?;
+            ctx.objects
+                .put_if_absent(&key, sealed)
+                .await
+                .map_err(object_err)?;
             (Some(takosumi_store::sha256_hex(bytes)), Some(key))
         }
     };
 
-    ctx.event(run_id, "tool_started", serde_json::json!({ "command": "plan", "destroy": run.kind == RunKind::Destroy })).await;
-    let planned = ctx.runner.plan(&wd, tool, &env, run.kind == RunKind::Destroy).await;
+    ctx.event(
+        run_id,
+        "tool_started",
+        serde_json::json!({ "command": "plan", "destroy": run.kind == RunKind::Destroy }),
+    )
+    .await;
+    let planned = ctx
+        .runner
+        .plan(&wd, tool, &env, run.kind == RunKind::Destroy)
+        .await;
     log_result(ctx, run, "plan", &planned).await;
     planned.map_err(|e| tool_failure(e, "plan failed"))?;
 
-    let show = ctx.runner.show_json(&wd, tool, &env).await.map_err(|e| tool_failure(e, "reading the saved plan"))?;
+    let show = ctx
+        .runner
+        .show_json(&wd, tool, &env)
+        .await
+        .map_err(|e| tool_failure(e, "reading the saved plan"))?;
     let changes: Changes = count_changes(&show);
 
     let plan_bytes = ctx.runner.read_plan_file(&wd).map_err(runner_err)?;
@@ -162,11 +244,23 @@ async fn plan(
     }
     let plan_digest = takosumi_store::sha256_hex(&plan_bytes);
     let key = plan_key(run_id, attempt);
-    let sealed = ctx.sealer.seal(Purpose::Plan, &run_id.to_string(), &plan_bytes).map_err(StepError::internal)?;
+    let sealed = ctx
+        .sealer
+        .seal(Purpose::Plan, &run_id.to_string(), &plan_bytes)
+        .map_err(StepError::internal)?;
     drop(plan_bytes);
-    if ctx.objects.put_if_absent(&key, sealed).await.map_err(object_err)? == PutOutcome::AlreadyExists {
+    if ctx
+        .objects
+        .put_if_absent(&key, sealed)
+        .await
+        .map_err(object_err)?
+        == PutOutcome::AlreadyExists
+    {
         // Keys are unique per claim, so this is another writer's object: never trust it.
-        return Err(StepError::Internal(format!("sealed plan for attempt {attempt} already exists").into()).into());
+        return Err(StepError::Internal(
+            format!("sealed plan for attempt {attempt} already exists").into(),
+        )
+        .into());
     }
 
     let modules = wd.config_dir().join(".terraform").join("modules");
@@ -176,11 +270,17 @@ async fn plan(
         takosumi_store::sha256_hex(b"")
     };
     let dependency_snapshot = takosumi_store::sha256_hex(
-        format!("modules:{modules_digest}\nlock:{}", lock_digest.as_deref().unwrap_or("null")).as_bytes(),
+        format!(
+            "modules:{modules_digest}\nlock:{}",
+            lock_digest.as_deref().unwrap_or("null")
+        )
+        .as_bytes(),
     );
 
     if lost.is_cancelled() {
-        return Ok(Outcome::Skipped("lease lost while planning; the reaper re-queued the run"));
+        return Ok(Outcome::Skipped(
+            "lease lost while planning; the reaper re-queued the run",
+        ));
     }
     let record = runs::PlanRecord {
         source_commit: source.commit.clone(),
@@ -197,8 +297,13 @@ async fn plan(
         injected_env_names: env.names(),
     };
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    if !runs::record_plan(&mut tx, run_id, &ctx.owner, &record).await.map_err(store_err)? {
-        return Ok(Outcome::Skipped("lease lost before commit; the reaper re-queued the run"));
+    if !runs::record_plan(&mut tx, run_id, &ctx.owner, &record)
+        .await
+        .map_err(store_err)?
+    {
+        return Ok(Outcome::Skipped(
+            "lease lost before commit; the reaper re-queued the run",
+        ));
     }
     let actor = format!("handler:{}", ctx.owner);
     events::append(
@@ -210,14 +315,21 @@ async fn plan(
     )
     .await
     .map_err(store_err)?;
-    outbox::enqueue(&mut tx, Topic::Gate, run_id).await.map_err(store_err)?;
+    outbox::enqueue(&mut tx, Topic::Gate, run_id)
+        .await
+        .map_err(store_err)?;
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();
     wd.close().map_err(runner_err)?;
     Ok(Outcome::Done)
 }
 
-async fn log_result(ctx: &Ctx, run: &runs::Run, step: &str, result: &Result<takosumi_runner::ToolOutput, RunnerError>) {
+async fn log_result(
+    ctx: &Ctx,
+    run: &runs::Run,
+    step: &str,
+    result: &Result<takosumi_runner::ToolOutput, RunnerError>,
+) {
     match result {
         Ok(out) => ctx.log(run.id, step, &out.output).await,
         Err(RunnerError::ToolFailed { output, .. }) => ctx.log(run.id, step, output).await,

@@ -1170,6 +1170,279 @@ mod tests {
         );
     }
 
+    /// One request the fake API saw.
+    #[derive(Debug)]
+    struct Seen {
+        method: String,
+        path: String,
+        headers: Vec<(String, String)>,
+        body: String,
+    }
+
+    impl Seen {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        }
+    }
+
+    /// A minimal HTTP/1.1 server answering each connection with the next canned response
+    /// (the last one repeats), recording what it saw.
+    async fn fake_api(
+        responses: Vec<(u16, Value)>,
+    ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<Seen>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            let mut i = 0;
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                let head_end = loop {
+                    let mut chunk = [0u8; 4096];
+                    let n = sock.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "client closed early");
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break pos + 4;
+                    }
+                };
+                let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
+                let mut lines = head.lines();
+                let mut request_line = lines.next().unwrap().split(' ');
+                let (method, path) = (
+                    request_line.next().unwrap().to_owned(),
+                    request_line.next().unwrap().to_owned(),
+                );
+                let headers: Vec<(String, String)> = lines
+                    .filter_map(|l| l.split_once(':'))
+                    .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+                    .collect();
+                let len: usize = headers
+                    .iter()
+                    .find(|(n, _)| n == "content-length")
+                    .map(|(_, v)| v.parse().unwrap())
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    let mut chunk = [0u8; 4096];
+                    let n = sock.read(&mut chunk).await.unwrap();
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let body = String::from_utf8(buf[head_end..head_end + len].to_vec()).unwrap();
+                log.lock().unwrap().push(Seen {
+                    method,
+                    path,
+                    headers,
+                    body,
+                });
+                let (status, json) = &responses[i.min(responses.len() - 1)];
+                i += 1;
+                let payload = json.to_string();
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}",
+                    payload.len()
+                );
+                sock.write_all(answer.as_bytes()).await.unwrap();
+                let _ = sock.shutdown().await;
+            }
+        });
+        (url, seen)
+    }
+
+    fn run_json(run: RunId, status: &str) -> Value {
+        json!({"id": run, "kind": "plan", "status": status, "workspaceId": WorkspaceId::new(), "capsuleId": CapsuleId::new()})
+    }
+
+    #[tokio::test]
+    async fn submissions_send_token_idempotency_key_and_path() {
+        let run = RunId::new();
+        let cap = CapsuleId::new();
+        let (url, seen) = fake_api(vec![(202, run_json(run, "queued"))]).await;
+        let client = Client::new(&url, "tok-canary-1").unwrap();
+        let got = client.plan(cap, Some("key-1")).await.unwrap();
+        assert_eq!(got.id, run);
+        let _ = client.destroy(cap, None).await.unwrap();
+        let _ = client.apply(run, Some("key-2")).await.unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(
+            (seen[0].method.as_str(), seen[0].path.as_str()),
+            ("POST", format!("/api/v1/capsules/{cap}/plan").as_str())
+        );
+        assert_eq!(seen[0].header("authorization"), Some("Bearer tok-canary-1"));
+        assert_eq!(seen[0].header("idempotency-key"), Some("key-1"));
+        assert_eq!(seen[0].body, "{}");
+        assert_eq!(
+            (seen[1].method.as_str(), seen[1].path.as_str()),
+            ("DELETE", format!("/api/v1/capsules/{cap}").as_str())
+        );
+        assert_eq!(seen[1].header("idempotency-key"), None);
+        assert_eq!(
+            (seen[2].method.as_str(), seen[2].path.as_str()),
+            ("POST", format!("/api/v1/runs/{run}/apply").as_str())
+        );
+        assert_eq!(seen[2].header("idempotency-key"), Some("key-2"));
+    }
+
+    #[tokio::test]
+    async fn workspaces_and_capsules_round_trip_over_http() {
+        let ws = WorkspaceId::new();
+        let cap = CapsuleId::new();
+        let capsule = json!({"id": cap, "workspaceId": ws, "name": "network",
+            "source": {"repo": "r", "branch": "main"}, "dir": ".", "tool": "tofu", "vars": {"region": "eu"},
+            "stateGeneration": 0, "currentStateVersionId": null, "status": "ok"});
+        let (url, seen) = fake_api(vec![
+            (201, json!({"id": ws, "name": "prod"})),
+            (201, capsule.clone()),
+            (200, capsule),
+        ])
+        .await;
+        let client = Client::new(&url, "t").unwrap();
+        assert_eq!(client.create_workspace("prod").await.unwrap().id, ws);
+        let mut vars = Map::new();
+        vars.insert("region".into(), json!("eu"));
+        let req = NewCapsule {
+            name: "network".into(),
+            source: Source {
+                repo: "r".into(),
+                branch: "main".into(),
+            },
+            dir: ".".into(),
+            tool: "tofu".into(),
+            vars,
+        };
+        assert_eq!(client.create_capsule(ws, &req).await.unwrap().id, cap);
+        assert_eq!(client.get_capsule(cap).await.unwrap().vars["region"], "eu");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen[0].path, "/api/v1/workspaces");
+        assert_eq!(
+            serde_json::from_str::<Value>(&seen[0].body).unwrap(),
+            json!({"name": "prod"})
+        );
+        assert_eq!(seen[1].path, format!("/api/v1/workspaces/{ws}/capsules"));
+        assert_eq!(
+            serde_json::from_str::<Value>(&seen[1].body).unwrap()["source"]["branch"],
+            "main"
+        );
+        assert_eq!(
+            (seen[2].method.as_str(), seen[2].path.as_str()),
+            ("GET", format!("/api/v1/capsules/{cap}").as_str())
+        );
+    }
+
+    #[tokio::test]
+    async fn api_errors_arrive_as_api_errors() {
+        let (url, _) = fake_api(vec![(
+            404,
+            json!({"code": "not_found", "message": "no such run"}),
+        )])
+        .await;
+        let client = Client::new(&url, "t").unwrap();
+        let err = client.get_run(RunId::new()).await.unwrap_err();
+        assert!(
+            matches!(&err, ClientError::Api { status: 404, code, .. } if code == "not_found"),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn logs_and_events_over_http() {
+        let run = RunId::new();
+        let (url, seen) = fake_api(vec![
+            (200, json!({"logs": [{"step": "init", "text": "ok\n"}, {"step": "plan", "text": "Plan: 1 to add\n"}]})),
+            (200, json!({"events": [{"id": 1, "kind": "queued", "actor": "user:tok_1", "data": {}, "at": "2026-11-30T10:00:00Z"}]})),
+        ])
+        .await;
+        let client = Client::new(&url, "t").unwrap();
+        assert_eq!(
+            client.logs(run).await.unwrap(),
+            "== init ==\nok\n== plan ==\nPlan: 1 to add\n"
+        );
+        assert_eq!(client.events(run).await.unwrap()[0].kind, "queued");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen[0].path, format!("/api/v1/runs/{run}/logs"));
+        assert_eq!(seen[1].path, format!("/api/v1/runs/{run}/events"));
+    }
+
+    #[tokio::test]
+    async fn wait_polls_until_terminal_or_held() {
+        let run = RunId::new();
+        let (url, seen) = fake_api(vec![
+            (200, run_json(run, "queued")),
+            (200, run_json(run, "planning")),
+            (200, run_json(run, "planned")),
+        ])
+        .await;
+        let client = Client::new(&url, "t").unwrap();
+        let done = client.wait(run, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(done.status, RunStatus::Planned);
+        assert_eq!(seen.lock().unwrap().len(), 3);
+
+        let (url, _) = fake_api(vec![
+            (200, run_json(run, "planning")),
+            (200, run_json(run, "held")),
+        ])
+        .await;
+        let client = Client::new(&url, "t").unwrap();
+        assert_eq!(
+            client
+                .wait(run, Duration::from_secs(10))
+                .await
+                .unwrap()
+                .status,
+            RunStatus::Held
+        );
+    }
+
+    #[tokio::test]
+    async fn wait_rides_out_a_proxy_blip_but_not_an_api_error() {
+        let run = RunId::new();
+        let (url, _) = fake_api(vec![
+            (503, json!({"code": "unavailable", "message": "restarting"})),
+            (200, run_json(run, "planned")),
+        ])
+        .await;
+        let client = Client::new(&url, "t").unwrap();
+        assert_eq!(
+            client
+                .wait(run, Duration::from_secs(10))
+                .await
+                .unwrap()
+                .status,
+            RunStatus::Planned
+        );
+
+        let (url, _) = fake_api(vec![(
+            404,
+            json!({"code": "not_found", "message": "no such run"}),
+        )])
+        .await;
+        let client = Client::new(&url, "t").unwrap();
+        let err = client.wait(run, Duration::from_secs(10)).await.unwrap_err();
+        assert_eq!(err.code(), Some("not_found"));
+    }
+
+    #[tokio::test]
+    async fn wait_times_out_with_the_last_status() {
+        let run = RunId::new();
+        let (url, _) = fake_api(vec![(200, run_json(run, "applying"))]).await;
+        let client = Client::new(&url, "t").unwrap();
+        let started = std::time::Instant::now();
+        let err = client
+            .wait(run, Duration::from_millis(500))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ClientError::Timeout { run: r, last_status: RunStatus::Applying } if r == run),
+            "{err:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
     #[tokio::test]
     async fn unreachable_api_is_an_http_error() {
         // Bind then drop a listener so the port is (almost certainly) closed.

@@ -122,7 +122,10 @@ mod tests {
     fn codes_serialize_as_their_text() {
         let json = serde_json::to_string(&FailureCode::StateGenerationChanged).unwrap();
         assert_eq!(json, "\"state_generation_changed\"");
-        assert_eq!(FailureCode::PlanDigestMismatch.as_str(), "plan_digest_mismatch");
+        assert_eq!(
+            FailureCode::PlanDigestMismatch.as_str(),
+            "plan_digest_mismatch"
+        );
     }
 
     #[test]

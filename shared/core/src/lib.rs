@@ -9,6 +9,8 @@ pub mod run;
 pub mod secret;
 
 pub use error::{FailureCode, Outcome, StepError};
-pub use ids::{CapsuleId, EventId, IdParseError, RunGroupId, RunId, StateVersionId, TokenId, WorkspaceId};
+pub use ids::{
+    CapsuleId, EventId, IdParseError, RunGroupId, RunId, StateVersionId, TokenId, WorkspaceId,
+};
 pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic};
 pub use secret::Secret;

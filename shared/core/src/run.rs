@@ -128,7 +128,13 @@ pub enum Topic {
 
 impl Topic {
     /// Every topic, for declaring the topology.
-    pub const ALL: [Topic; 5] = [Self::Plan, Self::Gate, Self::Approve, Self::Apply, Self::Drift];
+    pub const ALL: [Topic; 5] = [
+        Self::Plan,
+        Self::Gate,
+        Self::Approve,
+        Self::Apply,
+        Self::Drift,
+    ];
 
     /// The queue (and routing key) name.
     pub fn queue_name(self) -> &'static str {
@@ -173,17 +179,30 @@ mod tests {
 
     #[test]
     fn terminal_statuses() {
-        for s in [RunStatus::Planned, RunStatus::Applied, RunStatus::Failed, RunStatus::Canceled, RunStatus::UnknownOutcome] {
+        for s in [
+            RunStatus::Planned,
+            RunStatus::Applied,
+            RunStatus::Failed,
+            RunStatus::Canceled,
+            RunStatus::UnknownOutcome,
+        ] {
             assert!(s.is_terminal(), "{s:?}");
         }
-        for s in [RunStatus::Queued, RunStatus::Held, RunStatus::Planning, RunStatus::Applying] {
+        for s in [
+            RunStatus::Queued,
+            RunStatus::Held,
+            RunStatus::Planning,
+            RunStatus::Applying,
+        ] {
             assert!(!s.is_terminal(), "{s:?}");
         }
     }
 
     #[test]
     fn messages_round_trip_and_reject_garbage() {
-        let m = RunMessage { run_id: RunId::new() };
+        let m = RunMessage {
+            run_id: RunId::new(),
+        };
         let bytes = serde_json::to_vec(&m.to_json()).unwrap();
         assert_eq!(RunMessage::from_bytes(&bytes).unwrap(), m);
         assert!(RunMessage::from_bytes(b"{\"runId\":\"cap_x\"}").is_err());

@@ -15,7 +15,11 @@ pub struct Bus {
 impl Bus {
     /// A bus for `url`; nothing connects until [`Bus::get`].
     pub fn new(url: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { url: url.into(), name: name.into(), current: Mutex::new(None) }
+        Self {
+            url: url.into(),
+            name: name.into(),
+            current: Mutex::new(None),
+        }
     }
 
     /// The live broker, connecting (and declaring the topology) if needed.

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
 use takosumi_core::{Outcome, RunMessage, StepError};
 use tokio::sync::Semaphore;
@@ -37,23 +39,39 @@ pub struct ConsumeConfig {
 impl ConsumeConfig {
     /// Defaults for a step queue.
     pub fn new(queue: impl Into<String>) -> Self {
-        Self { queue: queue.into(), concurrency: 2, max_retries: 5, retry_base: Duration::from_millis(200) }
+        Self {
+            queue: queue.into(),
+            concurrency: 2,
+            max_retries: 5,
+            retry_base: Duration::from_millis(200),
+        }
     }
 }
 
 /// Consumes `cfg.queue` until `shutdown` fires (then stops consuming, lets in-flight
 /// handlers finish, and returns `Ok`) or the broker connection fails (returns `Err`;
 /// the caller reconnects).
-pub async fn consume<H, Fut>(broker: &Broker, cfg: &ConsumeConfig, handler: H, shutdown: CancellationToken) -> Result<(), QueueError>
+pub async fn consume<H, Fut>(
+    broker: &Broker,
+    cfg: &ConsumeConfig,
+    handler: H,
+    shutdown: CancellationToken,
+) -> Result<(), QueueError>
 where
     H: Fn(RunMessage) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Outcome, StepError>> + Send + 'static,
 {
     let ch = broker.channel().await?;
-    ch.basic_qos(cfg.concurrency, BasicQosOptions::default()).await?;
+    ch.basic_qos(cfg.concurrency, BasicQosOptions::default())
+        .await?;
     let tag = format!("{}-{}", cfg.queue, std::process::id());
     let mut consumer = ch
-        .basic_consume(cfg.queue.clone().into(), tag.clone().into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            cfg.queue.clone().into(),
+            tag.clone().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await?;
     let permits = Arc::new(Semaphore::new(usize::from(cfg.concurrency.max(1))));
     let mut tasks = JoinSet::new();
@@ -86,7 +104,9 @@ where
             }
         }
     };
-    let _ = ch.basic_cancel(tag.into(), BasicCancelOptions::default()).await;
+    let _ = ch
+        .basic_cancel(tag.into(), BasicCancelOptions::default())
+        .await;
     while tasks.join_next().await.is_some() {}
     let _ = ch.close(200, "consumer stopped".into()).await;
     result
@@ -106,8 +126,13 @@ fn retries_of(props: &lapin::BasicProperties) -> u32 {
         .unwrap_or(0)
 }
 
-async fn handle_one<H, Fut>(broker: &Broker, cfg: &ConsumeConfig, msg: RunMessage, retries: u32, handler: H)
-where
+async fn handle_one<H, Fut>(
+    broker: &Broker,
+    cfg: &ConsumeConfig,
+    msg: RunMessage,
+    retries: u32,
+    handler: H,
+) where
     H: Fn(RunMessage) -> Fut,
     Fut: Future<Output = Result<Outcome, StepError>>,
 {
@@ -137,7 +162,9 @@ where
 
 /// Exponential backoff with full jitter, capped at 30 s.
 fn retry_delay(base: Duration, retries: u32) -> Duration {
-    let exp = base.saturating_mul(1u32 << retries.min(16)).min(Duration::from_secs(30));
+    let exp = base
+        .saturating_mul(1u32 << retries.min(16))
+        .min(Duration::from_secs(30));
     let jitter = rand_fraction();
     exp.mul_f64(0.5 + jitter / 2.0)
 }

@@ -53,7 +53,9 @@ pub struct Broker {
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Broker").field("exchange", &self.topology.exchange).finish()
+        f.debug_struct("Broker")
+            .field("exchange", &self.topology.exchange)
+            .finish()
     }
 }
 
@@ -67,8 +69,14 @@ impl Broker {
         topology.declare(&setup).await?;
         let _ = setup.close(200, "topology declared".into()).await;
         let publisher = conn.create_channel().await?;
-        publisher.confirm_select(ConfirmSelectOptions::default()).await?;
-        Ok(Self { conn: std::sync::Arc::new(conn), publisher, topology })
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self {
+            conn: std::sync::Arc::new(conn),
+            publisher,
+            topology,
+        })
     }
 
     /// The declared topology.
@@ -88,16 +96,32 @@ impl Broker {
 
     /// Publishes a persistent message to `queue` through the main exchange and waits for
     /// the broker's confirm. An unroutable or nacked message is an error.
-    pub async fn publish(&self, queue: &str, body: &[u8], message_id: Option<String>, headers: FieldTable) -> Result<(), QueueError> {
-        self.publish_to(&self.topology.exchange, queue, body, message_id, headers).await
+    pub async fn publish(
+        &self,
+        queue: &str,
+        body: &[u8],
+        message_id: Option<String>,
+        headers: FieldTable,
+    ) -> Result<(), QueueError> {
+        self.publish_to(&self.topology.exchange, queue, body, message_id, headers)
+            .await
     }
 
     /// Publishes a message straight to a queue's dead-letter queue with the reason.
-    pub async fn publish_dead(&self, queue: &str, body: &[u8], reason: &str) -> Result<(), QueueError> {
+    pub async fn publish_dead(
+        &self,
+        queue: &str,
+        body: &[u8],
+        reason: &str,
+    ) -> Result<(), QueueError> {
         let mut headers = FieldTable::default();
-        headers.insert("x-takosumi-error".into(), AMQPValue::LongString(reason.to_owned().into()));
+        headers.insert(
+            "x-takosumi-error".into(),
+            AMQPValue::LongString(reason.to_owned().into()),
+        );
         let dlx = self.topology.dead_letter_exchange.clone();
-        self.publish_to(&dlx, &Topology::dead_queue_name(queue), body, None, headers).await
+        self.publish_to(&dlx, &Topology::dead_queue_name(queue), body, None, headers)
+            .await
     }
 
     async fn publish_to(
@@ -120,7 +144,10 @@ impl Broker {
             .basic_publish(
                 exchange.to_owned().into(),
                 routing_key.to_owned().into(),
-                BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() },
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
                 body,
                 props,
             )

@@ -15,13 +15,24 @@ use crate::{Broker, QueueError};
 
 /// Publishes up to one batch of due rows; returns how many were sent.
 pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usize, QueueError> {
-    let mut tx = pool.begin().await.map_err(takosumi_store::StoreError::from)?;
+    let mut tx = pool
+        .begin()
+        .await
+        .map_err(takosumi_store::StoreError::from)?;
     let rows = outbox::lock_due(&mut tx, 200).await?;
     let mut sent = Vec::with_capacity(rows.len());
     let mut failure = None;
     for row in &rows {
         let body = serde_json::to_vec(&row.payload).unwrap_or_default();
-        match broker.publish(&row.topic, &body, Some(row.id.to_string()), FieldTable::default()).await {
+        match broker
+            .publish(
+                &row.topic,
+                &body,
+                Some(row.id.to_string()),
+                FieldTable::default(),
+            )
+            .await
+        {
             Ok(()) => sent.push(row.id),
             Err(e) => {
                 failure = Some(e);
@@ -30,9 +41,15 @@ pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usi
         }
     }
     outbox::mark_sent(&mut tx, &sent).await?;
-    tx.commit().await.map_err(takosumi_store::StoreError::from)?;
+    tx.commit()
+        .await
+        .map_err(takosumi_store::StoreError::from)?;
     if let Some(e) = failure {
-        let unsent: Vec<i64> = rows.iter().map(|r| r.id).filter(|id| !sent.contains(id)).collect();
+        let unsent: Vec<i64> = rows
+            .iter()
+            .map(|r| r.id)
+            .filter(|id| !sent.contains(id))
+            .collect();
         let _ = outbox::mark_failed(pool, &unsent).await;
         return Err(e);
     }
@@ -41,8 +58,12 @@ pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usi
 
 /// Relays until `shutdown`. `wake` lets a process that just committed an outbox row skip
 /// the poll interval. `connect` gives the current broker (reconnecting when needed).
-pub async fn run_relay<F, Fut>(pool: sqlx_pool::PgPool, connect: F, wake: Arc<Notify>, shutdown: CancellationToken)
-where
+pub async fn run_relay<F, Fut>(
+    pool: sqlx_pool::PgPool,
+    connect: F,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Broker, QueueError>>,
 {
@@ -67,7 +88,8 @@ where
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
-                let delay = Duration::from_millis(100u64 << failures.min(8)).min(Duration::from_secs(10));
+                let delay =
+                    Duration::from_millis(100u64 << failures.min(8)).min(Duration::from_secs(10));
                 tracing::warn!(error = %e, ?delay, "outbox relay failed; backing off");
                 tokio::select! {
                     _ = shutdown.cancelled() => {}

@@ -28,7 +28,8 @@ impl Topology {
     /// The layout in the repository.
     pub fn load() -> Self {
         // A broken topology file is a build defect; the unit test below catches it.
-        serde_json::from_str(TOPOLOGY_JSON).unwrap_or_else(|e| panic!("infra/rabbitmq/topology.json: {e}"))
+        serde_json::from_str(TOPOLOGY_JSON)
+            .unwrap_or_else(|e| panic!("infra/rabbitmq/topology.json: {e}"))
     }
 
     /// The dead-letter queue of a queue.
@@ -38,10 +39,24 @@ impl Topology {
 
     /// Declares exchanges, queues, dead-letter queues and bindings (idempotent).
     pub async fn declare(&self, ch: &Channel) -> Result<(), lapin::Error> {
-        let durable = ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() };
-        ch.exchange_declare(self.exchange.clone().into(), ExchangeKind::Direct, durable, FieldTable::default()).await?;
-        ch.exchange_declare(self.dead_letter_exchange.clone().into(), ExchangeKind::Direct, durable, FieldTable::default())
-            .await?;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        ch.exchange_declare(
+            self.exchange.clone().into(),
+            ExchangeKind::Direct,
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
+        ch.exchange_declare(
+            self.dead_letter_exchange.clone().into(),
+            ExchangeKind::Direct,
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
         for queue in &self.queues {
             self.declare_queue(ch, queue).await?;
         }
@@ -51,10 +66,17 @@ impl Topology {
     /// Declares one step queue and its dead-letter queue (also used for pool queues).
     pub async fn declare_queue(&self, ch: &Channel, queue: &str) -> Result<(), lapin::Error> {
         let dead = Self::dead_queue_name(queue);
-        let opts = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
+        let opts = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
         let mut dead_args = FieldTable::default();
-        dead_args.insert("x-queue-type".into(), AMQPValue::LongString(self.queue_type.clone().into()));
-        ch.queue_declare(dead.clone().into(), opts, dead_args).await?;
+        dead_args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(self.queue_type.clone().into()),
+        );
+        ch.queue_declare(dead.clone().into(), opts, dead_args)
+            .await?;
         ch.queue_bind(
             dead.clone().into(),
             self.dead_letter_exchange.clone().into(),
@@ -64,13 +86,26 @@ impl Topology {
         )
         .await?;
         let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), AMQPValue::LongString(self.queue_type.clone().into()));
-        args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString(self.dead_letter_exchange.clone().into()));
-        args.insert("x-dead-letter-routing-key".into(), AMQPValue::LongString(dead.into()));
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString(self.queue_type.clone().into()),
+        );
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(self.dead_letter_exchange.clone().into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dead.into()),
+        );
         if self.queue_type == "quorum" {
-            args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(self.delivery_limit));
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(self.delivery_limit),
+            );
         }
-        ch.queue_declare(queue.to_owned().into(), opts, args).await?;
+        ch.queue_declare(queue.to_owned().into(), opts, args)
+            .await?;
         ch.queue_bind(
             queue.to_owned().into(),
             self.exchange.clone().into(),
@@ -92,7 +127,10 @@ mod tests {
     fn the_repository_topology_declares_every_step_queue() {
         let t = Topology::load();
         for topic in Topic::ALL {
-            assert!(t.queues.iter().any(|q| q == topic.queue_name()), "{topic:?} missing");
+            assert!(
+                t.queues.iter().any(|q| q == topic.queue_name()),
+                "{topic:?} missing"
+            );
         }
         assert_eq!(Topology::dead_queue_name("run.plan"), "run.plan.dead");
         assert!(t.delivery_limit > 0);

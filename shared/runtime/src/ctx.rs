@@ -40,7 +40,9 @@ pub struct Ctx {
 
 impl std::fmt::Debug for Ctx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ctx").field("owner", &self.owner).finish_non_exhaustive()
+        f.debug_struct("Ctx")
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
     }
 }
 
@@ -50,7 +52,10 @@ impl Ctx {
     pub async fn connect(settings: &Settings, name: &str) -> Result<Self, RuntimeError> {
         let pool = takosumi_store::connect(settings.database_url.expose(), 10).await?;
         takosumi_store::migrate(&pool).await?;
-        let bus = Arc::new(Bus::new(settings.amqp_url.expose().clone(), name.to_owned()));
+        let bus = Arc::new(Bus::new(
+            settings.amqp_url.expose().clone(),
+            name.to_owned(),
+        ));
         bus.get().await?;
         let objects = ObjectStore::connect(&ObjectStoreConfig {
             endpoint: settings.s3_endpoint.clone(),
@@ -75,7 +80,11 @@ impl Ctx {
             objects,
             sealer,
             runner,
-            owner: format!("{name}-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8]),
+            owner: format!(
+                "{name}-{}-{}",
+                std::process::id(),
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            ),
             lease_secs: settings.lease_secs,
             max_attempts: settings.max_attempts,
             relay_wake: Arc::new(Notify::new()),
@@ -85,7 +94,8 @@ impl Ctx {
     /// Records an event on a Run; a failure to record is logged, never fatal to the step.
     pub async fn event(&self, run_id: RunId, kind: &str, data: serde_json::Value) {
         let actor = format!("handler:{}", self.owner);
-        if let Err(e) = takosumi_store::events::append(&self.pool, run_id, kind, &actor, data).await {
+        if let Err(e) = takosumi_store::events::append(&self.pool, run_id, kind, &actor, data).await
+        {
             tracing::warn!(%run_id, kind, error = %e, "could not record event");
         }
     }
@@ -105,7 +115,12 @@ impl Ctx {
     /// step must stop before committing anything.
     pub fn keep_lease(&self, run_id: RunId) -> LeaseGuard {
         let lost = CancellationToken::new();
-        let (pool, owner, secs, token) = (self.pool.clone(), self.owner.clone(), self.lease_secs, lost.clone());
+        let (pool, owner, secs, token) = (
+            self.pool.clone(),
+            self.owner.clone(),
+            self.lease_secs,
+            lost.clone(),
+        );
         let period = Duration::from_millis(u64::try_from(secs).unwrap_or(60) * 1000 / 3);
         let task = tokio::spawn(async move {
             loop {
@@ -117,7 +132,9 @@ impl Ctx {
                         token.cancel();
                         return;
                     }
-                    Err(e) => tracing::warn!(%run_id, error = %e, "lease renewal failed; will retry"),
+                    Err(e) => {
+                        tracing::warn!(%run_id, error = %e, "lease renewal failed; will retry")
+                    }
                 }
             }
         });

@@ -39,9 +39,16 @@ pub enum RuntimeError {
 /// from `RUST_LOG` (default `info`). Never logs setting values.
 pub fn init_telemetry(service: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
     let json = std::env::var("TAKOSUMI_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
     tracing::info!(service, "starting");
 }

@@ -22,7 +22,11 @@ pub fn topic_for(kind: RunKind, gate_decision: Option<&str>) -> Topic {
 
 /// One pass; returns how many Runs it acted on.
 pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, RuntimeError> {
-    let mut tx = ctx.pool.begin().await.map_err(takosumi_store::StoreError::from)?;
+    let mut tx = ctx
+        .pool
+        .begin()
+        .await
+        .map_err(takosumi_store::StoreError::from)?;
     let reaped = runs::reap_expired(&mut tx, ctx.max_attempts).await?;
     for r in &reaped {
         let kind = match r.status {
@@ -33,14 +37,30 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
             RunStatus::UnknownOutcome => "lease_expired_unknown_outcome",
             _ => "lease_expired_failed",
         };
-        events::append(&mut *tx, r.id, kind, "system:reaper", serde_json::json!({ "status": r.status })).await?;
+        events::append(
+            &mut *tx,
+            r.id,
+            kind,
+            "system:reaper",
+            serde_json::json!({ "status": r.status }),
+        )
+        .await?;
     }
     let stuck = runs::stuck_queued(&mut tx, stuck_queued_secs).await?;
     for (id, kind, gate) in &stuck {
         outbox::enqueue(&mut tx, topic_for(*kind, gate.as_deref()), *id).await?;
-        events::append(&mut *tx, *id, "wake_up_resent", "system:reaper", serde_json::json!({})).await?;
+        events::append(
+            &mut *tx,
+            *id,
+            "wake_up_resent",
+            "system:reaper",
+            serde_json::json!({}),
+        )
+        .await?;
     }
-    tx.commit().await.map_err(takosumi_store::StoreError::from)?;
+    tx.commit()
+        .await
+        .map_err(takosumi_store::StoreError::from)?;
     let n = reaped.len() + stuck.len();
     if n > 0 {
         tracing::info!(reaped = reaped.len(), woken = stuck.len(), "reaper acted");
@@ -50,7 +70,12 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
 }
 
 /// Runs the reaper every `interval` until `shutdown`.
-pub async fn run_reaper(ctx: Ctx, interval: Duration, stuck_queued_secs: i64, shutdown: CancellationToken) {
+pub async fn run_reaper(
+    ctx: Ctx,
+    interval: Duration,
+    stuck_queued_secs: i64,
+    shutdown: CancellationToken,
+) {
     while !shutdown.is_cancelled() {
         if let Err(e) = reap_once(&ctx, stuck_queued_secs).await {
             tracing::warn!(error = %e, "reaper pass failed");

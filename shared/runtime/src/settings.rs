@@ -62,7 +62,9 @@ pub struct Settings {
 impl Settings {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, SettingsError> {
-        let vars: HashMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("TAKOSUMI_")).collect();
+        let vars: HashMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("TAKOSUMI_"))
+            .collect();
         Self::from_map(&vars)
     }
 
@@ -93,9 +95,15 @@ impl Settings {
             }
         };
         let lease_secs = number("TAKOSUMI_LEASE_SECS", 60).max(1);
-        let max_attempts = i32::try_from(number("TAKOSUMI_MAX_ATTEMPTS", 3)).unwrap_or(3).max(1);
-        let concurrency = u16::try_from(number("TAKOSUMI_CONCURRENCY", 2)).unwrap_or(2).max(1);
-        let reaper_interval_ms = u64::try_from(number("TAKOSUMI_REAPER_INTERVAL_MS", 2000)).unwrap_or(2000).max(50);
+        let max_attempts = i32::try_from(number("TAKOSUMI_MAX_ATTEMPTS", 3))
+            .unwrap_or(3)
+            .max(1);
+        let concurrency = u16::try_from(number("TAKOSUMI_CONCURRENCY", 2))
+            .unwrap_or(2)
+            .max(1);
+        let reaper_interval_ms = u64::try_from(number("TAKOSUMI_REAPER_INTERVAL_MS", 2000))
+            .unwrap_or(2000)
+            .max(50);
         let stuck_queued_secs = number("TAKOSUMI_STUCK_QUEUED_SECS", 60).max(1);
         if !problems.is_empty() {
             return Err(SettingsError { problems });
@@ -110,7 +118,8 @@ impl Settings {
             s3_bucket,
             seal_key,
             seal_key_id: get("TAKOSUMI_SEAL_KEY_ID").unwrap_or_else(|| "k1".to_owned()),
-            terraform_bin: get("TAKOSUMI_TERRAFORM_BIN").map_or_else(|| PathBuf::from("terraform"), PathBuf::from),
+            terraform_bin: get("TAKOSUMI_TERRAFORM_BIN")
+                .map_or_else(|| PathBuf::from("terraform"), PathBuf::from),
             tofu_bin: get("TAKOSUMI_TOFU_BIN").map(PathBuf::from),
             tf_cli_config: get("TAKOSUMI_TF_CLI_CONFIG").map(PathBuf::from),
             work_dir,
@@ -149,7 +158,12 @@ mod tests {
     fn missing_settings_are_all_named() {
         let err = Settings::from_map(&HashMap::new()).unwrap_err();
         let text = err.to_string();
-        for k in ["TAKOSUMI_DATABASE_URL", "TAKOSUMI_AMQP_URL", "TAKOSUMI_S3_BUCKET", "TAKOSUMI_SEAL_KEY"] {
+        for k in [
+            "TAKOSUMI_DATABASE_URL",
+            "TAKOSUMI_AMQP_URL",
+            "TAKOSUMI_S3_BUCKET",
+            "TAKOSUMI_SEAL_KEY",
+        ] {
             assert!(text.contains(k), "{text}");
         }
     }
@@ -167,6 +181,11 @@ mod tests {
     fn bad_numbers_are_refused() {
         let mut m = full();
         m.insert("TAKOSUMI_LEASE_SECS".into(), "soon".into());
-        assert!(Settings::from_map(&m).unwrap_err().to_string().contains("TAKOSUMI_LEASE_SECS"));
+        assert!(
+            Settings::from_map(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("TAKOSUMI_LEASE_SECS")
+        );
     }
 }

@@ -30,17 +30,29 @@ pub fn state_key(capsule_id: CapsuleId, sv: StateVersionId) -> String {
 
 /// Maps a store error to a step error.
 pub fn store_err(e: StoreError) -> StepError {
-    if e.retryable() { StepError::transient(e) } else { StepError::internal(e) }
+    if e.retryable() {
+        StepError::transient(e)
+    } else {
+        StepError::internal(e)
+    }
 }
 
 /// Maps an object-store error to a step error.
 pub fn object_err(e: ObjectError) -> StepError {
-    if e.retryable() { StepError::transient(e) } else { StepError::internal(e) }
+    if e.retryable() {
+        StepError::transient(e)
+    } else {
+        StepError::internal(e)
+    }
 }
 
 /// Maps a runner error that carries no Run failure code.
 pub fn runner_err(e: RunnerError) -> StepError {
-    if e.retryable() { StepError::transient(e) } else { StepError::internal(e) }
+    if e.retryable() {
+        StepError::transient(e)
+    } else {
+        StepError::internal(e)
+    }
 }
 
 impl Ctx {
@@ -54,20 +66,37 @@ impl Ctx {
         message: &str,
     ) -> Result<Outcome, StepError> {
         let mut tx = self.pool.begin().await.map_err(|e| store_err(e.into()))?;
-        let done = runs::fail(&mut tx, run_id, Some(&self.owner), code, message).await.map_err(store_err)?;
+        let done = runs::fail(&mut tx, run_id, Some(&self.owner), code, message)
+            .await
+            .map_err(store_err)?;
         if !done {
-            return Ok(Outcome::Skipped("lease lost before the failure was recorded"));
+            return Ok(Outcome::Skipped(
+                "lease lost before the failure was recorded",
+            ));
         }
         if let Some(capsule_id) = capsule_for_apply {
-            takosumi_store::capsules::release_apply(&mut tx, capsule_id, run_id).await.map_err(store_err)?;
-            if let Some(next) = runs::next_waiting_apply(&mut tx, capsule_id).await.map_err(store_err)? {
-                takosumi_store::outbox::enqueue(&mut tx, takosumi_core::Topic::Apply, next).await.map_err(store_err)?;
+            takosumi_store::capsules::release_apply(&mut tx, capsule_id, run_id)
+                .await
+                .map_err(store_err)?;
+            if let Some(next) = runs::next_waiting_apply(&mut tx, capsule_id)
+                .await
+                .map_err(store_err)?
+            {
+                takosumi_store::outbox::enqueue(&mut tx, takosumi_core::Topic::Apply, next)
+                    .await
+                    .map_err(store_err)?;
             }
         }
         let actor = format!("handler:{}", self.owner);
-        events::append(&mut *tx, run_id, "failed", &actor, serde_json::json!({ "code": code, "message": message }))
-            .await
-            .map_err(store_err)?;
+        events::append(
+            &mut *tx,
+            run_id,
+            "failed",
+            &actor,
+            serde_json::json!({ "code": code, "message": message }),
+        )
+        .await
+        .map_err(store_err)?;
         tx.commit().await.map_err(|e| store_err(e.into()))?;
         self.relay_wake.notify_one();
         tracing::info!(%run_id, %code, "run failed");
@@ -89,19 +118,31 @@ impl Ctx {
 
     /// Writes the Capsule's current state (as of the generation read with `capsule`) into
     /// the private directory. Returns the bytes restored.
-    pub async fn restore_state(&self, wd: &Workdir, capsule: &Capsule) -> Result<Option<Vec<u8>>, StepError> {
-        let Some(sv_id) = capsule.current_state_version_id else { return Ok(None) };
+    pub async fn restore_state(
+        &self,
+        wd: &Workdir,
+        capsule: &Capsule,
+    ) -> Result<Option<Vec<u8>>, StepError> {
+        let Some(sv_id) = capsule.current_state_version_id else {
+            return Ok(None);
+        };
         let sv = state_versions::get(&self.pool, sv_id)
             .await
             .map_err(store_err)?
             .ok_or_else(|| StepError::internal(StoreError::NotFound("state version")))?;
-        let sealed = self.objects.get(&sv.object_key, MAX_STATE_BYTES).await.map_err(object_err)?;
+        let sealed = self
+            .objects
+            .get(&sv.object_key, MAX_STATE_BYTES)
+            .await
+            .map_err(object_err)?;
         let state = self
             .sealer
             .unseal(Purpose::State, &sv_id.to_string(), &sealed)
             .map_err(StepError::internal)?;
         if takosumi_store::sha256_hex(&state) != sv.digest {
-            return Err(StepError::Internal("state object does not match its recorded digest".into()));
+            return Err(StepError::Internal(
+                "state object does not match its recorded digest".into(),
+            ));
         }
         self.runner.restore_state(wd, &state).map_err(runner_err)?;
         Ok(Some(state))

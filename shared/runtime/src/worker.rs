@@ -51,10 +51,15 @@ where
     let background = CancellationToken::new();
     let relay = {
         let bus = ctx.bus.clone();
-        tokio::spawn(run_relay(ctx.pool.clone(), move || {
-            let bus = bus.clone();
-            async move { bus.get().await }
-        }, ctx.relay_wake.clone(), background.clone()))
+        tokio::spawn(run_relay(
+            ctx.pool.clone(),
+            move || {
+                let bus = bus.clone();
+                async move { bus.get().await }
+            },
+            ctx.relay_wake.clone(),
+            background.clone(),
+        ))
     };
     let reaper = tokio::spawn(run_reaper(
         ctx.clone(),
@@ -81,7 +86,8 @@ where
             Ok(()) => break,
             Err(e) => {
                 failures = failures.saturating_add(1);
-                let delay = Duration::from_millis(200u64 << failures.min(6)).min(Duration::from_secs(10));
+                let delay =
+                    Duration::from_millis(200u64 << failures.min(6)).min(Duration::from_secs(10));
                 tracing::warn!(error = %e, ?delay, "consumer stopped; reconnecting");
                 tokio::select! {
                     _ = shutdown.cancelled() => {}

@@ -108,7 +108,11 @@ where
 
 /// Takes the Capsule for an apply: only where no other apply holds it. Returns the
 /// current generation, or `None` when another apply holds it.
-pub async fn take_for_apply(tx: &mut Tx, id: CapsuleId, run_id: RunId) -> Result<Option<i64>, StoreError> {
+pub async fn take_for_apply(
+    tx: &mut Tx,
+    id: CapsuleId,
+    run_id: RunId,
+) -> Result<Option<i64>, StoreError> {
     let row = sqlx::query!(
         r#"UPDATE capsules SET running_apply_id = $2, updated_at = now()
             WHERE id = $1 AND (running_apply_id IS NULL OR running_apply_id = $2)

@@ -45,17 +45,21 @@ impl StoreError {
     /// Connection, pool and I/O errors pass; constraint violations and bugs do not.
     pub fn retryable(&self) -> bool {
         match self {
-            Self::Db(e) => matches!(
-                e,
-                sqlx::Error::Io(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::WorkerCrashed
-                    | sqlx::Error::Tls(_)
-            ) || e
-                .as_database_error()
-                .and_then(|d| d.code())
-                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P") || c == "40001" || c == "40P01"),
+            Self::Db(e) => {
+                matches!(
+                    e,
+                    sqlx::Error::Io(_)
+                        | sqlx::Error::PoolTimedOut
+                        | sqlx::Error::PoolClosed
+                        | sqlx::Error::WorkerCrashed
+                        | sqlx::Error::Tls(_)
+                ) || e
+                    .as_database_error()
+                    .and_then(|d| d.code())
+                    .is_some_and(|c| {
+                        c.starts_with("08") || c.starts_with("57P") || c == "40001" || c == "40P01"
+                    })
+            }
             _ => false,
         }
     }

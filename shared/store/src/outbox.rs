@@ -23,7 +23,12 @@ pub async fn enqueue(tx: &mut Tx, topic: Topic, run_id: RunId) -> Result<(), Sto
 }
 
 /// Queues a wake-up that the relay holds back for `delay_ms` (retry backoff).
-pub async fn enqueue_after(tx: &mut Tx, topic: Topic, run_id: RunId, delay_ms: i64) -> Result<(), StoreError> {
+pub async fn enqueue_after(
+    tx: &mut Tx,
+    topic: Topic,
+    run_id: RunId,
+    delay_ms: i64,
+) -> Result<(), StoreError> {
     sqlx::query!(
         r#"INSERT INTO outbox (topic, payload, available_at)
            VALUES ($1, $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0))"#,
@@ -61,9 +66,12 @@ pub async fn mark_sent(tx: &mut Tx, ids: &[i64]) -> Result<(), StoreError> {
 
 /// Counts a failed publish so operators can see a stuck row.
 pub async fn mark_failed(pool: &sqlx::PgPool, ids: &[i64]) -> Result<(), StoreError> {
-    sqlx::query!("UPDATE outbox SET publish_attempts = publish_attempts + 1 WHERE id = ANY($1)", ids)
-        .execute(pool)
-        .await?;
+    sqlx::query!(
+        "UPDATE outbox SET publish_attempts = publish_attempts + 1 WHERE id = ANY($1)",
+        ids
+    )
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

@@ -3,7 +3,10 @@
 //! yours", which callers treat as an answer, not an error.
 
 use chrono::{DateTime, Utc};
-use takosumi_core::{ActorKind, CapsuleId, Changes, FailureCode, RunGroupId, RunId, RunKind, RunStatus, StateVersionId, WorkspaceId};
+use takosumi_core::{
+    ActorKind, CapsuleId, Changes, FailureCode, RunGroupId, RunId, RunKind, RunStatus,
+    StateVersionId, WorkspaceId,
+};
 
 use crate::{StoreError, Tx};
 
@@ -88,12 +91,17 @@ pub struct Run {
 impl Run {
     /// The change counts, if recorded.
     pub fn changes(&self) -> Option<Changes> {
-        self.changes.as_ref().and_then(|c| serde_json::from_value(c.clone()).ok())
+        self.changes
+            .as_ref()
+            .and_then(|c| serde_json::from_value(c.clone()).ok())
     }
 }
 
 /// Reads a Run.
-pub async fn get<'e, E: sqlx::PgExecutor<'e>>(executor: E, id: RunId) -> Result<Option<Run>, StoreError> {
+pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: RunId,
+) -> Result<Option<Run>, StoreError> {
     let run = sqlx::query_as!(
         Run,
         r#"SELECT id as "id: RunId", kind as "kind: RunKind", status as "status: RunStatus",
@@ -186,7 +194,10 @@ pub async fn find_by_idempotency_key<'e, E: sqlx::PgExecutor<'e>>(
 }
 
 /// The live (not failed, not canceled) Apply Run of a plan, if any.
-pub async fn live_apply_of<'e, E: sqlx::PgExecutor<'e>>(executor: E, plan_run_id: RunId) -> Result<Option<RunId>, StoreError> {
+pub async fn live_apply_of<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    plan_run_id: RunId,
+) -> Result<Option<RunId>, StoreError> {
     let row = sqlx::query!(
         "SELECT id FROM runs WHERE plan_run_id = $1 AND kind = 'apply' AND status NOT IN ('failed', 'canceled')",
         plan_run_id.as_uuid()
@@ -224,7 +235,12 @@ pub async fn claim(
 
 /// Extends the lease while the step still holds it. `false`: the lease was lost (the
 /// reaper took the Run back, or it was canceled); the step must stop.
-pub async fn renew_lease(pool: &sqlx::PgPool, id: RunId, owner: &str, lease_secs: i64) -> Result<bool, StoreError> {
+pub async fn renew_lease(
+    pool: &sqlx::PgPool,
+    id: RunId,
+    owner: &str,
+    lease_secs: i64,
+) -> Result<bool, StoreError> {
     let done = sqlx::query!(
         r#"UPDATE runs SET lease_until = now() + make_interval(secs => $3::bigint::double precision)
             WHERE id = $1 AND lease_owner = $2 AND status IN ('planning', 'applying')"#,
@@ -267,9 +283,18 @@ pub struct PlanRecord {
 }
 
 /// `planning` → `planned` with the record, only for the lease holder.
-pub async fn record_plan(tx: &mut Tx, id: RunId, owner: &str, rec: &PlanRecord) -> Result<bool, StoreError> {
+pub async fn record_plan(
+    tx: &mut Tx,
+    id: RunId,
+    owner: &str,
+    rec: &PlanRecord,
+) -> Result<bool, StoreError> {
     let changes = serde_json::to_value(rec.changes).unwrap_or_default();
-    let lock_state = if rec.provider_lock_digest.is_some() { "present" } else { "none" };
+    let lock_state = if rec.provider_lock_digest.is_some() {
+        "present"
+    } else {
+        "none"
+    };
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'planned', source_commit = $3, tree_digest = $4, tool_version = $5,
                   plan_digest = $6, plan_object_key = $7, lockfile_object_key = $8,
@@ -355,7 +380,12 @@ pub enum ApplyClaim {
 
 /// Claims an Apply Run: in one transaction, takes the Run (`queued` → `applying`), takes
 /// the Capsule (only where no apply holds it) and checks the generation the plan saw.
-pub async fn claim_apply(tx: &mut Tx, id: RunId, owner: &str, lease_secs: i64) -> Result<ApplyClaim, StoreError> {
+pub async fn claim_apply(
+    tx: &mut Tx,
+    id: RunId,
+    owner: &str,
+    lease_secs: i64,
+) -> Result<ApplyClaim, StoreError> {
     let row = sqlx::query!(
         r#"SELECT capsule_id, state_generation FROM runs
             WHERE id = $1 AND kind = 'apply' AND status = 'queued' AND gate_decision = 'released'
@@ -364,12 +394,16 @@ pub async fn claim_apply(tx: &mut Tx, id: RunId, owner: &str, lease_secs: i64) -
     )
     .fetch_optional(&mut **tx)
     .await?;
-    let Some(row) = row else { return Ok(ApplyClaim::NotClaimable) };
+    let Some(row) = row else {
+        return Ok(ApplyClaim::NotClaimable);
+    };
     let capsule_id = CapsuleId::from_uuid(row.capsule_id);
     let Some(current) = crate::capsules::take_for_apply(tx, capsule_id, id).await? else {
         return Ok(ApplyClaim::CapsuleBusy);
     };
-    let planned = row.state_generation.ok_or(StoreError::Conflict("apply run without a planned generation"))?;
+    let planned = row.state_generation.ok_or(StoreError::Conflict(
+        "apply run without a planned generation",
+    ))?;
     if planned != current {
         crate::capsules::release_apply(tx, capsule_id, id).await?;
         let message = format!(
@@ -379,7 +413,16 @@ pub async fn claim_apply(tx: &mut Tx, id: RunId, owner: &str, lease_secs: i64) -
         fail(tx, id, None, FailureCode::StateGenerationChanged, &message).await?;
         return Ok(ApplyClaim::GenerationChanged { planned, current });
     }
-    if !claim(tx, id, RunStatus::Queued, RunStatus::Applying, owner, lease_secs).await? {
+    if !claim(
+        tx,
+        id,
+        RunStatus::Queued,
+        RunStatus::Applying,
+        owner,
+        lease_secs,
+    )
+    .await?
+    {
         return Err(StoreError::Conflict("apply run changed while locked"));
     }
     Ok(ApplyClaim::Claimed)
@@ -411,14 +454,20 @@ pub async fn record_apply(
 
 /// Forgets where a plan's sealed file was, once it has been wiped.
 pub async fn clear_plan_object(tx: &mut Tx, id: RunId) -> Result<(), StoreError> {
-    sqlx::query!("UPDATE runs SET plan_object_key = NULL, updated_at = now() WHERE id = $1", id.as_uuid())
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query!(
+        "UPDATE runs SET plan_object_key = NULL, updated_at = now() WHERE id = $1",
+        id.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
 /// The oldest released Apply Run of a Capsule still waiting for it.
-pub async fn next_waiting_apply(tx: &mut Tx, capsule_id: CapsuleId) -> Result<Option<RunId>, StoreError> {
+pub async fn next_waiting_apply(
+    tx: &mut Tx,
+    capsule_id: CapsuleId,
+) -> Result<Option<RunId>, StoreError> {
     let row = sqlx::query!(
         r#"SELECT id FROM runs
             WHERE capsule_id = $1 AND kind = 'apply' AND status = 'queued' AND gate_decision = 'released'
@@ -496,7 +545,11 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
         if r.status == RunStatus::Applying {
             crate::capsules::release_apply(tx, CapsuleId::from_uuid(r.capsule_id), id).await?;
         }
-        reaped.push(Reaped { id, kind: r.kind, status });
+        reaped.push(Reaped {
+            id,
+            kind: r.kind,
+            status,
+        });
     }
     Ok(reaped)
 }
@@ -504,7 +557,10 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
 /// Queued Runs that nothing has touched for `idle_secs` and that have no wake-up pending:
 /// their message was lost (a handler died between ack and claim). Returns them so the
 /// caller can enqueue a new wake-up in the same transaction.
-pub async fn stuck_queued(tx: &mut Tx, idle_secs: i64) -> Result<Vec<(RunId, RunKind, Option<String>)>, StoreError> {
+pub async fn stuck_queued(
+    tx: &mut Tx,
+    idle_secs: i64,
+) -> Result<Vec<(RunId, RunKind, Option<String>)>, StoreError> {
     let rows = sqlx::query!(
         r#"SELECT r.id, r.kind as "kind: RunKind", r.gate_decision FROM runs r
             WHERE r.status = 'queued'
@@ -518,16 +574,30 @@ pub async fn stuck_queued(tx: &mut Tx, idle_secs: i64) -> Result<Vec<(RunId, Run
     .fetch_all(&mut **tx)
     .await?;
     let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
-    sqlx::query!("UPDATE runs SET updated_at = now() WHERE id = ANY($1)", &ids)
-        .execute(&mut **tx)
-        .await?;
-    Ok(rows.into_iter().map(|r| (RunId::from_uuid(r.id), r.kind, r.gate_decision)).collect())
+    sqlx::query!(
+        "UPDATE runs SET updated_at = now() WHERE id = ANY($1)",
+        &ids
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (RunId::from_uuid(r.id), r.kind, r.gate_decision))
+        .collect())
 }
 
 /// Points a (failed) Run at the StateVersion its partial apply wrote.
-pub async fn set_state_version(tx: &mut Tx, id: RunId, sv: StateVersionId) -> Result<(), StoreError> {
-    sqlx::query!("UPDATE runs SET state_version_id = $2 WHERE id = $1", id.as_uuid(), sv.as_uuid())
-        .execute(&mut **tx)
-        .await?;
+pub async fn set_state_version(
+    tx: &mut Tx,
+    id: RunId,
+    sv: StateVersionId,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE runs SET state_version_id = $2 WHERE id = $1",
+        id.as_uuid(),
+        sv.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }

@@ -40,7 +40,10 @@ pub async fn insert(tx: &mut Tx, sv: &StateVersion, size: i64) -> Result<(), Sto
 }
 
 /// Reads a StateVersion.
-pub async fn get<'e, E: sqlx::PgExecutor<'e>>(executor: E, id: StateVersionId) -> Result<Option<StateVersion>, StoreError> {
+pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: StateVersionId,
+) -> Result<Option<StateVersion>, StoreError> {
     let row = sqlx::query!(
         "SELECT id, capsule_id, generation, run_id, object_key, digest FROM state_versions WHERE id = $1",
         id.as_uuid()
@@ -58,9 +61,15 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(executor: E, id: StateVersionId) -
 }
 
 /// How many StateVersions a Capsule has.
-pub async fn count_for_capsule(pool: &sqlx::PgPool, capsule_id: CapsuleId) -> Result<i64, StoreError> {
-    let row = sqlx::query!(r#"SELECT count(*) as "n!" FROM state_versions WHERE capsule_id = $1"#, capsule_id.as_uuid())
-        .fetch_one(pool)
-        .await?;
+pub async fn count_for_capsule(
+    pool: &sqlx::PgPool,
+    capsule_id: CapsuleId,
+) -> Result<i64, StoreError> {
+    let row = sqlx::query!(
+        r#"SELECT count(*) as "n!" FROM state_versions WHERE capsule_id = $1"#,
+        capsule_id.as_uuid()
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(row.n)
 }

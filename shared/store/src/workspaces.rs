@@ -26,13 +26,24 @@ pub async fn create(tx: &mut Tx, name: &str) -> Result<Workspace, StoreError> {
     )
     .fetch_one(&mut **tx)
     .await?;
-    Ok(Workspace { id, name: name.to_owned(), created_at: row.created_at })
+    Ok(Workspace {
+        id,
+        name: name.to_owned(),
+        created_at: row.created_at,
+    })
 }
 
 /// Reads a Workspace.
 pub async fn get(pool: &sqlx::PgPool, id: WorkspaceId) -> Result<Option<Workspace>, StoreError> {
-    let row = sqlx::query!("SELECT id, name, created_at FROM workspaces WHERE id = $1", id.as_uuid())
-        .fetch_optional(pool)
-        .await?;
-    Ok(row.map(|r| Workspace { id: WorkspaceId::from_uuid(r.id), name: r.name, created_at: r.created_at }))
+    let row = sqlx::query!(
+        "SELECT id, name, created_at FROM workspaces WHERE id = $1",
+        id.as_uuid()
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| Workspace {
+        id: WorkspaceId::from_uuid(r.id),
+        name: r.name,
+        created_at: r.created_at,
+    }))
 }
