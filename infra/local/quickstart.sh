@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quick start: installs (when missing) and starts the local stack, builds Takosumi,
-# starts the API and the plan, gate and apply functions, then takes the example Capsule
+# starts the API and the plan, gate, approve, apply, drift and sweep functions, then takes the example Capsule
 # infra/examples/network through plan -> apply with the `takosumi` CLI and prints both
 # Run records (the apply shows `vpc = "vpc-eu"`). The services keep running afterwards;
 # infra/local/stop.sh stops everything.
@@ -26,7 +26,7 @@ BIN=$CARGO_TARGET_DIR/debug
 
 # (Re)start the four processes so they run this build.
 mkdir -p "$STACK/logs" "$STACK/pids"
-for step in api plan gate apply; do
+for step in api plan gate approve apply drift sweep; do
     pid_file=$STACK/pids/$step.pid
     if [ -f "$pid_file" ] && kill -0 "$(cat "$pid_file")" 2>/dev/null; then
         kill "$(cat "$pid_file")" 2>/dev/null || true

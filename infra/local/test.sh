@@ -26,4 +26,10 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/takosumi-target}
 log "cargo build --workspace --bins (target dir $CARGO_TARGET_DIR)"
 cargo build --workspace --bins
 log "cargo test --workspace $*"
-cargo test --workspace "$@"
+# The fault and security suites add their figures here; the table is printed at the end.
+export TAKOSUMI_SUITE_SUMMARY=${TAKOSUMI_SUITE_SUMMARY:-$CARGO_TARGET_DIR/takosumi-suite-summary.tsv}
+rm -f "$TAKOSUMI_SUITE_SUMMARY"
+status=0
+cargo test --workspace "$@" || status=$?
+bash infra/local/suite-summary.sh
+exit "$status"

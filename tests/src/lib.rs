@@ -16,6 +16,9 @@ use takosumi_runtime::{Ctx, Settings, run_worker};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub mod probe;
+pub mod services;
+
 /// Which steps run inside the test process.
 #[derive(Debug, Clone, Copy)]
 pub struct Steps {
@@ -91,9 +94,31 @@ pub struct Stack {
     tasks: Vec<JoinHandle<()>>,
     db_name: String,
     vhost: String,
+    /// Postgres admin URL the database was created through (dropped through it too).
+    pg_admin_url: String,
+    /// Whether `vhost` was created on the shared broker (and is deleted by `stop`).
+    own_vhost: bool,
     work: tempfile::TempDir,
     tool_log: PathBuf,
     pause_file: PathBuf,
+    tool_cwd_log: PathBuf,
+}
+
+/// Where a stack's services are when they are not the shared ones `infra/local/start.sh`
+/// runs. The restart tests run their own Postgres, RabbitMQ and S3 server
+/// ([`services`]) so that restarting them cannot disturb other tests running at the
+/// same time. `None` keeps the shared service.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints {
+    /// Postgres URL of a superuser, on any database (each stack creates its own).
+    pub pg_admin_url: Option<String>,
+    /// A broker URL used as it is: the broker is the stack's own, no vhost is created.
+    pub amqp_url: Option<String>,
+    /// The S3 endpoint (same access key and secret as the shared one).
+    pub s3_endpoint: Option<String>,
+    /// `TAKOSUMI_*` settings set last, over the fixture's (e.g. a shorter
+    /// `TAKOSUMI_STUCK_QUEUED_SECS` for a test that loses wake-ups on purpose).
+    pub settings: Vec<(String, String)>,
 }
 
 impl Stack {
@@ -104,53 +129,85 @@ impl Stack {
 
     /// Starts a stack.
     pub async fn start_with(opts: Options) -> anyhow::Result<Self> {
+        Self::start_with_tool(opts, None).await
+    }
+
+    /// Starts a stack whose steps run `tool` as their terraform binary, directly, with no
+    /// recording wrapper (the benchmarks use it to time the bare tool or a no-op one; the
+    /// wrapper's extra `sh` start per call would be counted as Takosumi's). `None` is the
+    /// default: the real terraform behind the recording wrapper.
+    pub async fn start_with_tool(opts: Options, tool: Option<&Path>) -> anyhow::Result<Self> {
+        Self::start_inner(opts, tool, &Endpoints::default()).await
+    }
+
+    /// Starts a stack on the given services (the restart tests' private ones).
+    pub async fn start_on(opts: Options, endpoints: &Endpoints) -> anyhow::Result<Self> {
+        Self::start_inner(opts, None, endpoints).await
+    }
+
+    async fn start_inner(
+        opts: Options,
+        tool: Option<&Path>,
+        endpoints: &Endpoints,
+    ) -> anyhow::Result<Self> {
         let id = short_id();
         let work = tempfile::tempdir()?;
         // A database of its own.
         let db_name = format!("takosumi_t_{id}");
-        let admin_url = env("TAKOSUMI_PG_ADMIN_URL")?;
+        let admin_url = match &endpoints.pg_admin_url {
+            Some(url) => url.clone(),
+            None => env("TAKOSUMI_PG_ADMIN_URL")?,
+        };
         let admin = takosumi_store::connect(&admin_url, 1).await?;
         sqlx::query(&format!("CREATE DATABASE {db_name}"))
             .execute(&admin)
             .await?;
         admin.close().await;
         let database_url = replace_db(&admin_url, &db_name);
-        // A vhost of its own.
+        // A vhost of its own (or a broker of its own).
         let vhost = format!("t_{id}");
-        let mgmt = env("TAKOSUMI_RABBITMQ_MGMT_URL")?;
-        let (mu, mp) = (
-            env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
-            env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
-        );
-        let http = reqwest::Client::new();
-        http.put(format!("{mgmt}/api/vhosts/{vhost}"))
-            .basic_auth(&mu, Some(&mp))
-            .send()
-            .await?
-            .error_for_status()?;
-        http.put(format!("{mgmt}/api/permissions/{vhost}/{mu}"))
-            .basic_auth(&mu, Some(&mp))
-            .json(&serde_json::json!({ "configure": ".*", "write": ".*", "read": ".*" }))
-            .send()
-            .await?
-            .error_for_status()?;
-        let amqp_base = env("TAKOSUMI_AMQP_URL")?;
-        let amqp_url = format!(
-            "{}/{vhost}",
-            amqp_base
-                .rsplit_once('/')
-                .map_or(amqp_base.as_str(), |(b, _)| b)
-        );
+        let own_vhost = endpoints.amqp_url.is_none();
+        let amqp_url = if let Some(url) = &endpoints.amqp_url {
+            url.clone()
+        } else {
+            let mgmt = env("TAKOSUMI_RABBITMQ_MGMT_URL")?;
+            let (mu, mp) = (
+                env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
+                env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
+            );
+            let http = reqwest::Client::new();
+            http.put(format!("{mgmt}/api/vhosts/{vhost}"))
+                .basic_auth(&mu, Some(&mp))
+                .send()
+                .await?
+                .error_for_status()?;
+            http.put(format!("{mgmt}/api/permissions/{vhost}/{mu}"))
+                .basic_auth(&mu, Some(&mp))
+                .json(&serde_json::json!({ "configure": ".*", "write": ".*", "read": ".*" }))
+                .send()
+                .await?
+                .error_for_status()?;
+            let amqp_base = env("TAKOSUMI_AMQP_URL")?;
+            format!(
+                "{}/{vhost}",
+                amqp_base
+                    .rsplit_once('/')
+                    .map_or(amqp_base.as_str(), |(b, _)| b)
+            )
+        };
         // The real terraform behind a recording wrapper.
         let tool_log = work.path().join("tool.log");
         let pause_file = work.path().join("pause-plan");
+        let tool_cwd_log = work.path().join("tool-cwd.log");
         let wrapper = work.path().join("terraform");
         let real = env("TAKOSUMI_TERRAFORM_BIN")?;
         std::fs::write(
             &wrapper,
             format!(
-                "#!/bin/sh\necho \"$1\" >> '{log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; sleep 120; fi\nexec '{real}' \"$@\"\n",
+                "#!/bin/sh\necho \"$1\" >> '{log}'\necho \"$1 $PWD\" >> '{cwd_log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; sleep 120 & echo $! >> '{sleepers}'; wait $!; fi\nexec '{real}' \"$@\"\n",
                 log = tool_log.display(),
+                cwd_log = tool_cwd_log.display(),
+                sleepers = work.path().join("pause-sleepers").display(),
                 pause = pause_file.display(),
             ),
         )?;
@@ -162,14 +219,23 @@ impl Stack {
         for (k, v) in [
             ("TAKOSUMI_DATABASE_URL", database_url),
             ("TAKOSUMI_AMQP_URL", amqp_url),
-            ("TAKOSUMI_S3_ENDPOINT", env("TAKOSUMI_S3_ENDPOINT")?),
+            (
+                "TAKOSUMI_S3_ENDPOINT",
+                match &endpoints.s3_endpoint {
+                    Some(url) => url.clone(),
+                    None => env("TAKOSUMI_S3_ENDPOINT")?,
+                },
+            ),
             ("TAKOSUMI_S3_REGION", env("TAKOSUMI_S3_REGION")?),
             ("TAKOSUMI_S3_ACCESS_KEY", env("TAKOSUMI_S3_ACCESS_KEY")?),
             ("TAKOSUMI_S3_SECRET_KEY", env("TAKOSUMI_S3_SECRET_KEY")?),
             ("TAKOSUMI_S3_BUCKET", format!("t-{id}")),
             ("TAKOSUMI_SEAL_KEY", env("TAKOSUMI_SEAL_KEY")?),
             ("TAKOSUMI_SEAL_KEY_ID", "test-1".to_owned()),
-            ("TAKOSUMI_TERRAFORM_BIN", wrapper.display().to_string()),
+            (
+                "TAKOSUMI_TERRAFORM_BIN",
+                tool.unwrap_or(&wrapper).display().to_string(),
+            ),
             ("TAKOSUMI_TF_CLI_CONFIG", env("TAKOSUMI_TF_CLI_CONFIG")?),
             (
                 "TAKOSUMI_WORK_DIR",
@@ -185,6 +251,9 @@ impl Stack {
             ("TAKOSUMI_STUCK_QUEUED_SECS", "20".to_owned()),
         ] {
             vars.insert(k.to_owned(), v);
+        }
+        for (k, v) in &endpoints.settings {
+            vars.insert(k.clone(), v.clone());
         }
         let settings = Settings::from_map(&vars)?;
         let ctx = Ctx::connect(&settings, "test").await?;
@@ -203,8 +272,12 @@ impl Stack {
                 }
             }));
         }
-        let steps: [(bool, Topic); 3] = [
+        // The drift step shares the plan step's code: it runs whenever the planner does.
+        // The approve step runs whenever the gate does.
+        let steps: [(bool, Topic); 5] = [
             (opts.steps.plan, Topic::Plan),
+            (opts.steps.plan, Topic::Drift),
+            (opts.steps.gate, Topic::Approve),
             (opts.steps.gate, Topic::Gate),
             (opts.steps.apply, Topic::Apply),
         ];
@@ -225,9 +298,12 @@ impl Stack {
             tasks,
             db_name,
             vhost,
+            pg_admin_url: admin_url,
+            own_vhost,
             work,
             tool_log,
             pause_file,
+            tool_cwd_log,
         })
     }
 
@@ -254,26 +330,99 @@ impl Stack {
     }
 
     /// While set, every `plan` the tool runs sleeps first (to kill a handler mid-plan).
+    /// Unsetting it also wakes the plans sleeping now (their `sleep 120` is ended), so
+    /// a test can hold a plan in flight and then let it finish.
     pub fn pause_plans(&self, on: bool) -> anyhow::Result<()> {
         if on {
             std::fs::write(&self.pause_file, b"")?;
         } else if self.pause_file.exists() {
             std::fs::remove_file(&self.pause_file)?;
+            let sleepers = self.work.path().join("pause-sleepers");
+            let pids = std::fs::read_to_string(&sleepers).unwrap_or_default();
+            for pid in pids.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+                // Only a sleep this stack's wrapper started (a pid may have been reused).
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if cmdline == b"sleep\x00120\x00" {
+                    let _ = std::process::Command::new("kill")
+                        .arg(pid.to_string())
+                        .stderr(Stdio::null())
+                        .status();
+                }
+            }
+            let _ = std::fs::remove_file(&sleepers);
         }
         Ok(())
     }
 
+    /// How many times the tool was started with `command` for each Run, keyed by the
+    /// `run_…` id in the tool's working directory (each Run's private directory is named
+    /// after it). Invocations outside a Run's directory are not counted.
+    pub fn tool_count_by_run(&self, command: &str) -> HashMap<String, usize> {
+        let text = std::fs::read_to_string(&self.tool_cwd_log).unwrap_or_default();
+        let mut counts = HashMap::new();
+        for line in text.lines() {
+            let Some((cmd, cwd)) = line.split_once(' ') else {
+                continue;
+            };
+            if cmd != command {
+                continue;
+            }
+            if let Some(run) = run_id_in(cwd) {
+                *counts.entry(run).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
     /// Starts a step as its real binary (`takosumi-plan`, …) in its own process.
     pub fn spawn_process(&self, step: &str) -> anyhow::Result<tokio::process::Child> {
+        self.spawn_process_with(step, &[])
+    }
+
+    /// Like [`Stack::spawn_process`], with `extra` variables set last (e.g. `RUST_LOG`,
+    /// `TAKOSUMI_CONCURRENCY`), so a benchmark can quiet the logs or size the process.
+    pub fn spawn_process_with(
+        &self,
+        step: &str,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<tokio::process::Child> {
         let bin = binary(&format!("takosumi-{step}"))?;
         let child = tokio::process::Command::new(bin)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
             .envs(&self.env_vars)
+            .envs(extra.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        Ok(child)
+    }
+
+    /// Like [`Stack::spawn_process_with`], with the process's stderr (its log) appended
+    /// to `log`, so a test can read what the process logged (the canary sweep does).
+    pub fn spawn_process_logged(
+        &self,
+        step: &str,
+        extra: &[(&str, &str)],
+        log: &Path,
+    ) -> anyhow::Result<tokio::process::Child> {
+        let bin = binary(&format!("takosumi-{step}"))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let child = tokio::process::Command::new(bin)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .envs(&self.env_vars)
+            .envs(extra.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
             .kill_on_drop(true)
             .spawn()?;
         Ok(child)
@@ -284,6 +433,21 @@ impl Stack {
         Ok(self.client.wait(run, Duration::from_secs(90)).await?)
     }
 
+    /// Waits until a Run that was just approved leaves `held` (the approve step releases it
+    /// asynchronously), then until it is terminal or held again.
+    pub async fn wait_released(&self, run: RunId) -> anyhow::Result<takosumi_client::Run> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = self.client.get_run(run).await?;
+            if r.status != takosumi_core::RunStatus::Held || tokio::time::Instant::now() > deadline
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.wait(run).await
+    }
+
     /// Stops everything and drops the database and vhost.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();
@@ -292,7 +456,7 @@ impl Stack {
         }
         self.ctx.bus.close().await;
         self.ctx.pool.close().await;
-        let admin = takosumi_store::connect(&env("TAKOSUMI_PG_ADMIN_URL")?, 1).await?;
+        let admin = takosumi_store::connect(&self.pg_admin_url, 1).await?;
         sqlx::query(&format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
             self.db_name
@@ -300,16 +464,18 @@ impl Stack {
         .execute(&admin)
         .await?;
         admin.close().await;
-        let mgmt = env("TAKOSUMI_RABBITMQ_MGMT_URL")?;
-        let (mu, mp) = (
-            env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
-            env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
-        );
-        reqwest::Client::new()
-            .delete(format!("{mgmt}/api/vhosts/{}", self.vhost))
-            .basic_auth(mu, Some(mp))
-            .send()
-            .await?;
+        if self.own_vhost {
+            let mgmt = env("TAKOSUMI_RABBITMQ_MGMT_URL")?;
+            let (mu, mp) = (
+                env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
+                env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
+            );
+            reqwest::Client::new()
+                .delete(format!("{mgmt}/api/vhosts/{}", self.vhost))
+                .basic_auth(mu, Some(mp))
+                .send()
+                .await?;
+        }
         drop(self.work);
         Ok(())
     }
@@ -330,6 +496,26 @@ async fn spawn_step(
                     &settings,
                     topic,
                     |c: Ctx, m| async move { takosumi_plan::handle(&c, m).await },
+                    shutdown,
+                )
+                .await
+            }
+            Topic::Drift => {
+                run_worker(
+                    ctx,
+                    &settings,
+                    topic,
+                    |c: Ctx, m| async move { takosumi_drift::handle(&c, m).await },
+                    shutdown,
+                )
+                .await
+            }
+            Topic::Approve => {
+                run_worker(
+                    ctx,
+                    &settings,
+                    topic,
+                    |c: Ctx, m| async move { takosumi_approve::handle(&c, m).await },
                     shutdown,
                 )
                 .await
@@ -361,6 +547,20 @@ async fn spawn_step(
     }))
 }
 
+/// The first `run_` + 32 hex digits in `text`.
+fn run_id_in(text: &str) -> Option<String> {
+    let mut rest = text;
+    while let Some(at) = rest.find("run_") {
+        let cand = &rest[at..];
+        let body = cand.get(4..36)?;
+        if body.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Some(cand[..36].to_owned());
+        }
+        rest = &rest[at + 4..];
+    }
+    None
+}
+
 fn replace_db(url: &str, db: &str) -> String {
     match url.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{db}"),
@@ -375,12 +575,17 @@ fn set_executable(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A workspace binary next to the test executable (`infra/local/test.sh` builds them first).
+/// A workspace binary next to the test executable (`infra/local/test.sh` builds them first),
+/// or beside the running binary itself (the bench binary lives in `target/release/`, next
+/// to the step binaries it spawns).
 pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe
+    let own_dir = exe.parent().context("executable has no parent directory")?;
+    if own_dir.join(name).is_file() {
+        return Ok(own_dir.join(name));
+    }
+    let dir = own_dir
         .parent()
-        .and_then(Path::parent)
         .context("test executable has no target directory")?;
     let path = dir.join(name);
     if !path.exists() {

@@ -154,7 +154,7 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() -> anyhow::Result
             caps.clone(),
             Some(&admin),
             Some(with(json!({"dir": "../etc"}))),
-            422,
+            400,
             "invalid_dir",
         ),
         (
@@ -162,7 +162,7 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() -> anyhow::Result
             caps.clone(),
             Some(&admin),
             Some(with(json!({"dir": "/abs"}))),
-            422,
+            400,
             "invalid_dir",
         ),
         (

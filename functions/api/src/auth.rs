@@ -19,8 +19,10 @@ pub struct Caller(pub TokenGrant);
 pub enum Action {
     /// Read records.
     Read,
-    /// Register Capsules, submit plans and applies.
+    /// Register Capsules and change what they run.
     Operate,
+    /// Submit plans and applies (agents may; their Runs are held for people).
+    Submit,
     /// Create Workspaces, tokens.
     Administer,
 }
@@ -56,6 +58,7 @@ impl Caller {
         let allowed = match action {
             Action::Read => true,
             Action::Operate => matches!(g.role.as_str(), "admin" | "operator"),
+            Action::Submit => matches!(g.role.as_str(), "admin" | "operator" | "agent"),
             Action::Administer => g.role == "admin",
         };
         if allowed {

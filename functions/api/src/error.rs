@@ -59,6 +59,10 @@ impl ApiError {
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::client(StatusCode::FORBIDDEN, "forbidden", message)
     }
+    /// 403 with a specific code.
+    pub fn forbidden_code(code: &'static str, message: impl Into<String>) -> Self {
+        Self::client(StatusCode::FORBIDDEN, code, message)
+    }
 }
 
 impl From<takosumi_store::StoreError> for ApiError {

@@ -4,7 +4,12 @@
 //! the lease reaper run beside it.
 
 mod auth;
+mod bindings;
+mod dead_letters;
+mod detection;
 mod error;
+mod gates;
+mod records;
 mod routes;
 mod views;
 
@@ -28,6 +33,10 @@ pub struct AppState {
     pub pool: Pool,
     /// Wakes the relay after a commit that wrote outbox rows.
     pub relay_wake: Arc<Notify>,
+    /// Seals secrets kept at rest (webhook secrets, credentials) with the server key.
+    pub sealer: takosumi_seal::Sealer,
+    /// The broker (reconnecting): operators read the dead-letter queues through it.
+    pub bus: Arc<takosumi_queue::Bus>,
 }
 
 /// The API's routes.
@@ -74,6 +83,8 @@ pub async fn serve(
     let app = router(AppState {
         pool: ctx.pool.clone(),
         relay_wake: ctx.relay_wake.clone(),
+        sealer: ctx.sealer.clone(),
+        bus: ctx.bus.clone(),
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening");

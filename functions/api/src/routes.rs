@@ -34,6 +34,11 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/runs/{run}/events", get(run_events))
         .route("/api/v1/runs/{run}/logs", get(run_logs))
         .route("/api/v1/runs/{run}/apply", post(apply_run))
+        .merge(crate::gates::router())
+        .merge(crate::detection::router())
+        .merge(crate::bindings::router())
+        .merge(crate::records::router())
+        .merge(crate::dead_letters::router())
         .fallback(|| async {
             ApiError::client(
                 StatusCode::NOT_FOUND,
@@ -199,8 +204,10 @@ async fn create_capsule(
             "source.branch must be a branch name",
         ));
     }
+    // 400, not 422: a directory that escapes the checkout is a malformed request (issue 3).
     Runner::validate_dir(&req.dir).map_err(|e| {
-        ApiError::invalid(
+        ApiError::client(
+            StatusCode::BAD_REQUEST,
             "invalid_dir",
             format!("{e}; give a directory relative to the repository root, without '..'"),
         )
@@ -279,7 +286,14 @@ async fn get_capsule(
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = load_capsule(&st, &caller, &cap).await?;
-    Ok(Json(views::capsule(&capsule)))
+    let mut body = views::capsule(&capsule);
+    // The latest finished drift check decides whether the Capsule shows as drifted.
+    let drift = takosumi_store::detection::capsule_drifted(&st.pool, capsule.id).await?;
+    body["drift"] = json!(drift);
+    if drift == Some(true) && body["status"] == json!("ok") {
+        body["status"] = json!("drifted");
+    }
+    Ok(Json(body))
 }
 
 async fn plan_capsule(
@@ -287,8 +301,10 @@ async fn plan_capsule(
     caller: Caller,
     Path(cap): Path<String>,
     headers: HeaderMap,
+    body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    submit_plan(st, caller, cap, headers, RunKind::Plan).await
+    let inputs = crate::bindings::PlanInputs::parse(&body)?;
+    submit_plan(st, caller, cap, headers, RunKind::Plan, inputs).await
 }
 
 async fn destroy_capsule(
@@ -296,8 +312,11 @@ async fn destroy_capsule(
     caller: Caller,
     Path(cap): Path<String>,
     headers: HeaderMap,
+    body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    submit_plan(st, caller, cap, headers, RunKind::Destroy).await
+    // A destroy plan needs the configuration's variables too: same optional body as a plan.
+    let inputs = crate::bindings::PlanInputs::parse(&body)?;
+    submit_plan(st, caller, cap, headers, RunKind::Destroy, inputs).await
 }
 
 fn actor_kind(caller: &Caller) -> ActorKind {
@@ -342,10 +361,14 @@ async fn submit_plan(
     cap: String,
     headers: HeaderMap,
     kind: RunKind,
+    inputs: crate::bindings::PlanInputs,
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = load_capsule(&st, &caller, &cap).await?;
-    caller.require(Action::Operate, Some(capsule.workspace_id))?;
+    caller.require(Action::Submit, Some(capsule.workspace_id))?;
     let key = idempotency_key(&headers)?;
+    let vars = inputs.effective_vars(&capsule)?;
+    let hold_agent = caller.0.role == "agent"
+        && !crate::gates::agent_exempt(&st, &capsule, &caller.0.name).await?;
     if let Some(run) = replay(
         &st,
         capsule.workspace_id,
@@ -391,6 +414,7 @@ async fn submit_plan(
         }
         Err(e) => return Err(e.into()),
     };
+    inputs.store(&st, &mut tx, id, &vars).await?;
     events::append(
         &mut *tx,
         id,
@@ -408,7 +432,11 @@ async fn submit_plan(
         json!({ "kind": kind, "capsuleId": capsule.id }),
     )
     .await?;
-    outbox::enqueue(&mut tx, Topic::Plan, id).await?;
+    if hold_agent {
+        crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
+    } else {
+        outbox::enqueue(&mut tx, Topic::Plan, id).await?;
+    }
     let run = runs::get(&mut *tx, id)
         .await?
         .ok_or_else(|| ApiError::not_found("the new Run"))?;
@@ -417,17 +445,45 @@ async fn submit_plan(
     Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
 }
 
+/// Options of an apply submission.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApplyOptions {
+    /// Hold the apply for a person whatever the rules say.
+    #[serde(default)]
+    require_approval: bool,
+}
+
 async fn apply_run(
     State(st): State<AppState>,
     caller: Caller,
     Path(run): Path<String>,
     headers: HeaderMap,
+    body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let plan = load_run(&st, &caller, &run).await?;
-    caller.require(Action::Operate, Some(plan.workspace_id))?;
+    caller.require(Action::Submit, Some(plan.workspace_id))?;
     let key = idempotency_key(&headers)?;
+    let options: ApplyOptions = if body.iter().all(u8::is_ascii_whitespace) {
+        ApplyOptions::default()
+    } else {
+        parse_body(&body)?
+    };
+    let run = propose_apply(&st, &caller, &plan, key, options.require_approval).await?;
+    Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
+}
+
+/// Creates the Apply Run pinned to `plan` (or returns the one an earlier submission with
+/// the same Idempotency-Key created), with its gate wake-up, in one transaction.
+pub(crate) async fn propose_apply(
+    st: &AppState,
+    caller: &Caller,
+    plan: &runs::Run,
+    key: Option<String>,
+    require_approval: bool,
+) -> Result<runs::Run, ApiError> {
     if let Some(run) = replay(
-        &st,
+        st,
         plan.workspace_id,
         key.as_deref(),
         RunKind::Apply,
@@ -435,7 +491,7 @@ async fn apply_run(
     )
     .await?
     {
-        return Ok((StatusCode::ACCEPTED, Json(views::run(&run))));
+        return Ok(run);
     }
     if !plan.kind.is_plan_like() {
         return Err(ApiError::conflict(
@@ -453,6 +509,27 @@ async fn apply_run(
                 "{} is {}; only a planned Run can be applied",
                 plan.id,
                 plan.status.as_str()
+            ),
+        ));
+    }
+    let (_, _, speculative) = takosumi_store::detection::run_source(&st.pool, plan.id).await?;
+    if speculative {
+        return Err(ApiError::conflict(
+            "speculative_plan",
+            format!(
+                "{} is a pull request's speculative plan and can never be applied",
+                plan.id
+            ),
+        ));
+    }
+    if plan.kind == RunKind::DriftCheck
+        && (plan.drift != Some(true) || plan.plan_object_key.is_none())
+    {
+        return Err(ApiError::conflict(
+            "no_kept_plan",
+            format!(
+                "{} kept no plan (it found no drift, or a newer check of the Capsule replaced it); run the check again and propose the reconcile from it",
+                plan.id
             ),
         ));
     }
@@ -477,7 +554,7 @@ async fn apply_run(
         capsule_id: plan.capsule_id,
         run_group_id: plan.run_group_id,
         plan_run_id: Some(plan.id),
-        actor_kind: actor_kind(&caller),
+        actor_kind: actor_kind(caller),
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: false,
         idempotency_key: key.clone(),
@@ -488,7 +565,7 @@ async fn apply_run(
         Err(e) if e.is_unique_violation() => {
             drop(tx);
             if let Some(run) = replay(
-                &st,
+                st,
                 plan.workspace_id,
                 key.as_deref(),
                 RunKind::Apply,
@@ -496,7 +573,7 @@ async fn apply_run(
             )
             .await?
             {
-                return Ok((StatusCode::ACCEPTED, Json(views::run(&run))));
+                return Ok(run);
             }
             return Err(ApiError::conflict(
                 "apply_exists",
@@ -522,13 +599,16 @@ async fn apply_run(
         json!({ "kind": "apply", "planRunId": plan.id }),
     )
     .await?;
+    if require_approval {
+        takosumi_store::gates::set_require_approval(&mut tx, id).await?;
+    }
     outbox::enqueue(&mut tx, Topic::Gate, id).await?;
     let run = runs::get(&mut *tx, id)
         .await?
         .ok_or_else(|| ApiError::not_found("the new Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
-    Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
+    Ok(run)
 }
 
 async fn get_run(
@@ -537,7 +617,7 @@ async fn get_run(
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let run = load_run(&st, &caller, &run).await?;
-    Ok(Json(views::run(&run)))
+    Ok(Json(crate::records::run_view(&st, &run).await?))
 }
 
 async fn run_events(

@@ -62,6 +62,10 @@ pub fn run(r: &Run) -> Value {
     );
     m.insert("autoApplyRequested".into(), json!(r.auto_apply_requested));
     m.insert("injectedEnvNames".into(), json!(r.injected_env_names));
+    // Ids and names of the credential sets used; their values are never stored here.
+    m.insert("providerBindings".into(), r.provider_bindings.clone());
+    // Non-secret variables only (sensitive ones appear as names in injectedEnvNames).
+    m.insert("vars".into(), r.vars.clone().unwrap_or(Value::Null));
     m.insert("attempts".into(), json!(r.attempts));
     m.insert("canceledBy".into(), json!(r.canceled_by));
     m.insert("canceledAt".into(), json!(r.canceled_at));

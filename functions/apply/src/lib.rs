@@ -1,7 +1,8 @@
 //! The apply step: claims a released Apply Run together with its Capsule, rechecks every
 //! pin of the plan it carries out (the sealed plan opens under the plan Run's id and
 //! hashes to `planDigest`; the same commit and tree; the same provider lockfile; the
-//! Capsule's state generation unchanged), then runs exactly `apply <planfile>`, seals the
+//! same module tree, downloaded again and digested; the Capsule's state generation
+//! unchanged), then runs exactly `apply <planfile>`, seals the
 //! new state and moves the generation forward by one with a compare-and-set. The plan
 //! file is wiped when the apply ends. An apply is never retried automatically once the
 //! tool may have started.
@@ -10,8 +11,11 @@ use takosumi_core::{
     CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StateVersionId, StepError, Topic,
 };
 use takosumi_objects::ObjectError;
-use takosumi_runner::{RunnerError, Tool, ToolEnv, Workdir, is_stale_plan, public_outputs};
+use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir, is_stale_plan, public_outputs};
 use takosumi_runtime::Ctx;
+use takosumi_runtime::dependencies::{
+    LockfileError, dependency_snapshot, installed_modules_digest,
+};
 use takosumi_runtime::step::{object_err, runner_err, state_key, store_err};
 use takosumi_seal::{Purpose, SealError};
 use takosumi_store::runs::ApplyClaim;
@@ -19,8 +23,6 @@ use takosumi_store::{capsules, events, outbox, runs, state_versions};
 
 /// The largest sealed plan read back (19 MiB plan plus the envelope).
 const MAX_SEALED_PLAN: u64 = 19 * 1024 * 1024 + 4096;
-/// The largest sealed lockfile read back (1 MiB plus the envelope).
-const MAX_SEALED_LOCKFILE: u64 = 1024 * 1024 + 4096;
 
 /// Handles one `run.apply` wake-up. Safe to run twice: the claim lets one handler in;
 /// a duplicate finds the Run applying or applied and does nothing.
@@ -79,8 +81,17 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     }
 
     let lease = ctx.keep_lease(run_id);
-    let result = apply(ctx, &run, plan_run_id).await;
+    let cancel = lease.cancel_requested();
+    let result = apply(&ctx.interruptible(cancel.clone()), &run, plan_run_id).await;
     drop(lease);
+    // Canceled before the apply recorded a result (an interrupted init, a refused start):
+    // end `canceled`. An interrupted apply tool records its state and ends in `apply`.
+    if cancel.is_cancelled() && result.is_err() {
+        let detail = serde_json::json!({ "step": "apply" });
+        return ctx
+            .cancel_claimed(run_id, Some(run.capsule_id), detail)
+            .await;
+    }
     match result {
         Ok(outcome) => Ok(outcome),
         Err(ApplyError::Fail(code, message)) => {
@@ -106,6 +117,15 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
 enum ApplyError {
     Fail(FailureCode, String),
     Step(StepError),
+}
+
+impl From<takosumi_runtime::inputs::EnvError> for ApplyError {
+    fn from(e: takosumi_runtime::inputs::EnvError) -> Self {
+        match e {
+            takosumi_runtime::inputs::EnvError::Fail(code, message) => Self::Fail(code, message),
+            takosumi_runtime::inputs::EnvError::Step(e) => Self::Step(e),
+        }
+    }
 }
 
 impl From<StepError> for ApplyError {
@@ -250,18 +270,30 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     // Pin 4: the provider lockfile the plan recorded, installed before init.
     let expected_lock = install_lockfile(ctx, &wd, &plan_run).await?;
 
-    let vars = capsule.vars.as_object().cloned().unwrap_or_default();
-    let env = ToolEnv::new()
-        .with_variables(&vars)
-        .map_err(|e| tool_failure(e, "a Capsule variable"))?;
+    // The plan's variables and sensitive variables, and the Capsule's credentials
+    // resolved fresh for this apply; every secret is in the masker before a tool starts.
+    let env = ctx.run_env(run_id, &plan_run, &capsule, &wd).await?;
+    // Pin 5: the module tree the plan used, downloaded again and accepted only when it
+    // digests (with the lock digest) to the plan's dependency snapshot.
+    check_modules(
+        ctx,
+        run_id,
+        &wd,
+        tool,
+        &env,
+        &plan_run,
+        expected_lock.as_deref(),
+    )
+    .await?;
+
     ctx.event(
         run_id,
         "tool_started",
         serde_json::json!({ "command": "init" }),
     )
     .await;
-    let init = ctx.runner.init(&wd, tool, &env).await;
-    log_result(ctx, run_id, "init", &init).await;
+    let init = ctx.runner.init_without_get(&wd, tool, &env).await;
+    log_result(ctx, env.masker(), run_id, "init", &init).await;
     init.map_err(|e| tool_failure(e, "init failed"))?;
     let lock_after = ctx.runner.read_lockfile(&wd).map_err(runner_err)?;
     if lock_after.as_deref().map(takosumi_store::sha256_hex) != expected_lock {
@@ -275,6 +307,16 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         .write_plan_file(&wd, &plan_bytes)
         .map_err(runner_err)?;
     drop(plan_bytes);
+    // Everything the saved plan marks sensitive joins the masker before apply prints.
+    let show = ctx.runner.show_json(&wd, tool, &env).await.map_err(|e| match e.failure_code() {
+        Some(_) => fail(
+            FailureCode::ApplyFailed,
+            format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"),
+        ),
+        None => ApplyError::Step(runner_err(e)),
+    })?;
+    env.masker().add_plan_sensitive(&show);
+    drop(show);
     ctx.event(
         run_id,
         "tool_started",
@@ -285,7 +327,8 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     let _ = ctx.runner.wipe_plan_file(&wd);
     wipe_sealed_plan(ctx, plan_run_id, plan_key).await;
     let applied = applied.map_err(runner_err)?;
-    ctx.log(run_id, "apply", &applied.output).await;
+    ctx.log(run_id, "apply", env.masker(), &applied.output)
+        .await;
 
     if !applied.success() && is_stale_plan(&applied) {
         return Err(fail(
@@ -302,7 +345,10 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
             .output_json(&wd, tool, &env)
             .await
             .map_err(|e| tool_failure(e, "reading outputs"))?;
-        serde_json::Value::Object(public_outputs(&out))
+        let mut public = serde_json::Value::Object(public_outputs(&out));
+        // An output built from a secret the configuration does not mark sensitive.
+        env.masker().mask_json(&mut public);
+        public
     } else {
         serde_json::Value::Null
     };
@@ -346,8 +392,22 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         )
         .await
         .map_err(store_err)?;
+        takosumi_store::activity::append(
+            &mut *tx,
+            run.workspace_id,
+            "state_version_written",
+            &sv.id.to_string(),
+            &actor,
+            serde_json::json!({ "capsuleId": capsule.id, "runId": run_id, "generation": new_generation }),
+        )
+        .await
+        .map_err(store_err)?;
     }
     runs::clear_plan_object(&mut tx, plan_run_id)
+        .await
+        .map_err(store_err)?;
+    // The plan's sealed sensitive variables go with its plan file.
+    takosumi_store::bindings::forget_sensitive_vars(&mut *tx, plan_run_id)
         .await
         .map_err(store_err)?;
     if applied.success() {
@@ -373,6 +433,12 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         )
         .await
         .map_err(store_err)?;
+    } else if ctx.runner.interrupted() {
+        // Canceled mid-tool: the state the interrupted tool wrote is recorded above.
+        let detail = serde_json::json!({ "step": "apply", "exitCode": applied.exit_code,
+            "stateVersionId": sv.as_ref().map(|(s, _)| s.id) });
+        ctx.cancel_claimed_in(&mut tx, run_id, None, detail).await?;
+        sqlx_state_version(&mut tx, run_id, sv.as_ref().map(|(s, _)| s.id)).await?;
     } else {
         let message = if sv.is_some() {
             "apply failed after changing state; a new StateVersion was recorded. Check the logs and the provider side before planning again"
@@ -410,7 +476,8 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();
     wd.close().map_err(runner_err)?;
-    Ok(if applied.success() {
+    // A canceled apply committed its (canceled) result: that is done, not a failure.
+    Ok(if applied.success() || ctx.runner.interrupted() {
         Outcome::Done
     } else {
         Outcome::Failed(FailureCode::ApplyFailed)
@@ -427,46 +494,23 @@ async fn install_lockfile(
     match plan_run.provider_lock_state.as_str() {
         "none" => Ok(None),
         "present" => {
-            let (Some(key), Some(digest)) = (
-                plan_run.lockfile_object_key.as_deref(),
-                plan_run.provider_lock_digest.as_deref(),
-            ) else {
+            let Some(digest) = plan_run.provider_lock_digest.as_deref() else {
                 return Err(fail(
                     FailureCode::LockfileMismatch,
                     "the plan's lockfile record is incomplete; plan again",
                 ));
             };
-            let sealed = match ctx.objects.get(key, MAX_SEALED_LOCKFILE).await {
-                Ok(s) => s,
-                Err(ObjectError::NotFound) => {
-                    return Err(fail(
-                        FailureCode::LockfileMismatch,
-                        "the plan's lockfile is missing; plan again",
-                    ));
-                }
-                Err(ObjectError::TooLarge { .. }) => {
-                    return Err(fail(
-                        FailureCode::LockfileTooLarge,
-                        "the plan's stored lockfile is over 1 MiB; plan again",
-                    ));
-                }
-                Err(e) => return Err(object_err(e).into()),
+            // The artifact must be the plan Run's own, sealed under its id, and hash to
+            // the digest the plan recorded (missing, oversized, cross-Run and modified
+            // artifacts each fail with their own code).
+            let bytes = match ctx
+                .load_lockfile(plan_run.id, plan_run.lockfile_object_key.as_deref(), digest)
+                .await
+            {
+                Ok(bytes) => bytes,
+                Err(LockfileError::Refused(code, message)) => return Err(fail(code, message)),
+                Err(LockfileError::Step(e)) => return Err(e.into()),
             };
-            let bytes = ctx
-                .sealer
-                .unseal(Purpose::Lockfile, &plan_run.id.to_string(), &sealed)
-                .map_err(|_| {
-                    fail(
-                        FailureCode::LockfileMismatch,
-                        "the plan's lockfile does not open for this plan; plan again",
-                    )
-                })?;
-            if takosumi_store::sha256_hex(&bytes) != digest {
-                return Err(fail(
-                    FailureCode::LockfileMismatch,
-                    "the plan's lockfile does not match its digest; plan again",
-                ));
-            }
             std::fs::write(wd.config_dir().join(".terraform.lock.hcl"), &bytes)
                 .map_err(StepError::internal)?;
             Ok(Some(digest.to_owned()))
@@ -476,6 +520,62 @@ async fn install_lockfile(
             "the plan has no lockfile record (made by an older runner); plan again",
         )),
     }
+}
+
+/// Downloads the plan's modules again into this apply's checkout (`get`, with the run's own
+/// environment) and refuses the apply, `dependency_changed`, unless the installed tree
+/// and the lock digest give the plan's dependency snapshot. A module source that moved
+/// (a branch with a new commit) or disappeared since the plan is caught here, before
+/// init, so nothing is applied.
+async fn check_modules(
+    ctx: &Ctx,
+    run_id: RunId,
+    wd: &Workdir,
+    tool: Tool,
+    env: &ToolEnv,
+    plan_run: &runs::Run,
+    lock_digest: Option<&str>,
+) -> Result<(), ApplyError> {
+    let Some(planned) = plan_run.dependency_snapshot.as_deref() else {
+        return Err(fail(
+            FailureCode::DependencyChanged,
+            "the plan has no dependency snapshot (made by an older runner); nothing was applied; plan again",
+        ));
+    };
+    ctx.event(
+        run_id,
+        "tool_started",
+        serde_json::json!({ "command": "get" }),
+    )
+    .await;
+    let got = ctx.runner.get_modules(wd, tool, env).await;
+    log_result(ctx, env.masker(), run_id, "get", &got).await;
+    match got {
+        Ok(_) => {}
+        Err(RunnerError::ToolFailed { .. }) => {
+            return Err(fail(
+                FailureCode::DependencyChanged,
+                "the modules the plan used could not be downloaded again (see the run's logs); nothing was applied; plan again",
+            ));
+        }
+        Err(e) => return Err(tool_failure(e, "downloading modules failed")),
+    }
+    let modules = installed_modules_digest(wd)
+        .await
+        .map_err(|e| tool_failure(e, "reading the installed modules"))?;
+    if dependency_snapshot(&modules, lock_digest) != planned {
+        return Err(fail(
+            FailureCode::DependencyChanged,
+            "the modules downloaded for this apply differ from the ones the plan used (a module source changed since the plan); nothing was applied; plan again",
+        ));
+    }
+    ctx.event(
+        run_id,
+        "pin_checked",
+        serde_json::json!({ "pin": "dependencySnapshot", "dependencySnapshot": planned }),
+    )
+    .await;
+    Ok(())
 }
 
 async fn seal_state(
@@ -524,17 +624,25 @@ async fn wipe_sealed_plan(ctx: &Ctx, plan_run_id: RunId, key: &str) {
     if let Err(e) = ctx.objects.delete(key).await {
         tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan; it stays sealed");
     }
+    // The plan's JSON carries the same values as the plan file.
+    if let Ok(Some((_, Some(show_key), _, _))) =
+        takosumi_store::gates::gate_fields(&ctx.pool, plan_run_id).await
+        && let Err(e) = ctx.objects.delete(&show_key).await
+    {
+        tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan JSON; it stays sealed");
+    }
 }
 
 async fn log_result(
     ctx: &Ctx,
+    masker: &Masker,
     run_id: RunId,
     step: &str,
     result: &Result<takosumi_runner::ToolOutput, RunnerError>,
 ) {
     match result {
-        Ok(out) => ctx.log(run_id, step, &out.output).await,
-        Err(RunnerError::ToolFailed { output, .. }) => ctx.log(run_id, step, output).await,
+        Ok(out) => ctx.log(run_id, step, masker, &out.output).await,
+        Err(RunnerError::ToolFailed { output, .. }) => ctx.log(run_id, step, masker, output).await,
         Err(_) => {}
     }
 }

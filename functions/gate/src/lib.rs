@@ -1,12 +1,22 @@
-//! The gate step: decides from the saved plan whether what follows it runs, waits for a
-//! person, or stops. With no rules configured it releases: a plan Run stays `planned`
-//! with the decision recorded; an Apply Run goes on to the apply queue. The decision and
-//! the wake-up it causes commit together.
+//! The gate step: decides from the saved plan — its `show -json`, never printed text —
+//! whether what follows runs, waits for people, or stops. An Apply Run that no rule
+//! covers is released to the apply queue; one a rule covers (`max_destroy`, a Rego
+//! `plan_gate`, an approval rule), one whose submission asked for approval, and one an
+//! AI agent proposed are held with the reason and the findings its approvers are shown.
+//! The decision, the rule versions it used and the wake-up it causes commit together.
 
-use takosumi_core::{Outcome, RunKind, RunMessage, RunStatus, StepError, Topic};
+use serde_json::json;
+use takosumi_core::{
+    ActorKind, Changes, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic,
+};
+use takosumi_policy::{Decision, GateInput, RuleSet};
 use takosumi_runtime::Ctx;
-use takosumi_runtime::step::store_err;
-use takosumi_store::{events, outbox, runs};
+use takosumi_runtime::step::{object_err, store_err};
+use takosumi_seal::Purpose;
+use takosumi_store::{activity, events, gates, outbox, runs};
+
+/// The largest sealed `show -json` the gate reads.
+const MAX_PLAN_JSON: u64 = 64 * 1024 * 1024;
 
 /// Handles one `run.gate` wake-up. Safe to run twice: the decision is recorded once.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
@@ -25,29 +35,220 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             "already decided, or not waiting for the gate",
         ));
     }
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    if !runs::record_gate_release(&mut tx, run_id)
-        .await
-        .map_err(store_err)?
-    {
-        return Ok(Outcome::Skipped("decided by another handler"));
-    }
     let actor = format!("handler:{}", ctx.owner);
-    events::append(
-        &mut *tx,
-        run_id,
-        "gate_decision",
-        &actor,
-        serde_json::json!({ "decision": "released", "rules": [], "reason": "no rule covers this run" }),
-    )
-    .await
-    .map_err(store_err)?;
-    if run.kind == RunKind::Apply {
-        outbox::enqueue(&mut tx, Topic::Apply, run_id)
+    if run.kind != RunKind::Apply {
+        let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+        if !runs::record_gate_release(&mut tx, run_id)
+            .await
+            .map_err(store_err)?
+        {
+            return Ok(Outcome::Skipped("decided by another handler"));
+        }
+        events::append(
+            &mut *tx,
+            run_id,
+            "gate_decision",
+            &actor,
+            json!({ "decision": "recorded", "reason": "a plan proposes; its Apply Run is gated" }),
+        )
+        .await
+        .map_err(store_err)?;
+        // autoApplyRequested: the plan continues to an Apply Run, which this gate then
+        // decides on like any other (deletions and rules stop it for review).
+        let (_, _, speculative) = takosumi_store::detection::run_source(&mut *tx, run_id)
             .await
             .map_err(store_err)?;
+        if run.auto_apply_requested
+            && run.kind == RunKind::Plan
+            && !speculative
+            && run.plan_object_key.is_some()
+        {
+            let new = runs::NewRun {
+                kind: RunKind::Apply,
+                workspace_id: run.workspace_id,
+                capsule_id: run.capsule_id,
+                run_group_id: run.run_group_id,
+                plan_run_id: Some(run_id),
+                actor_kind: ActorKind::System,
+                actor_id: run.actor_id.clone(),
+                auto_apply_requested: true,
+                idempotency_key: None,
+            };
+            let apply_id = runs::insert(&mut tx, &new).await.map_err(store_err)?;
+            events::append(
+                &mut *tx,
+                apply_id,
+                "queued",
+                &actor,
+                json!({ "kind": "apply", "planRunId": run_id, "autoApplyRequested": true }),
+            )
+            .await
+            .map_err(store_err)?;
+            activity::append(
+                &mut *tx,
+                run.workspace_id,
+                "run_started",
+                &apply_id.to_string(),
+                &actor,
+                json!({ "kind": "apply", "planRunId": run_id, "autoApply": true }),
+            )
+            .await
+            .map_err(store_err)?;
+            outbox::enqueue(&mut tx, Topic::Gate, apply_id)
+                .await
+                .map_err(store_err)?;
+        }
+        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        ctx.relay_wake.notify_one();
+        return Ok(Outcome::Done);
+    }
+
+    let plan_run_id = run
+        .plan_run_id
+        .ok_or_else(|| StepError::Poison(format!("{run_id} has no plan")))?;
+    let ws_rules = gates::current_rules(&ctx.pool, run.workspace_id, None)
+        .await
+        .map_err(store_err)?;
+    let cap_rules = gates::current_rules(&ctx.pool, run.workspace_id, Some(run.capsule_id))
+        .await
+        .map_err(store_err)?;
+    let parse = |s: &Option<gates::StoredRules>| -> Result<RuleSet, StepError> {
+        match s {
+            None => Ok(RuleSet::default()),
+            Some(s) => serde_json::from_value(s.rules.clone()).map_err(StepError::internal),
+        }
+    };
+    let rules = parse(&cap_rules)?.over(&parse(&ws_rules)?);
+    let versions = json!({
+        "workspace": ws_rules.as_ref().map(|r| r.version),
+        "capsule": cap_rules.as_ref().map(|r| r.version),
+    });
+    let (require_approval, _, _, _) = gates::gate_fields(&ctx.pool, run_id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?;
+    let mut agent = run.actor_kind == ActorKind::Agent;
+    let mut exemption = None;
+    if agent && !rules.agent_exemptions.is_empty() {
+        let name = gates::token_name(&ctx.pool, &run.actor_id)
+            .await
+            .map_err(store_err)?;
+        if let Some(name) = name.filter(|n| rules.agent_exemptions.contains(n)) {
+            agent = false;
+            exemption = Some(name);
+        }
+    }
+    let plan_json = if rules.plan_gate.is_some() {
+        Some(read_plan_json(ctx, plan_run_id).await?)
+    } else {
+        None
+    };
+    let changes: Changes = run.changes().unwrap_or_default();
+    let input = GateInput {
+        changes,
+        plan_json: plan_json.as_ref(),
+        run: json!({
+            "id": run.id, "planRunId": plan_run_id, "capsuleId": run.capsule_id, "workspaceId": run.workspace_id,
+            "actor": { "kind": run.actor_kind, "id": run.actor_id }, "planDigest": run.plan_digest,
+        }),
+        require_approval,
+        agent,
+        auto_apply: run.auto_apply_requested,
+    };
+    let decision = match takosumi_policy::decide(&rules, &input) {
+        Ok(d) => d,
+        Err(e) => {
+            // A policy that fails at runtime holds the apply rather than letting it through.
+            Decision::Hold {
+                reason: "plan_gate",
+                details: json!({ "planGate": { "error": e.to_string() } }),
+                approvals_required: 1,
+                approver_roles: vec!["approver".into(), "admin".into()],
+            }
+        }
+    };
+
+    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    match &decision {
+        Decision::Release { checked } => {
+            if !runs::record_gate_release(&mut tx, run_id)
+                .await
+                .map_err(store_err)?
+            {
+                return Ok(Outcome::Skipped("decided by another handler"));
+            }
+            events::append(
+                &mut *tx,
+                run_id,
+                "gate_decision",
+                &actor,
+                json!({ "decision": "released", "rules": checked, "ruleVersions": versions, "agentExemption": exemption, "planDigest": run.plan_digest }),
+            )
+            .await
+            .map_err(store_err)?;
+            outbox::enqueue(&mut tx, Topic::Apply, run_id)
+                .await
+                .map_err(store_err)?;
+        }
+        Decision::Hold {
+            reason,
+            details,
+            approvals_required,
+            approver_roles,
+        } => {
+            let required = i32::try_from(*approvals_required).unwrap_or(1);
+            if !gates::hold(&mut tx, run_id, reason, details, required, approver_roles)
+                .await
+                .map_err(store_err)?
+            {
+                return Ok(Outcome::Skipped("decided by another handler"));
+            }
+            events::append(
+                &mut *tx,
+                run_id,
+                "gate_decision",
+                &actor,
+                json!({ "decision": "held", "reason": reason, "details": details, "ruleVersions": versions, "approvalsRequired": required, "planDigest": run.plan_digest }),
+            )
+            .await
+            .map_err(store_err)?;
+            activity::append(
+                &mut *tx,
+                run.workspace_id,
+                "run_held",
+                &run_id.to_string(),
+                &actor,
+                json!({ "reason": reason }),
+            )
+            .await
+            .map_err(store_err)?;
+        }
     }
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();
     Ok(Outcome::Done)
+}
+
+/// The saved plan's `show -json`, sealed by the plan step under `<plan run id>:show`.
+async fn read_plan_json(
+    ctx: &Ctx,
+    plan_run_id: takosumi_core::RunId,
+) -> Result<serde_json::Value, StepError> {
+    let (_, key, _, _) = gates::gate_fields(&ctx.pool, plan_run_id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| StepError::Poison(format!("plan {plan_run_id} vanished")))?;
+    let key = key.ok_or_else(|| {
+        StepError::Internal(format!("plan {plan_run_id} kept no plan JSON").into())
+    })?;
+    let sealed = ctx
+        .objects
+        .get(&key, MAX_PLAN_JSON)
+        .await
+        .map_err(object_err)?;
+    let bytes = ctx
+        .sealer
+        .unseal(Purpose::Plan, &format!("{plan_run_id}:show"), &sealed)
+        .map_err(StepError::internal)?;
+    serde_json::from_slice(&bytes).map_err(StepError::internal)
 }

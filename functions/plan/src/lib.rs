@@ -1,15 +1,20 @@
 //! The plan step: claims a queued plan or destroy Run, checks the Capsule's source out
-//! into a private directory, restores its current state behind a backend override, runs
-//! `init` and `plan -out`, counts the changes from `show -json`, seals the plan file and
-//! the provider lockfile into object storage, and commits the record together with the
+//! into a private directory, restores its current state behind a backend override,
+//! downloads modules once (`get`), runs `init -get=false` and `plan -out`, counts the
+//! changes from `show -json`, seals the plan file and the provider lockfile into object
+//! storage (reading the lockfile back to prove it), records the dependency snapshot
+//! (module tree digest plus lock digest), and commits the record together with the
 //! gate's wake-up. It never applies anything.
 
 use takosumi_core::{
     Changes, FailureCode, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic,
 };
 use takosumi_objects::PutOutcome;
-use takosumi_runner::{RunnerError, Tool, ToolEnv, count_changes};
+use takosumi_runner::{Masker, RunnerError, Tool, count_changes};
 use takosumi_runtime::Ctx;
+use takosumi_runtime::dependencies::{
+    LockfileError, dependency_snapshot, installed_modules_digest,
+};
 use takosumi_runtime::step::{lockfile_key, object_err, plan_key, runner_err, store_err};
 use takosumi_seal::Purpose;
 use takosumi_store::{capsules, events, outbox, runs};
@@ -25,7 +30,10 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
-    if !matches!(run.kind, RunKind::Plan | RunKind::Destroy) {
+    if !matches!(
+        run.kind,
+        RunKind::Plan | RunKind::Destroy | RunKind::DriftCheck
+    ) {
         return Err(StepError::Poison(format!(
             "{run_id} is a {:?} run, not a plan",
             run.kind
@@ -88,8 +96,20 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let attempt = run.attempts + 1;
 
     let lease = ctx.keep_lease(run_id);
-    let result = plan(ctx, &run, attempt, &lease.lost()).await;
+    let cancel = lease.cancel_requested();
+    let result = plan(
+        &ctx.interruptible(cancel.clone()),
+        &run,
+        attempt,
+        &lease.lost(),
+    )
+    .await;
     drop(lease);
+    // A cancel request interrupted the tool (or came before the commit): end `canceled`.
+    if cancel.is_cancelled() && !matches!(result, Ok(Outcome::Done)) {
+        let detail = serde_json::json!({ "step": "plan" });
+        return ctx.cancel_claimed(run_id, None, detail).await;
+    }
     match result {
         Ok(outcome) => Ok(outcome),
         Err(PlanError::Fail(code, message)) => ctx.fail_claimed(run_id, None, code, &message).await,
@@ -109,6 +129,15 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
 enum PlanError {
     Fail(FailureCode, String),
     Step(StepError),
+}
+
+impl From<takosumi_runtime::inputs::EnvError> for PlanError {
+    fn from(e: takosumi_runtime::inputs::EnvError) -> Self {
+        match e {
+            takosumi_runtime::inputs::EnvError::Fail(code, message) => Self::Fail(code, message),
+            takosumi_runtime::inputs::EnvError::Step(e) => Self::Step(e),
+        }
+    }
 }
 
 impl From<StepError> for PlanError {
@@ -145,15 +174,26 @@ async fn plan(
         .workdir(&run_id.to_string())
         .map_err(runner_err)?;
 
+    // A webhook-started plan checks out exactly the pushed (or pull request head) commit.
+    let (source_ref, pinned_commit, _) = takosumi_store::detection::run_source(&ctx.pool, run_id)
+        .await
+        .map_err(store_err)?;
+    let branch = source_ref.unwrap_or_else(|| capsule.branch.clone());
     ctx.event(
         run_id,
         "checkout_started",
-        serde_json::json!({ "branch": capsule.branch }),
+        serde_json::json!({ "branch": branch, "commit": pinned_commit }),
     )
     .await;
     let source = ctx
         .runner
-        .checkout(&wd, &capsule.repo, &capsule.branch, None, &capsule.dir)
+        .checkout(
+            &wd,
+            &capsule.repo,
+            &branch,
+            pinned_commit.as_deref(),
+            &capsule.dir,
+        )
         .await
         .map_err(|e| tool_failure(e, "checking out the source failed"))?;
     ctx.event(
@@ -165,15 +205,62 @@ async fn plan(
 
     ctx.restore_state(&wd, &capsule).await?;
     ctx.runner.write_backend_override(&wd).map_err(runner_err)?;
-    let vars = capsule.vars.as_object().cloned().unwrap_or_default();
-    let env = ToolEnv::new()
-        .with_variables(&vars)
-        .map_err(|e| tool_failure(e, "a Capsule variable"))?;
+    // Variables, sensitive variables and the Capsule's credentials, resolved now; every
+    // secret is in the masker before any tool starts.
+    let env = ctx.run_env(run_id, run, &capsule, &wd).await?;
     let tool_version = ctx
         .runner
         .version(tool, &env)
         .await
         .map_err(|e| tool_failure(e, "reading the tool version"))?;
+
+    // Modules are downloaded once, here, into the private checkout (a committed
+    // `.terraform` was removed by the checkout); init then resolves nothing again.
+    ctx.event(
+        run_id,
+        "tool_started",
+        serde_json::json!({ "command": "get" }),
+    )
+    .await;
+    let got = ctx.runner.get_modules(&wd, tool, &env).await;
+    log_result(ctx, env.masker(), run, "get", &got).await;
+    got.map_err(|e| tool_failure(e, "downloading modules failed"))?;
+    let modules_digest = installed_modules_digest(&wd)
+        .await
+        .map_err(|e| tool_failure(e, "reading the installed modules"))?;
+
+    // The dry-run scan reads the configuration and every module `get` installed for data
+    // sources that act when planned; its report is the plan's audit evidence, and a pull
+    // request's plan that declares one (or cannot be read in full) is refused, not run.
+    let modules_dir = wd.config_dir().join(".terraform").join("modules");
+    let report = takosumi_policy::scan::scan_in_checkout(
+        wd.checkout(),
+        wd.config_dir(),
+        modules_dir.is_dir().then_some(modules_dir.as_path()),
+    );
+    let report_json = report.to_json();
+    takosumi_store::gates::set_scan_report(&ctx.pool, run_id, &report_json)
+        .await
+        .map_err(store_err)?;
+    ctx.event(run_id, "dry_run_scan", report_json.clone()).await;
+    let (_, _, speculative) = takosumi_store::detection::run_source(&ctx.pool, run_id)
+        .await
+        .map_err(store_err)?;
+    if speculative && !report.is_clean() {
+        let named: Vec<String> = report
+            .findings
+            .iter()
+            .map(|f| f.address.clone())
+            .chain(report.unreadable.iter().map(|u| u.what.clone()))
+            .collect();
+        return Err(PlanError::Fail(
+            FailureCode::DryRunScanRefused,
+            format!(
+                "a pull request's plan is refused rather than run: {} may act when planned or could not be read; review it and plan it from the branch once merged",
+                named.join(", ")
+            ),
+        ));
+    }
 
     ctx.event(
         run_id,
@@ -181,8 +268,8 @@ async fn plan(
         serde_json::json!({ "command": "init" }),
     )
     .await;
-    let init = ctx.runner.init(&wd, tool, &env).await;
-    log_result(ctx, run, "init", &init).await;
+    let init = ctx.runner.init_without_get(&wd, tool, &env).await;
+    log_result(ctx, env.masker(), run, "init", &init).await;
     init.map_err(|e| tool_failure(e, "init failed"))?;
 
     // Lockfile continuity: the raw bytes right after init, or an explicit null.
@@ -208,7 +295,17 @@ async fn plan(
                 .put_if_absent(&key, sealed)
                 .await
                 .map_err(object_err)?;
-            (Some(takosumi_store::sha256_hex(bytes)), Some(key))
+            let digest = takosumi_store::sha256_hex(bytes);
+            // The plan succeeds only when the stored artifact reads back as exactly these
+            // bytes: an object that was already there, or was altered, is caught here.
+            match ctx.load_lockfile(run_id, Some(&key), &digest).await {
+                Ok(_) => {}
+                Err(LockfileError::Refused(code, message)) => {
+                    return Err(PlanError::Fail(code, message));
+                }
+                Err(LockfileError::Step(e)) => return Err(e.into()),
+            }
+            (Some(digest), Some(key))
         }
     };
 
@@ -222,15 +319,39 @@ async fn plan(
         .runner
         .plan(&wd, tool, &env, run.kind == RunKind::Destroy)
         .await;
-    log_result(ctx, run, "plan", &planned).await;
-    planned.map_err(|e| tool_failure(e, "plan failed"))?;
-
-    let show = ctx
-        .runner
-        .show_json(&wd, tool, &env)
-        .await
-        .map_err(|e| tool_failure(e, "reading the saved plan"))?;
+    if planned.is_err() {
+        log_result(ctx, env.masker(), run, "plan", &planned).await;
+    }
+    let planned = planned.map_err(|e| tool_failure(e, "plan failed"))?;
+    let show = ctx.runner.show_json(&wd, tool, &env).await;
+    // The plan printed before `show -json` could name its sensitive values: they join the
+    // masker first, and the plan's output is stored after.
+    if let Ok(show) = &show {
+        env.masker().add_plan_sensitive(show);
+    }
+    ctx.log(run_id, "plan", env.masker(), &planned.output).await;
+    let show = show.map_err(|e| tool_failure(e, "reading the saved plan"))?;
     let changes: Changes = count_changes(&show);
+    // What a cost estimate needs, without a sensitive value (see takosumi_core::cost).
+    let mut resources = serde_json::to_value(takosumi_core::cost::summarize(
+        &show,
+        takosumi_core::cost::Catalogue::embedded(),
+    ))
+    .map_err(StepError::internal)?;
+    env.masker().mask_json(&mut resources);
+    // The gate reads the saved plan's JSON, never printed text; it holds sensitive values,
+    // so it is sealed like the plan file itself.
+    let show_key = format!("runs/{run_id}/show.{attempt}.sealed");
+    let show_bytes = serde_json::to_vec(&show).map_err(StepError::internal)?;
+    let sealed_show = ctx
+        .sealer
+        .seal(Purpose::Plan, &format!("{run_id}:show"), &show_bytes)
+        .map_err(StepError::internal)?;
+    drop(show_bytes);
+    ctx.objects
+        .put_if_absent(&show_key, sealed_show)
+        .await
+        .map_err(object_err)?;
 
     let plan_bytes = ctx.runner.read_plan_file(&wd).map_err(runner_err)?;
     let size = plan_bytes.len() as u64;
@@ -263,21 +384,9 @@ async fn plan(
         .into());
     }
 
-    let modules = wd.config_dir().join(".terraform").join("modules");
-    let modules_digest = if modules.is_dir() {
-        takosumi_runner::tree_digest(&modules).map_err(runner_err)?
-    } else {
-        takosumi_store::sha256_hex(b"")
-    };
-    let dependency_snapshot = takosumi_store::sha256_hex(
-        format!(
-            "modules:{modules_digest}\nlock:{}",
-            lock_digest.as_deref().unwrap_or("null")
-        )
-        .as_bytes(),
-    );
+    let dependency_snapshot = dependency_snapshot(&modules_digest, lock_digest.as_deref());
 
-    if lost.is_cancelled() {
+    if lost.is_cancelled() || ctx.runner.interrupted() {
         return Ok(Outcome::Skipped(
             "lease lost while planning; the reaper re-queued the run",
         ));
@@ -293,7 +402,9 @@ async fn plan(
         dependency_snapshot,
         state_generation: capsule.state_generation,
         changes,
-        drift: None,
+        // A drift check reports drift when the saved plan would change anything (counted
+        // from show -json, like every count here).
+        drift: (run.kind == RunKind::DriftCheck).then(|| drift_found(&show)),
         injected_env_names: env.names(),
     };
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
@@ -305,6 +416,9 @@ async fn plan(
             "lease lost before commit; the reaper re-queued the run",
         ));
     }
+    takosumi_store::records::set_resource_changes(&mut tx, run_id, &resources)
+        .await
+        .map_err(store_err)?;
     let actor = format!("handler:{}", ctx.owner);
     events::append(
         &mut *tx,
@@ -315,24 +429,68 @@ async fn plan(
     )
     .await
     .map_err(store_err)?;
+    takosumi_store::gates::set_plan_json_key(&mut tx, run_id, &show_key)
+        .await
+        .map_err(store_err)?;
+    // A drift check replaces the plan an earlier check kept, and keeps its own only when it
+    // found drift (that plan is what a reconcile carries out).
+    let mut dropped = Vec::new();
+    if run.kind == RunKind::DriftCheck {
+        dropped = takosumi_store::detection::drop_kept_drift_plans(&mut tx, capsule.id, run_id)
+            .await
+            .map_err(store_err)?;
+        if record.drift != Some(true) {
+            runs::clear_plan_object(&mut tx, run_id)
+                .await
+                .map_err(store_err)?;
+            dropped.push(record.plan_object_key.clone());
+        }
+    }
     outbox::enqueue(&mut tx, Topic::Gate, run_id)
         .await
         .map_err(store_err)?;
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();
+    for key in dropped {
+        if let Err(e) = ctx.objects.delete(&key).await {
+            tracing::warn!(%run_id, error = %e, "could not delete a replaced drift plan; it stays sealed");
+        }
+    }
     wd.close().map_err(runner_err)?;
     Ok(Outcome::Done)
 }
 
 async fn log_result(
     ctx: &Ctx,
+    masker: &Masker,
     run: &runs::Run,
     step: &str,
     result: &Result<takosumi_runner::ToolOutput, RunnerError>,
 ) {
     match result {
-        Ok(out) => ctx.log(run.id, step, &out.output).await,
-        Err(RunnerError::ToolFailed { output, .. }) => ctx.log(run.id, step, output).await,
+        Ok(out) => ctx.log(run.id, step, masker, &out.output).await,
+        Err(RunnerError::ToolFailed { output, .. }) => ctx.log(run.id, step, masker, output).await,
         Err(_) => {}
     }
+}
+
+/// Whether a saved plan would change anything: a resource action other than no-op/read,
+/// or an output change.
+fn drift_found(show: &serde_json::Value) -> bool {
+    let resources = show["resource_changes"].as_array().is_some_and(|rcs| {
+        rcs.iter().any(|rc| {
+            rc["change"]["actions"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|x| !matches!(x.as_str(), Some("no-op") | Some("read")))
+            })
+        })
+    });
+    let outputs = show["output_changes"].as_object().is_some_and(|o| {
+        o.values().any(|c| {
+            c["actions"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x.as_str() != Some("no-op")))
+        })
+    });
+    resources || outputs
 }

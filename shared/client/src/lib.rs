@@ -22,6 +22,17 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use takosumi_core::Secret;
 
+mod bindings;
+mod dead_letters;
+mod gates;
+mod records;
+
+pub use bindings::{
+    NewProviderBinding, PlanRequest, ProviderBinding, ProviderBindingId, UsedBinding,
+};
+pub use dead_letters::{DeadLetter, DeadLetters, DeadQueue};
+pub use records::{ActivityEntry, ActivityPage, Cost, RunPage, RunQuery};
+pub use takosumi_core::cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};
 pub use takosumi_core::{
     ActorKind, CapsuleId, Changes, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
     WorkspaceId,

@@ -1,7 +1,12 @@
 //! `takosumi`: the command-line client of the Takosumi API. It mirrors the API (DESIGN §5):
 //! every command is one call (or a call plus a wait), prints the result in a compact human
 //! form or, with `--json`, as JSON, and exits 0 on success, 1 when the API returned an error
-//! or a waited-for Run ended `failed`/`canceled`/`unknown_outcome`, 2 on usage errors.
+//! or a waited-for (watched, followed) Run ended `failed`/`canceled`/`unknown_outcome`, 2 on
+//! usage errors.
+
+mod dead_letters_cli;
+mod gates_cli;
+mod records_cli;
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -12,8 +17,8 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use takosumi_client::{
-    Capsule, CapsuleId, Client, ClientError, DEFAULT_URL, NewCapsule, Run, RunEvent, RunId,
-    RunKind, RunStatus, Source, TOKEN_ENV, URL_ENV, Workspace, WorkspaceId,
+    Capsule, CapsuleId, Client, ClientError, DEFAULT_URL, NewCapsule, Run, RunEvent, RunGroupId,
+    RunId, RunKind, RunStatus, Source, TOKEN_ENV, URL_ENV, Workspace, WorkspaceId,
 };
 
 /// Exit code: the API returned an error, or a waited-for Run ended badly.
@@ -78,6 +83,63 @@ enum Command {
         #[command(flatten)]
         submit: SubmitArgs,
     },
+    /// Approve a held Run (the requester cannot approve their own).
+    Approve {
+        /// The held Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+        /// The plan digest you reviewed; refused unless it is the Run's.
+        #[arg(long)]
+        plan_digest: Option<String>,
+        /// A note kept with the approval.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Set the gate rules of a Workspace or a Capsule from a JSON file (a new version).
+    Rules {
+        /// The Workspace (`ws_…`).
+        #[arg(long, conflicts_with = "capsule")]
+        workspace: Option<WorkspaceId>,
+        /// The Capsule (`cap_…`).
+        #[arg(long)]
+        capsule: Option<CapsuleId>,
+        /// The rules as JSON (`{"maxDestroy": 0, "approval": {"required": 2}, "planGate": "…"}`), `-` for stdin.
+        #[arg(long)]
+        file: String,
+    },
+    /// Start a drift check of a Capsule (read-only; it never applies).
+    DriftCheck {
+        /// The Capsule (`cap_…`).
+        #[arg(value_name = "CAPSULE")]
+        capsule: CapsuleId,
+        /// Wait for the check to finish.
+        #[arg(long)]
+        wait: bool,
+        /// How long to wait.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+    },
+    /// Plan every Capsule of a Workspace (or drift-check them) as one RunGroup.
+    PlanUpdate {
+        /// The Workspace (`ws_…`).
+        #[arg(value_name = "WORKSPACE")]
+        workspace: WorkspaceId,
+        /// Only the Capsules a push marked stale.
+        #[arg(long)]
+        only_stale: bool,
+        /// Drift-check instead of plan.
+        #[arg(long)]
+        drift: bool,
+    },
+    /// Show, approve or apply a RunGroup.
+    Group {
+        /// `show`, `approve` or `apply`.
+        #[arg(value_parser = ["show", "approve", "apply"])]
+        action: String,
+        /// The RunGroup (`rg_…`).
+        #[arg(value_name = "GROUP")]
+        group: RunGroupId,
+    },
     /// Show a Run.
     Status {
         /// The Run (`run_…`).
@@ -89,6 +151,83 @@ enum Command {
         /// The Run (`run_…`).
         #[arg(value_name = "RUN")]
         run: RunId,
+        /// Keep printing what is added until the Run is finished or held (exit code: its
+        /// outcome).
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
+    /// Cancel a Run: a queued or held one ends at once, a running one is interrupted.
+    Cancel {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+        /// Why (recorded with the cancel).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Wait until the Run has ended (exit 1 unless it ended canceled).
+        #[arg(long)]
+        wait: bool,
+        /// With `--wait`: give up after this many seconds.
+        #[arg(long, default_value_t = 600, value_name = "SECS")]
+        timeout_secs: u64,
+    },
+    /// Show the cost estimate of a plan (or of the plan an Apply Run carries out).
+    Cost {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+    },
+    /// List a Workspace's Runs, newest first.
+    Runs {
+        /// The Workspace (`ws_…`).
+        #[arg(value_name = "WORKSPACE")]
+        workspace: WorkspaceId,
+        /// Only this Capsule's Runs.
+        #[arg(long, value_name = "CAPSULE")]
+        capsule: Option<CapsuleId>,
+        /// Only this kind: plan, destroy, apply, drift_check.
+        #[arg(long, value_parser = records_cli::parse_kind)]
+        kind: Option<RunKind>,
+        /// Only this status (e.g. unknown_outcome: the Runs that need a person).
+        #[arg(long, value_parser = records_cli::parse_status)]
+        status: Option<RunStatus>,
+        /// Runs per page (1-100).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// The next page, as printed by the previous one.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Show a Workspace's activity record, newest first.
+    Activity {
+        /// The Workspace (`ws_…`).
+        #[arg(value_name = "WORKSPACE")]
+        workspace: WorkspaceId,
+        /// Only this kind of entry (e.g. state_version_written).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Entries per page (1-100).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// The next page, as printed by the previous one.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Show what the steps could not process: each dead-letter queue's depth and its
+    /// first messages, left in place (admin tokens).
+    DeadLetters {
+        /// Messages shown per queue (at most 50; default 10).
+        #[arg(long)]
+        limit: Option<u16>,
+    },
+    /// Record that an unknown_outcome apply was inspected (admin tokens).
+    Resolve {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+        /// What was checked: the provider side, the Capsule's current StateVersion.
+        #[arg(long)]
+        note: String,
     },
     /// Print a Run's events in order.
     Events {
@@ -161,7 +300,10 @@ struct SubmitArgs {
     /// Wait until the Run is finished or held, then show it.
     #[arg(long)]
     wait: bool,
-    /// With `--wait`: give up after this many seconds.
+    /// Like `--wait`, printing every status change and event as it happens.
+    #[arg(long, conflicts_with = "wait")]
+    watch: bool,
+    /// With `--wait` or `--watch`: give up after this many seconds.
     #[arg(long, default_value_t = 600, value_name = "SECS")]
     timeout_secs: u64,
     /// Submitting again with the same key returns the same Run.
@@ -314,6 +456,27 @@ fn format_run(run: &Run) -> String {
             Value::Object(m) if m.is_empty() => b.line("held", &hold.reason),
             details => b.line("held", format!("{} {details}", hold.reason)),
         };
+    }
+    if let Some(at) = run.extra.get("cancelRequestedAt").and_then(Value::as_str)
+        && run.status != RunStatus::Canceled
+    {
+        b.line("cancel requested", at);
+    }
+    if let Some(by) = run.extra.get("canceledBy").and_then(Value::as_str) {
+        b.line("canceled by", by);
+    }
+    if let Some(Value::Object(r)) = run.extra.get("resolution") {
+        let text = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default();
+        b.line(
+            "resolved",
+            format!(
+                "{} by {} at {}: {}",
+                text("action"),
+                text("by"),
+                text("at"),
+                text("note")
+            ),
+        );
     }
     if let Some(error) = &run.error {
         if error.code.is_empty() {
@@ -551,7 +714,8 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
             show_run(&client.get_run(run).await?, json);
             Ok(0)
         }
-        Command::Logs { run } => {
+        Command::Logs { run, follow: true } => records_cli::follow_logs(client, run, json).await,
+        Command::Logs { run, follow: false } => {
             if json {
                 print_json(&serde_json::json!({ "logs": client.log_entries(run).await? }));
             } else {
@@ -563,6 +727,83 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
             }
             Ok(0)
         }
+        Command::Cancel {
+            run,
+            reason,
+            wait,
+            timeout_secs,
+        } => {
+            let wait = wait.then(|| Duration::from_secs(timeout_secs));
+            records_cli::cancel(client, run, reason.as_deref(), wait, json).await
+        }
+        Command::Cost { run } => records_cli::cost(client, run, json).await,
+        Command::Approve {
+            run,
+            plan_digest,
+            note,
+        } => gates_cli::approve(client, run, plan_digest.as_deref(), note.as_deref(), json).await,
+        Command::Rules {
+            workspace,
+            capsule,
+            file,
+        } => gates_cli::set_rules(client, workspace, capsule, &file, json).await,
+        Command::DriftCheck {
+            capsule,
+            wait,
+            timeout_secs,
+        } => {
+            gates_cli::drift_check(
+                client,
+                capsule,
+                wait.then(|| Duration::from_secs(timeout_secs)),
+                json,
+            )
+            .await
+        }
+        Command::PlanUpdate {
+            workspace,
+            only_stale,
+            drift,
+        } => gates_cli::start_group(client, workspace, drift, only_stale, json).await,
+        Command::Group { action, group } => {
+            let action = (action != "show").then_some(action.as_str());
+            gates_cli::group(client, group, action, json).await
+        }
+        Command::Runs {
+            workspace,
+            capsule,
+            kind,
+            status,
+            limit,
+            cursor,
+        } => {
+            let q = takosumi_client::RunQuery {
+                capsule,
+                kind,
+                status,
+                limit,
+                cursor,
+            };
+            records_cli::runs(client, workspace, &q, json).await
+        }
+        Command::Activity {
+            workspace,
+            kind,
+            limit,
+            cursor,
+        } => {
+            records_cli::activity(
+                client,
+                workspace,
+                kind.as_deref(),
+                limit,
+                cursor.as_deref(),
+                json,
+            )
+            .await
+        }
+        Command::Resolve { run, note } => records_cli::resolve(client, run, &note, json).await,
+        Command::DeadLetters { limit } => dead_letters_cli::dead_letters(client, limit, json).await,
         Command::Events { run } => {
             let events = client.events(run).await?;
             if json {
@@ -585,6 +826,10 @@ async fn finish_submission(
     submit: &SubmitArgs,
     json: bool,
 ) -> Result<u8, ClientError> {
+    if submit.watch {
+        let timeout = Duration::from_secs(submit.timeout_secs);
+        return records_cli::watch(client, run, timeout, json).await;
+    }
     if submit.wait {
         let run = client
             .wait(run.id, Duration::from_secs(submit.timeout_secs))

@@ -24,6 +24,11 @@ pub enum FailureCode {
     LockfileMismatch,
     /// The provider lockfile is over 1 MiB.
     LockfileTooLarge,
+    /// The Run records a provider lockfile, but its stored artifact (or the reference to
+    /// it) is gone.
+    LockfileMissing,
+    /// The Run's lockfile reference points at an artifact that belongs to another Run.
+    LockfileCrossRun,
     /// The plan file is over the relay limit.
     PlanTooLarge,
     /// Checking the source out failed.
@@ -38,6 +43,15 @@ pub enum FailureCode {
     AttemptsExhausted,
     /// The Run's configuration is not usable (unknown tool, bad directory).
     InvalidConfiguration,
+    /// A pull request's plan declares a data source that acts (or cannot be read in full),
+    /// so it is refused rather than run.
+    DryRunScanRefused,
+    /// A credential of the Capsule's ProviderBindings could not be resolved (a
+    /// command-source credential failed, or a binding cannot be opened).
+    CredentialFailed,
+    /// The Capsule's current StateVersion does not open or does not hash to its recorded
+    /// digest (altered, replaced or removed in storage): nothing runs on top of it.
+    StateIntegrity,
 }
 
 impl FailureCode {
@@ -51,6 +65,8 @@ impl FailureCode {
             Self::StateGenerationChanged => "state_generation_changed",
             Self::LockfileMismatch => "lockfile_mismatch",
             Self::LockfileTooLarge => "lockfile_too_large",
+            Self::LockfileMissing => "lockfile_missing",
+            Self::LockfileCrossRun => "lockfile_cross_run",
             Self::PlanTooLarge => "plan_too_large",
             Self::CheckoutFailed => "checkout_failed",
             Self::InitFailed => "init_failed",
@@ -58,6 +74,9 @@ impl FailureCode {
             Self::ApplyFailed => "apply_failed",
             Self::AttemptsExhausted => "attempts_exhausted",
             Self::InvalidConfiguration => "invalid_configuration",
+            Self::DryRunScanRefused => "dry_run_scan_refused",
+            Self::CredentialFailed => "credential_failed",
+            Self::StateIntegrity => "state_integrity",
         }
     }
 }
@@ -126,6 +145,17 @@ mod tests {
             FailureCode::PlanDigestMismatch.as_str(),
             "plan_digest_mismatch"
         );
+        for code in [
+            FailureCode::LockfileMissing,
+            FailureCode::LockfileCrossRun,
+            FailureCode::LockfileTooLarge,
+            FailureCode::LockfileMismatch,
+        ] {
+            let json = serde_json::to_string(&code).unwrap();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+        }
+        assert_eq!(FailureCode::LockfileMissing.as_str(), "lockfile_missing");
+        assert_eq!(FailureCode::LockfileCrossRun.as_str(), "lockfile_cross_run");
     }
 
     #[test]

@@ -117,6 +117,10 @@ typed_id!(
     /// A Run event.
     EventId, "ev_", "event"
 );
+typed_id!(
+    /// A ProviderBinding: a named credential set of a Workspace, attached to Capsules.
+    ProviderBindingId, "pb_", "provider binding"
+);
 
 #[cfg(test)]
 mod tests {

@@ -3,6 +3,7 @@
 //! error type a step returns. This crate owns vocabulary only: it does no I/O.
 #![deny(missing_docs)]
 
+pub mod cost;
 pub mod error;
 pub mod ids;
 pub mod run;
@@ -10,7 +11,8 @@ pub mod secret;
 
 pub use error::{FailureCode, Outcome, StepError};
 pub use ids::{
-    CapsuleId, EventId, IdParseError, RunGroupId, RunId, StateVersionId, TokenId, WorkspaceId,
+    CapsuleId, EventId, IdParseError, ProviderBindingId, RunGroupId, RunId, StateVersionId,
+    TokenId, WorkspaceId,
 };
 pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic};
 pub use secret::Secret;

@@ -1,8 +1,13 @@
 //! A broker connection that is re-established on demand after the broker restarts.
 
+use std::time::Duration;
+
 use tokio::sync::Mutex;
 
 use crate::{Broker, QueueError};
+
+/// How long one connection attempt (TCP, handshake, topology) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Hands out the current [`Broker`], reconnecting when the last one dropped.
 #[derive(Debug)]
@@ -28,7 +33,17 @@ impl Bus {
         if let Some(b) = current.as_ref().filter(|b| b.is_connected()) {
             return Ok(b.clone());
         }
-        let broker = Broker::connect(&self.url, &self.name).await?;
+        // A broker that accepts the TCP connection but never finishes the handshake (one
+        // still starting) must not hold every caller of the bus forever: give up, and let
+        // the caller's backoff try again.
+        let broker = tokio::time::timeout(CONNECT_TIMEOUT, Broker::connect(&self.url, &self.name))
+            .await
+            .map_err(|_| {
+                QueueError::Refused(format!(
+                    "no connection to the broker within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            })??;
         *current = Some(broker.clone());
         Ok(broker)
     }

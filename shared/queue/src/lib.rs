@@ -19,6 +19,9 @@ pub use topology::Topology;
 mod bus;
 pub use bus::Bus;
 
+mod dead;
+pub use dead::{DeadLetter, DeadQueue};
+
 /// A broker failure.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {

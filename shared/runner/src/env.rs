@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use takosumi_core::Secret;
 
-use crate::RunnerError;
+use crate::{Masker, RunnerError};
 
 /// The infrastructure tool a Capsule uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,10 +53,10 @@ impl FromStr for Tool {
 pub struct ToolOutput {
     /// The exit code (128 + signal number when the process was killed by a signal).
     pub exit_code: i32,
-    /// stdout and stderr interleaved line by line in arrival order. Unmasked: mask before
-    /// logging or storing. Truncated (with a marker line) past 16 MiB.
+    /// stdout and stderr interleaved line by line in arrival order, masked as it was read
+    /// with the [`ToolEnv`]'s masker. Truncated (with a marker line) past 16 MiB.
     pub output: String,
-    /// stderr alone (where `Error: …` lines go). Unmasked.
+    /// stderr alone (where `Error: …` lines go), masked the same way.
     pub stderr: String,
 }
 
@@ -104,11 +104,17 @@ const RESERVED_PREFIXES: &[&str] = &["TF_CLI_ARGS_", "LD_", "DYLD_"];
 /// The entries a run adds to the tool's environment: `TF_VAR_*` variables and credential
 /// entries. The runner's own fixed entries (PATH, HOME, …) come on top of these; nothing
 /// comes from the server's environment. Values are held zeroizing and never printed.
+///
+/// It also carries the run's [`Masker`]: every secret entry is registered with it as it is
+/// added, and the runner masks everything the tool prints with it before the output leaves
+/// the runner. Clones share the masker, so a value registered later (a sensitive plan
+/// value) reaches every later step.
 #[derive(Clone, Default)]
 pub struct ToolEnv {
     entries: BTreeMap<String, Secret<String>>,
     /// The first name `with_secret_env` refused; reported when the tool is started.
     refused: Option<(String, &'static str)>,
+    masker: Masker,
 }
 
 impl ToolEnv {
@@ -155,20 +161,39 @@ impl ToolEnv {
         Ok(self)
     }
 
+    /// Adds each variable as a sensitive `TF_VAR_<name>`, encoded as
+    /// [`Self::with_variables`] does, and registers the encoded value and every string or
+    /// number inside it with the masker (see [`crate::mask`] for what is too short to
+    /// mask).
+    pub fn with_sensitive_variables(
+        mut self,
+        vars: &serde_json::Map<String, Value>,
+    ) -> Result<Self, RunnerError> {
+        let encoded = Self::new().with_variables(vars)?;
+        for (name, value) in vars {
+            if !value.is_null() {
+                self.masker
+                    .add_all(leaf_texts(value).iter().map(String::as_str));
+            }
+            let key = format!("TF_VAR_{name}");
+            if let Some(text) = encoded.entries.get(&key) {
+                self.masker.add(text.expose());
+                self.entries.insert(key, text.clone());
+            }
+        }
+        Ok(self)
+    }
+
     /// Adds one entry (a credential such as `AWS_SECRET_ACCESS_KEY`, or a sensitive
-    /// `TF_VAR_*`). The value is never printed. A name the runner reserves (PATH, HOME,
-    /// TF_CLI_ARGS*, TF_LOG*, …) or an invalid name makes every later tool start fail with
-    /// [`RunnerError::InvalidEnv`]. `CHECKPOINT_DISABLE` is allowed and replaces the
-    /// runner's default.
+    /// `TF_VAR_*`) and registers its value with the masker. The value is never printed. A
+    /// name the runner reserves (PATH, HOME, TF_CLI_ARGS*, TF_LOG*, …) or an invalid name
+    /// makes every later tool start fail with [`RunnerError::InvalidEnv`].
+    /// `CHECKPOINT_DISABLE` is allowed and replaces the runner's default.
     pub fn with_secret_env(mut self, name: &str, value: Secret<String>) -> Self {
-        let refusal = if !valid_name(name) {
-            Some("names must match [A-Za-z_][A-Za-z0-9_-]*")
-        } else if is_reserved(name) {
-            Some("the runner sets or forbids this entry")
-        } else if value.expose().contains('\0') {
-            Some("the value contains a NUL character")
-        } else {
-            None
+        let refusal = match check_env_name(name) {
+            Err(reason) => Some(reason),
+            Ok(()) if value.expose().contains('\0') => Some("the value contains a NUL character"),
+            Ok(()) => None,
         };
         match refusal {
             Some(reason) => {
@@ -177,10 +202,17 @@ impl ToolEnv {
                 }
             }
             None => {
+                self.masker.add(value.expose());
                 self.entries.insert(name.to_owned(), value);
             }
         }
         self
+    }
+
+    /// The masker holding every secret value of this environment; the runner masks the
+    /// tool's output with it. Add values the run learns later (sensitive plan values) here.
+    pub fn masker(&self) -> &Masker {
+        &self.masker
     }
 
     /// Names of every injected entry (`TF_VAR_region`, `AWS_ACCESS_KEY_ID`, …), sorted;
@@ -215,6 +247,35 @@ impl fmt::Debug for ToolEnv {
             .field("names", &self.names())
             .finish()
     }
+}
+
+/// Whether `name` may be injected with [`ToolEnv::with_secret_env`]: `Err` says why not
+/// (an invalid name, or one the runner sets or forbids). Lets the API refuse a credential
+/// set at registration instead of at its first run.
+pub fn check_env_name(name: &str) -> Result<(), &'static str> {
+    if !valid_name(name) {
+        Err("names must match [A-Za-z_][A-Za-z0-9_-]*")
+    } else if is_reserved(name) {
+        Err("the runner sets or forbids this entry")
+    } else {
+        Ok(())
+    }
+}
+
+/// Strings and numbers inside a variable value, as text.
+fn leaf_texts(value: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) => out.push(s.clone()),
+            Value::Number(n) => out.push(n.to_string()),
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => stack.extend(map.values()),
+            Value::Bool(_) | Value::Null => {}
+        }
+    }
+    out
 }
 
 /// `[A-Za-z_][A-Za-z0-9_-]*`
@@ -335,6 +396,11 @@ mod tests {
             get(&env, "AWS_SECRET_ACCESS_KEY").as_deref(),
             Some("canary-42")
         );
+        // Every injected secret is masked in what the tool prints; "0" is too short.
+        assert_eq!(env.masker().mask("key=canary-42 cp=0"), "key=*** cp=0");
+        assert_eq!(check_env_name("TAKOSUMI_TOKEN"), Ok(()));
+        assert!(check_env_name("TF_LOG").is_err());
+        assert!(check_env_name("1X").is_err());
 
         for reserved in [
             "PATH",
@@ -353,5 +419,37 @@ mod tests {
             );
             assert!(env.names().is_empty());
         }
+    }
+
+    #[test]
+    fn sensitive_variables_are_injected_and_masked() {
+        let env = ToolEnv::new()
+            .with_variables(&vars(json!({"region": "eu-west-1"})))
+            .unwrap()
+            .with_sensitive_variables(&vars(json!({
+                "db_password": "pw-canary-77",
+                "keys": ["key-one-canary", "k2"],
+                "nothing": null,
+            })))
+            .unwrap();
+        assert_eq!(
+            env.names(),
+            vec!["TF_VAR_db_password", "TF_VAR_keys", "TF_VAR_region"]
+        );
+        assert_eq!(
+            get(&env, "TF_VAR_db_password").as_deref(),
+            Some("pw-canary-77")
+        );
+        let m = env.masker();
+        assert_eq!(
+            m.mask("pw-canary-77 key-one-canary [\"key-one-canary\",\"k2\"] eu-west-1"),
+            "*** *** *** eu-west-1",
+            "plain variables are not masked"
+        );
+        assert!(
+            ToolEnv::new()
+                .with_sensitive_variables(&vars(json!({"bad name": "x"})))
+                .is_err()
+        );
     }
 }

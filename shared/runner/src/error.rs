@@ -1,7 +1,6 @@
 //! The runner's error type. Messages name steps, paths and variable names, never values:
-//! a tool's captured output travels in [`RunnerError::ToolFailed::output`] unmasked and is
-//! left out of both `Display` and `Debug`, so the caller must mask it before storing or
-//! showing it.
+//! a tool's captured output travels in [`RunnerError::ToolFailed::output`] (masked with the
+//! run's masker as it was read) and is left out of both `Display` and `Debug`.
 
 use std::fmt;
 use std::io;
@@ -63,18 +62,31 @@ pub enum RunnerError {
     /// repository URL, with any user-info removed).
     #[error("checkout failed: {0}")]
     Checkout(String),
+    /// A link in the checkout points outside it (the tool must never read past the
+    /// checkout): the repository has to change, so the run's configuration is invalid.
+    #[error("{0}")]
+    LinkOutside(String),
+    /// A command-source credential could not be resolved. The reason never quotes what
+    /// the command printed: its output may be the secret itself.
+    #[error("the credential command for {env_name} failed: {reason}")]
+    CredentialCommand {
+        /// The variable the command's output was meant for.
+        env_name: String,
+        /// What went wrong (exit code, timeout, empty output), never the output.
+        reason: String,
+    },
     /// The pinned commit does not exist in the repository (any longer).
     #[error("commit {0} was not found in the repository")]
     CommitNotFound(String),
-    /// A tool step exited non-zero. `output` is the unmasked combined output: mask it
-    /// before it is logged, stored or returned to anyone.
+    /// A tool step exited non-zero. `output` is the combined output, masked with the run's
+    /// masker as it was read; it is still kept out of `Display`/`Debug`.
     #[error("`{step}` exited with code {exit_code}")]
     ToolFailed {
-        /// `init`, `plan`, `show`, `output` or `version`.
+        /// `get`, `init`, `plan`, `show`, `output` or `version`.
         step: &'static str,
         /// The exit code (128 + signal number when killed by a signal).
         exit_code: i32,
-        /// Combined output (for JSON steps: stderr only), unmasked.
+        /// Combined output (for JSON steps: stderr only), masked as it was read.
         output: String,
     },
     /// A JSON step printed something that is not JSON.
@@ -128,6 +140,8 @@ impl RunnerError {
             | Self::ToolNotInstalled(_)
             | Self::Spawn { .. }
             | Self::CommitNotFound(_)
+            | Self::LinkOutside(_)
+            | Self::CredentialCommand { .. }
             | Self::ToolFailed { .. }
             | Self::BadJson { .. }
             | Self::OutputTooLarge { .. }
@@ -144,11 +158,13 @@ impl RunnerError {
             | Self::InvalidVariable { .. }
             | Self::InvalidEnv { .. }
             | Self::UnknownTool(_)
-            | Self::ToolNotInstalled(_) => Some(FailureCode::InvalidConfiguration),
+            | Self::ToolNotInstalled(_)
+            | Self::LinkOutside(_) => Some(FailureCode::InvalidConfiguration),
+            Self::CredentialCommand { .. } => Some(FailureCode::CredentialFailed),
             Self::Checkout(_) => Some(FailureCode::CheckoutFailed),
             Self::CommitNotFound(_) => Some(FailureCode::SourceChanged),
             Self::ToolFailed { step, .. } => match *step {
-                "init" => Some(FailureCode::InitFailed),
+                "init" | "get" => Some(FailureCode::InitFailed),
                 "plan" | "show" => Some(FailureCode::PlanFailed),
                 "apply" | "output" => Some(FailureCode::ApplyFailed),
                 _ => None,
@@ -163,7 +179,7 @@ impl RunnerError {
 }
 
 impl fmt::Debug for RunnerError {
-    // Hand-written so a `{:?}` of a tool failure cannot print the unmasked tool output.
+    // Hand-written so a `{:?}` of a tool failure cannot print the tool's output at all.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::ToolFailed {

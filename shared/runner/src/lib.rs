@@ -12,26 +12,35 @@
 //! - starting git and the tool with an environment built from nothing ([`ToolEnv`]), in
 //!   their own process group, and reading what they report as JSON ([`count_changes`],
 //!   [`public_outputs`]);
-//! - the provider lockfile's raw bytes (at most 1 MiB).
+//! - the provider lockfile's raw bytes (at most 1 MiB);
+//! - downloading modules once (`get`) and digesting the installed module tree
+//!   ([`module_tree_digest`]), so `init -get=false` and a later apply use exactly them.
 //!
 //! It must never: let a child inherit the server's environment; log or put into an error
-//! message a variable value, a credential, plan JSON or tool output (tool output is handed
-//! back unmasked for the caller's masker, and is left out of `Display`/`Debug`); leave a
+//! message a variable value, a credential, plan JSON or tool output (tool output leaves
+//! the runner masked with the run's [`Masker`], which [`ToolEnv`] carries and fills with
+//! every secret entry, and is left out of `Display`/`Debug` all the same); leave a
 //! plan file behind; let the tool read or write state anywhere but the run directory; or
 //! talk to the database, the queue or object storage — sealing and storing what it returns
 //! is the caller's job.
 #![deny(missing_docs)]
 
+mod credential;
 mod env;
 mod error;
+mod interrupt;
+pub mod mask;
+mod modules;
 mod plan_json;
 mod process;
 mod runner;
 mod source;
 mod workdir;
 
-pub use env::{Tool, ToolEnv, ToolOutput};
+pub use env::{Tool, ToolEnv, ToolOutput, check_env_name};
 pub use error::RunnerError;
+pub use mask::{MASK, MaskStream, Masker};
+pub use modules::{MODULES_DIR, module_tree_digest};
 pub use plan_json::{count_changes, is_stale_plan, public_outputs};
 pub use runner::{
     BACKEND_OVERRIDE_FILE, LOCKFILE_NAME, MAX_LOCKFILE_BYTES, Runner, RunnerConfig, SourceSnapshot,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 
-use crate::RunnerError;
+use crate::{MaskStream, Masker, RunnerError};
 
 /// Combined output kept for people (larger output is truncated with a marker).
 pub(crate) const MAX_LOG_BYTES: usize = 16 * 1024 * 1024;
@@ -47,9 +47,65 @@ struct Sink {
     log_truncated: bool,
     stderr_truncated: bool,
     stdout_overflow: bool,
+    /// Masks the combined log as it arrives (one stream: a secret split across two lines
+    /// of the interleaved output is still masked).
+    log_mask: Option<MaskStream>,
+    /// Masks `stderr` alone.
+    stderr_mask: Option<MaskStream>,
 }
 
 impl Sink {
+    /// A sink whose human-readable text is masked with `masker` as it arrives. Only the
+    /// raw stdout of a JSON step (`StdoutMode::Data`) is kept unmasked: it is parsed,
+    /// never logged.
+    fn masked(masker: &Masker) -> Self {
+        Self {
+            log_mask: Some(masker.stream()),
+            stderr_mask: Some(masker.stream()),
+            ..Self::default()
+        }
+    }
+
+    fn log_bytes(&mut self, line: &[u8]) {
+        let text = match self.log_mask.as_mut() {
+            Some(m) => m.push(line),
+            None => String::from_utf8_lossy(line).into_owned(),
+        };
+        self.log(&text);
+    }
+
+    fn stderr_bytes(&mut self, line: &[u8]) {
+        let text = match self.stderr_mask.as_mut() {
+            Some(m) => m.push(line),
+            None => String::from_utf8_lossy(line).into_owned(),
+        };
+        self.push_stderr(&text);
+    }
+
+    fn push_stderr(&mut self, text: &str) {
+        if self.stderr_truncated {
+            return;
+        }
+        if self.stderr.len() + text.len() > MAX_LOG_BYTES {
+            self.stderr_truncated = true;
+            self.stderr.push_str("\n[takosumi: output truncated]\n");
+        } else {
+            self.stderr.push_str(text);
+        }
+    }
+
+    /// Flushes what the masks held back (the end of the output).
+    fn finish_masks(&mut self) {
+        if let Some(m) = self.log_mask.take() {
+            let rest = m.finish();
+            self.log(&rest);
+        }
+        if let Some(m) = self.stderr_mask.take() {
+            let rest = m.finish();
+            self.push_stderr(&rest);
+        }
+    }
+
     fn log(&mut self, line: &str) {
         if self.log_truncated {
             return;
@@ -78,11 +134,16 @@ impl Drop for GroupGuard {
 /// member lives, so this never hits an unrelated process. Without `unsafe` (forbidden in
 /// this workspace) there is no `killpg`: use kill(1).
 fn kill_group(pgid: u32) {
+    signal_group(pgid, "KILL");
+}
+
+/// Sends `signal` (`INT`, `KILL`) to every process in group `pgid` (see [`kill_group`]).
+fn signal_group(pgid: u32, signal: &str) {
     for kill in ["/bin/kill", "/usr/bin/kill"] {
         if std::path::Path::new(kill).exists() {
             let _ = std::process::Command::new(kill)
                 .env_clear()
-                .args(["-s", "KILL", "--", &format!("-{pgid}")])
+                .args(["-s", signal, "--", &format!("-{pgid}")])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -93,11 +154,48 @@ fn kill_group(pgid: u32) {
 }
 
 /// Runs `cmd` (whose environment and working directory the caller set) to completion.
+/// What it prints for people (and its stderr) is masked with `masker` as it arrives.
 pub(crate) async fn run(
+    cmd: Command,
+    program: &str,
+    mode: StdoutMode,
+    masker: &Masker,
+) -> Result<Captured, RunnerError> {
+    run_interruptible(cmd, program, mode, None, masker).await
+}
+
+/// Stops a child when a token fires: SIGINT to its process group first (terraform then
+/// finishes the resource operations in flight and writes its state), SIGKILL after `grace`.
+#[derive(Clone)]
+pub(crate) struct Interrupt {
+    pub token: tokio_util::sync::CancellationToken,
+    pub grace: Duration,
+}
+
+/// What an interrupted child's output ends with.
+pub(crate) const INTERRUPTED_MARK: &str = "\n[takosumi: interrupted: the run was canceled]\n";
+
+/// Like [`run`]; when `interrupt` fires the child is interrupted (see [`Interrupt`]) and
+/// what it printed until it stopped is returned with its (non-zero) exit code. A token
+/// that fired before the start starts nothing: exit code 130 and only the mark.
+pub(crate) async fn run_interruptible(
     mut cmd: Command,
     program: &str,
     mode: StdoutMode,
+    interrupt: Option<Interrupt>,
+    masker: &Masker,
 ) -> Result<Captured, RunnerError> {
+    if let Some(i) = &interrupt
+        && i.token.is_cancelled()
+    {
+        return Ok(Captured {
+            exit_code: 130,
+            output: INTERRUPTED_MARK.trim_start().to_owned(),
+            stdout: Vec::new(),
+            stderr: String::new(),
+            stdout_overflow: false,
+        });
+    }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -108,7 +206,7 @@ pub(crate) async fn run(
         source,
     })?;
     let guard = GroupGuard(child.id());
-    let sink = Arc::new(Mutex::new(Sink::default()));
+    let sink = Arc::new(Mutex::new(Sink::masked(masker)));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let readers = async {
@@ -119,10 +217,26 @@ pub(crate) async fn run(
     };
     let mut readers = std::pin::pin!(readers);
     let mut readers_done = false;
+    let never = tokio_util::sync::CancellationToken::new();
+    let token = interrupt.as_ref().map_or(&never, |i| &i.token);
+    let mut kill_at: Option<tokio::time::Instant> = None;
     let status: ExitStatus = loop {
         tokio::select! {
             _ = &mut readers, if !readers_done => readers_done = true,
             status = child.wait() => break status.map_err(|e| RunnerError::io(format!("waiting for {program}"), e))?,
+            _ = token.cancelled(), if kill_at.is_none() => {
+                if let Some(pgid) = guard.0 {
+                    signal_group(pgid, "INT");
+                }
+                let grace = interrupt.as_ref().map_or(Duration::ZERO, |i| i.grace);
+                kill_at = Some(tokio::time::Instant::now() + grace);
+            }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
+                if let Some(pgid) = guard.0 {
+                    kill_group(pgid);
+                }
+                kill_at = Some(tokio::time::Instant::now() + PIPE_GRACE);
+            }
         }
     };
     if !readers_done
@@ -141,7 +255,11 @@ pub(crate) async fn run(
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(-1);
     let mut sink = sink.lock().unwrap_or_else(|e| e.into_inner());
-    let sink = std::mem::take(&mut *sink);
+    let mut sink = std::mem::take(&mut *sink);
+    sink.finish_masks();
+    if kill_at.is_some() {
+        sink.output.push_str(INTERRUPTED_MARK);
+    }
     Ok(Captured {
         exit_code,
         output: sink.output,
@@ -180,18 +298,10 @@ async fn read_stream<R: AsyncRead + Unpin>(
                     sink.stdout.extend_from_slice(&line);
                 }
             }
-            Stream::Stdout(StdoutMode::Log) => sink.log(&String::from_utf8_lossy(&line)),
+            Stream::Stdout(StdoutMode::Log) => sink.log_bytes(&line),
             Stream::Stderr => {
-                let text = String::from_utf8_lossy(&line);
-                sink.log(&text);
-                if !sink.stderr_truncated {
-                    if sink.stderr.len() + text.len() > MAX_LOG_BYTES {
-                        sink.stderr_truncated = true;
-                        sink.stderr.push_str("\n[takosumi: output truncated]\n");
-                    } else {
-                        sink.stderr.push_str(&text);
-                    }
-                }
+                sink.log_bytes(&line);
+                sink.stderr_bytes(&line);
             }
         }
     }

@@ -13,7 +13,7 @@ use tokio::process::Command;
 use crate::process::{self, Captured, StdoutMode};
 use crate::source;
 use crate::workdir::{self, Workdir};
-use crate::{RunnerError, Tool, ToolEnv, ToolOutput};
+use crate::{Masker, RunnerError, Tool, ToolEnv, ToolOutput};
 
 /// The only PATH a child process gets.
 pub const TOOL_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -66,12 +66,17 @@ pub struct SourceSnapshot {
 #[derive(Clone, Debug)]
 pub struct Runner {
     cfg: Arc<RunnerConfig>,
+    /// Fires when the run is canceled: see [`Runner::interruptible`].
+    pub(crate) interrupt: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Runner {
     /// A runner with this configuration.
     pub fn new(cfg: RunnerConfig) -> Self {
-        Self { cfg: Arc::new(cfg) }
+        Self {
+            cfg: Arc::new(cfg),
+            interrupt: None,
+        }
     }
 
     /// The configuration.
@@ -314,6 +319,44 @@ impl Runner {
         )
     }
 
+    /// `init -input=false -no-color -get=false` in the Capsule directory: installs
+    /// providers against the modules [`Self::get_modules`] already put in place, and
+    /// downloads no module itself, so init cannot resolve a module version again.
+    pub async fn init_without_get(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+    ) -> Result<ToolOutput, RunnerError> {
+        let cmd = self.wd_command(
+            wd,
+            tool,
+            env,
+            &["init", "-input=false", "-no-color", "-get=false"],
+        )?;
+        checked(
+            "init",
+            self.run_tool(cmd, tool, "init", StdoutMode::Log).await?,
+        )
+    }
+
+    /// `get -no-color` in the Capsule directory: downloads every module the configuration
+    /// calls into `config_dir/.terraform/modules`, once, with the run's own environment
+    /// (built from nothing, like every tool step). It installs no provider. Digest the
+    /// result with [`crate::module_tree_digest`].
+    pub async fn get_modules(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+    ) -> Result<ToolOutput, RunnerError> {
+        let cmd = self.wd_command(wd, tool, env, &["get", "-no-color"])?;
+        checked(
+            "get",
+            self.run_tool(cmd, tool, "get", StdoutMode::Log).await?,
+        )
+    }
+
     /// `plan -input=false -no-color [-destroy] -out=<plan_path>`.
     pub async fn plan(
         &self,
@@ -432,6 +475,7 @@ impl Runner {
     }
 
     /// A tool command with nothing inherited: environment from [`Self::tool_env`] only.
+    /// It carries the environment's masker, so whatever runs it masks the output.
     pub(crate) fn tool_command<S: AsRef<OsStr>>(
         &self,
         tool: Tool,
@@ -439,11 +483,14 @@ impl Runner {
         cwd: &Path,
         env: &ToolEnv,
         args: &[S],
-    ) -> Result<Command, RunnerError> {
+    ) -> Result<ToolCommand, RunnerError> {
         let vars = self.tool_env(home, env)?;
         let mut cmd = Command::new(self.tool_bin(tool)?);
         cmd.env_clear().envs(vars).current_dir(cwd).args(args);
-        Ok(cmd)
+        Ok(ToolCommand {
+            cmd,
+            masker: env.masker().clone(),
+        })
     }
 
     fn wd_command<S: AsRef<OsStr>>(
@@ -452,20 +499,23 @@ impl Runner {
         tool: Tool,
         env: &ToolEnv,
         args: &[S],
-    ) -> Result<Command, RunnerError> {
+    ) -> Result<ToolCommand, RunnerError> {
         self.tool_command(tool, wd.home(), wd.config_dir(), env, args)
     }
 
     async fn run_tool(
         &self,
-        cmd: Command,
+        cmd: ToolCommand,
         tool: Tool,
         step: &'static str,
         mode: StdoutMode,
     ) -> Result<Captured, RunnerError> {
         let program = self.tool_bin(tool)?.display().to_string();
         tracing::debug!(%tool, step, "starting the tool");
-        let captured = process::run(cmd, &program, mode).await?;
+        let ToolCommand { cmd, masker } = cmd;
+        let captured =
+            process::run_interruptible(cmd, &program, mode, self.interrupt_for(step), &masker)
+                .await?;
         tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
         Ok(captured)
     }
@@ -506,7 +556,14 @@ impl Runner {
         args: &[S],
     ) -> Result<Captured, RunnerError> {
         let program = self.cfg.git_bin.display().to_string();
-        process::run(self.git_command(wd, cwd, args), &program, StdoutMode::Data).await
+        // git prints no run secrets (a URL's user-info is redacted from its errors).
+        process::run(
+            self.git_command(wd, cwd, args),
+            &program,
+            StdoutMode::Data,
+            &Masker::new(),
+        )
+        .await
     }
 
     /// Runs git; a non-zero exit becomes [`RunnerError::Checkout`] with git's stderr.
@@ -533,6 +590,27 @@ impl Runner {
             return Err(RunnerError::Checkout(source::redact_url(&message, repo)));
         }
         Ok(captured)
+    }
+}
+
+/// A tool command and the masker its output goes through: the only way a tool step is
+/// started (`run_tool` takes this, not a bare `Command`), so no step can forget to mask.
+pub(crate) struct ToolCommand {
+    cmd: Command,
+    masker: Masker,
+}
+
+impl std::ops::Deref for ToolCommand {
+    type Target = Command;
+
+    fn deref(&self) -> &Command {
+        &self.cmd
+    }
+}
+
+impl std::ops::DerefMut for ToolCommand {
+    fn deref_mut(&mut self) -> &mut Command {
+        &mut self.cmd
     }
 }
 

@@ -241,8 +241,9 @@ fn ensure_link_inside(
     rel: &Path,
 ) -> Result<(), RunnerError> {
     let escape = || {
-        RunnerError::Checkout(format!(
-            "the link {} points outside the checkout",
+        RunnerError::LinkOutside(format!(
+            "the link {} points outside the checkout; a Capsule's files must stay inside its \
+             repository: replace the link with the file itself",
             rel.display()
         ))
     };
@@ -440,15 +441,17 @@ mod tests {
         assert_eq!(d1, tree_digest(a.path()).unwrap());
 
         symlink("/etc/passwd", a.path().join("infra/passwd.tf")).unwrap();
-        assert!(matches!(
-            tree_digest(a.path()),
-            Err(RunnerError::Checkout(_))
-        ));
+        let err = tree_digest(a.path()).unwrap_err();
+        assert!(matches!(err, RunnerError::LinkOutside(_)), "{err}");
+        assert_eq!(
+            err.failure_code(),
+            Some(takosumi_core::FailureCode::InvalidConfiguration)
+        );
         fs::remove_file(a.path().join("infra/passwd.tf")).unwrap();
         symlink("../../../outside", a.path().join("infra/up")).unwrap();
         assert!(matches!(
             tree_digest(a.path()),
-            Err(RunnerError::Checkout(_))
+            Err(RunnerError::LinkOutside(_))
         ));
         fs::remove_file(a.path().join("infra/up")).unwrap();
         assert_eq!(d1, tree_digest(a.path()).unwrap());

@@ -100,36 +100,69 @@ impl Ctx {
         }
     }
 
-    /// Appends (already masked) tool output to the Run's log.
-    pub async fn log(&self, run_id: RunId, step: &str, text: &str) {
+    /// Appends tool output to the Run's log, masked with `masker` (the run's
+    /// [`takosumi_runner::ToolEnv::masker`]). The runner already masked the output while
+    /// it was read; masking again here also covers values registered after the tool
+    /// printed (the plan's sensitive values, found by `show -json` after `plan`), and makes
+    /// storing an unmasked log impossible to write by accident.
+    pub async fn log(
+        &self,
+        run_id: RunId,
+        step: &str,
+        masker: &takosumi_runner::Masker,
+        text: &str,
+    ) {
         if text.is_empty() {
             return;
         }
-        if let Err(e) = takosumi_store::logs::append(&self.pool, run_id, step, text).await {
+        let text = masker.mask(text);
+        if let Err(e) = takosumi_store::logs::append(&self.pool, run_id, step, &text).await {
             tracing::warn!(%run_id, step, error = %e, "could not store log");
         }
     }
 
     /// Keeps this process's lease on `run_id` alive while the guard lives. When the lease
-    /// is lost (the reaper took the Run back, or it was canceled), `lost()` fires and the
-    /// step must stop before committing anything.
+    /// is lost (the reaper took the Run back), `lost()` fires and the step must stop before
+    /// committing anything. When someone asks to cancel the Run (`POST /runs/{id}/cancel`
+    /// records the request; this keeper polls for it every second), `cancel_requested()`
+    /// fires: the step still holds the lease, interrupts the tool and ends the Run
+    /// `canceled` itself.
     pub fn keep_lease(&self, run_id: RunId) -> LeaseGuard {
         let lost = CancellationToken::new();
-        let (pool, owner, secs, token) = (
+        let cancel = CancellationToken::new();
+        let (pool, owner, secs, lost_token, cancel_token) = (
             self.pool.clone(),
             self.owner.clone(),
             self.lease_secs,
             lost.clone(),
+            cancel.clone(),
         );
         let period = Duration::from_millis(u64::try_from(secs).unwrap_or(60) * 1000 / 3);
+        let poll = period.min(CANCEL_POLL);
         let task = tokio::spawn(async move {
+            let mut last_renewal = tokio::time::Instant::now();
             loop {
-                tokio::time::sleep(period).await;
+                tokio::time::sleep(poll).await;
+                if !cancel_token.is_cancelled() {
+                    match takosumi_store::records::cancel_requested(&pool, run_id, &owner).await {
+                        Ok(true) => {
+                            tracing::info!(%run_id, "cancel requested: interrupting the step");
+                            cancel_token.cancel();
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::warn!(%run_id, error = %e, "could not check for a cancel request")
+                        }
+                    }
+                }
+                if last_renewal.elapsed() < period {
+                    continue;
+                }
                 match takosumi_store::runs::renew_lease(&pool, run_id, &owner, secs).await {
-                    Ok(true) => {}
+                    Ok(true) => last_renewal = tokio::time::Instant::now(),
                     Ok(false) => {
                         tracing::warn!(%run_id, "lease lost");
-                        token.cancel();
+                        lost_token.cancel();
                         return;
                     }
                     Err(e) => {
@@ -138,14 +171,18 @@ impl Ctx {
                 }
             }
         });
-        LeaseGuard { lost, task }
+        LeaseGuard { lost, cancel, task }
     }
 }
+
+/// How often a running step looks for a cancel request.
+const CANCEL_POLL: Duration = Duration::from_secs(1);
 
 /// Renews a lease until dropped.
 #[derive(Debug)]
 pub struct LeaseGuard {
     lost: CancellationToken,
+    cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -153,6 +190,11 @@ impl LeaseGuard {
     /// Fires when the lease was lost.
     pub fn lost(&self) -> CancellationToken {
         self.lost.clone()
+    }
+
+    /// Fires when a cancel of the Run was requested (the lease is still held).
+    pub fn cancel_requested(&self) -> CancellationToken {
+        self.cancel.clone()
     }
 }
 

@@ -4,7 +4,10 @@
 //! binary runs. It owns wiring only; the steps live in `functions/*`.
 #![deny(missing_docs)]
 
+mod cancel;
 mod ctx;
+pub mod dependencies;
+pub mod inputs;
 mod reaper;
 mod settings;
 pub mod step;

@@ -8,6 +8,7 @@ use takosumi_seal::Purpose;
 use takosumi_store::{StoreError, capsules::Capsule, events, runs, state_versions};
 
 use crate::Ctx;
+use crate::inputs::EnvError;
 
 /// Largest state file Takosumi moves (state is not relayed, but bounded all the same).
 pub const MAX_STATE_BYTES: u64 = 256 * 1024 * 1024;
@@ -111,18 +112,28 @@ impl Ctx {
             .bind(&self.owner)
             .execute(&self.pool)
             .await;
-        if let Err(e) = result {
-            tracing::warn!(%run_id, error = %e, "could not hand the run back; the reaper will");
+        match result {
+            Ok(done) if done.rows_affected() == 1 => {
+                let data = serde_json::json!({ "reason": "transient fault; the step is retried" });
+                self.event(run_id, "requeued", data).await;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%run_id, error = %e, "could not hand the run back; the reaper will")
+            }
         }
     }
 
     /// Writes the Capsule's current state (as of the generation read with `capsule`) into
-    /// the private directory. Returns the bytes restored.
+    /// the private directory. Returns the bytes restored. A state object that is missing,
+    /// does not open under its StateVersion's id, or does not hash to the recorded digest
+    /// (altered or swapped in storage) fails the Run `state_integrity` before any tool
+    /// starts: planning or applying on top of a state nobody recorded is never safe.
     pub async fn restore_state(
         &self,
         wd: &Workdir,
         capsule: &Capsule,
-    ) -> Result<Option<Vec<u8>>, StepError> {
+    ) -> Result<Option<Vec<u8>>, EnvError> {
         let Some(sv_id) = capsule.current_state_version_id else {
             return Ok(None);
         };
@@ -130,18 +141,32 @@ impl Ctx {
             .await
             .map_err(store_err)?
             .ok_or_else(|| StepError::internal(StoreError::NotFound("state version")))?;
-        let sealed = self
-            .objects
-            .get(&sv.object_key, MAX_STATE_BYTES)
-            .await
-            .map_err(object_err)?;
-        let state = self
+        let refused = |what: &str| {
+            EnvError::Fail(
+                FailureCode::StateIntegrity,
+                format!(
+                    "the Capsule's current state ({sv_id}, generation {}) {what}; nothing ran. \
+                     Restore the state object, or resolve the Capsule's state, before planning again",
+                    sv.generation
+                ),
+            )
+        };
+        let sealed = match self.objects.get(&sv.object_key, MAX_STATE_BYTES).await {
+            Ok(sealed) => sealed,
+            Err(ObjectError::NotFound) => return Err(refused("is missing from storage")),
+            Err(e) => return Err(object_err(e).into()),
+        };
+        let Ok(state) = self
             .sealer
             .unseal(Purpose::State, &sv_id.to_string(), &sealed)
-            .map_err(StepError::internal)?;
+        else {
+            return Err(refused(
+                "does not open with this server's keys under its own id (altered or moved in storage)",
+            ));
+        };
         if takosumi_store::sha256_hex(&state) != sv.digest {
-            return Err(StepError::Internal(
-                "state object does not match its recorded digest".into(),
+            return Err(refused(
+                "does not match its recorded digest (altered in storage)",
             ));
         }
         self.runner.restore_state(wd, &state).map_err(runner_err)?;

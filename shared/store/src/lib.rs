@@ -5,10 +5,14 @@
 #![deny(missing_docs)]
 
 pub mod activity;
+pub mod bindings;
 pub mod capsules;
+pub mod detection;
 pub mod events;
+pub mod gates;
 pub mod logs;
 pub mod outbox;
+pub mod records;
 pub mod runs;
 pub mod state_versions;
 pub mod tokens;

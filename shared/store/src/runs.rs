@@ -64,6 +64,11 @@ pub struct Run {
     pub state_version_id: Option<StateVersionId>,
     /// Names of injected environment variables.
     pub injected_env_names: Vec<String>,
+    /// The non-secret variables the Run is planned with (`None`: recorded before per-run
+    /// variables existed; the Capsule's apply).
+    pub vars: Option<serde_json::Value>,
+    /// `[{"id": "pb_…", "name": …}]`: the ProviderBindings a step injected.
+    pub provider_bindings: serde_json::Value,
     /// Why it is held.
     pub hold_reason: Option<String>,
     /// Details of the hold.
@@ -112,7 +117,7 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
                   lockfile_object_key, provider_lock_state, provider_lock_digest, dependency_snapshot,
                   state_generation, changes, drift, outputs,
                   state_version_id as "state_version_id: StateVersionId", injected_env_names,
-                  hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
+                  vars, provider_bindings, hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
                   canceled_at, lease_owner, attempts, created_at, updated_at
              FROM runs WHERE id = $1"#,
         id.as_uuid()

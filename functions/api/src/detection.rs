@@ -1,0 +1,791 @@
+//! Detection and groups: signed Git webhooks mark Capsules stale (and start an
+//! automatic-update plan only where a person enabled it; a pull request gets a speculative
+//! plan that can never be applied), drift checks of a Capsule or a whole Workspace, and
+//! RunGroups (plan-update, approve and apply a group at once, each Run's record kept).
+//! Detection never starts an apply.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, patch, post};
+use axum::{Json, Router};
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::Sha256;
+use takosumi_core::{
+    ActorKind, CapsuleId, RunGroupId, RunId, RunKind, RunStatus, Topic, WorkspaceId,
+};
+use takosumi_seal::Purpose;
+use takosumi_store::{Tx, activity, capsules, detection, events, outbox, runs, workspaces};
+
+use crate::auth::{Action, Caller};
+use crate::{ApiError, AppState, views};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/api/v1/workspaces/{ws}/webhook-secret",
+            post(create_webhook_secret),
+        )
+        .route("/api/v1/webhooks/git", post(git_webhook))
+        .route("/api/v1/capsules/{cap}/settings", patch(capsule_settings))
+        .route(
+            "/api/v1/workspaces/{ws}/settings",
+            patch(workspace_settings),
+        )
+        .route(
+            "/api/v1/capsules/{cap}/drift-check",
+            post(capsule_drift_check),
+        )
+        .route(
+            "/api/v1/workspaces/{ws}/drift-check",
+            post(workspace_drift_check),
+        )
+        .route("/api/v1/workspaces/{ws}/drift", get(workspace_drift))
+        .route("/api/v1/workspaces/{ws}/plan-update", post(plan_update))
+        .route("/api/v1/run-groups/{rg}", get(get_group))
+        .route("/api/v1/run-groups/{rg}/approve", post(approve_group))
+        .route("/api/v1/run-groups/{rg}/apply", post(apply_group))
+}
+
+fn bad_id(e: takosumi_core::IdParseError) -> ApiError {
+    ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+}
+
+async fn load_workspace(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+) -> Result<WorkspaceId, ApiError> {
+    let ws: WorkspaceId = raw.parse().map_err(bad_id)?;
+    caller.require(Action::Read, Some(ws))?;
+    workspaces::get(&st.pool, ws)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    Ok(ws)
+}
+
+async fn load_capsule(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+) -> Result<capsules::Capsule, ApiError> {
+    let id: CapsuleId = raw.parse().map_err(bad_id)?;
+    let capsule = capsules::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
+    caller.require(Action::Read, Some(capsule.workspace_id))?;
+    Ok(capsule)
+}
+
+/// What a new Run is, for [`create_run`].
+struct Start<'a> {
+    kind: RunKind,
+    capsule: &'a capsules::Capsule,
+    group: Option<RunGroupId>,
+    actor_kind: ActorKind,
+    actor_id: String,
+    actor: String,
+    auto_apply: bool,
+}
+
+/// Inserts a queued Run with its `queued` event, its activity line and its wake-up.
+async fn create_run(tx: &mut Tx, s: &Start<'_>) -> Result<RunId, ApiError> {
+    let new = runs::NewRun {
+        kind: s.kind,
+        workspace_id: s.capsule.workspace_id,
+        capsule_id: s.capsule.id,
+        run_group_id: s.group,
+        plan_run_id: None,
+        actor_kind: s.actor_kind,
+        actor_id: s.actor_id.clone(),
+        auto_apply_requested: s.auto_apply,
+        idempotency_key: None,
+    };
+    let id = runs::insert(tx, &new).await?;
+    events::append(
+        &mut **tx,
+        id,
+        "queued",
+        &s.actor,
+        json!({ "kind": s.kind, "runGroupId": s.group, "autoApplyRequested": s.auto_apply }),
+    )
+    .await?;
+    activity::append(
+        &mut **tx,
+        s.capsule.workspace_id,
+        "run_started",
+        &id.to_string(),
+        &s.actor,
+        json!({ "kind": s.kind, "capsuleId": s.capsule.id }),
+    )
+    .await?;
+    let topic = if s.kind == RunKind::DriftCheck {
+        Topic::Drift
+    } else {
+        Topic::Plan
+    };
+    outbox::enqueue(tx, topic, id).await?;
+    Ok(id)
+}
+
+fn actor_kind(caller: &Caller) -> ActorKind {
+    if caller.0.role == "agent" {
+        ActorKind::Agent
+    } else {
+        ActorKind::User
+    }
+}
+
+// ---- webhooks -------------------------------------------------------------------------
+
+async fn create_webhook_secret(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = load_workspace(&st, &caller, &ws).await?;
+    caller.require(Action::Administer, Some(ws))?;
+    let secret = format!("whsec_{}", crate::new_token().trim_start_matches("tks_"));
+    let sealed = st
+        .sealer
+        .seal(
+            Purpose::Credential,
+            &format!("{ws}:webhook"),
+            secret.as_bytes(),
+        )
+        .map_err(|e| ApiError::Internal {
+            transient: false,
+            source: Box::new(e),
+        })?;
+    let mut tx = st.pool.begin().await?;
+    detection::set_webhook_secret(&mut tx, ws, &sealed).await?;
+    activity::append(
+        &mut *tx,
+        ws,
+        "webhook_secret_set",
+        &ws.to_string(),
+        &caller.actor(),
+        json!({}),
+    )
+    .await?;
+    tx.commit().await?;
+    // Shown once; only the sealed form is kept.
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            json!({ "workspaceId": ws, "secret": secret, "url": format!("/api/v1/webhooks/git?workspace={ws}") }),
+        ),
+    ))
+}
+
+#[derive(Deserialize)]
+struct WebhookQuery {
+    workspace: Option<String>,
+}
+
+/// Unix seconds of the last logged bad signature: bad requests leave one audit line a
+/// minute, never a row.
+static LAST_BAD_SIGNATURE_LOG: AtomicI64 = AtomicI64::new(0);
+
+fn audit_bad_signature(ws: &str) {
+    let now = chrono::Utc::now().timestamp();
+    let last = LAST_BAD_SIGNATURE_LOG.load(Ordering::Relaxed);
+    if now - last >= 60
+        && LAST_BAD_SIGNATURE_LOG
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            workspace = ws,
+            "git webhook refused: bad or missing signature (further refusals this minute are not logged)"
+        );
+    }
+}
+
+fn verify(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
+    if let Some(sig) = headers
+        .get("x-hub-signature-256")
+        .and_then(|v| v.to_str().ok())
+    {
+        let Some(hex_sig) = sig.strip_prefix("sha256=") else {
+            return false;
+        };
+        let Ok(given) = hex::decode(hex_sig) else {
+            return false;
+        };
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else {
+            return false;
+        };
+        mac.update(body);
+        // verify_slice compares in constant time.
+        return mac.verify_slice(&given).is_ok();
+    }
+    if let Some(token) = headers.get("x-gitlab-token").and_then(|v| v.to_str().ok()) {
+        use subtle::ConstantTimeEq;
+        return token.as_bytes().ct_eq(secret).into();
+    }
+    false
+}
+
+fn normalize_repo(url: &str) -> String {
+    let u = url.trim().trim_end_matches('/');
+    let u = u.strip_suffix(".git").unwrap_or(u);
+    u.to_ascii_lowercase()
+}
+
+fn repo_urls(payload: &Value) -> Vec<String> {
+    let mut urls = Vec::new();
+    for obj in [&payload["repository"], &payload["project"]] {
+        for key in [
+            "clone_url",
+            "ssh_url",
+            "git_url",
+            "html_url",
+            "url",
+            "git_http_url",
+            "git_ssh_url",
+            "web_url",
+        ] {
+            if let Some(u) = obj[key].as_str() {
+                urls.push(normalize_repo(u));
+            }
+        }
+    }
+    urls
+}
+
+async fn git_webhook(
+    State(st): State<AppState>,
+    Query(q): Query<WebhookQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let unauthorized = || {
+        ApiError::client(
+            StatusCode::UNAUTHORIZED,
+            "invalid_signature",
+            "the webhook signature does not verify",
+        )
+    };
+    let raw_ws = q.workspace.unwrap_or_default();
+    let Ok(ws) = raw_ws.parse::<WorkspaceId>() else {
+        audit_bad_signature(&raw_ws);
+        return Err(unauthorized());
+    };
+    let sealed = detection::webhook_secret(&st.pool, ws).await?;
+    let secret = sealed.and_then(|s| {
+        st.sealer
+            .unseal(Purpose::Credential, &format!("{ws}:webhook"), &s)
+            .ok()
+    });
+    let Some(secret) = secret else {
+        audit_bad_signature(&raw_ws);
+        return Err(unauthorized());
+    };
+    if !verify(&secret, &headers, &body) {
+        audit_bad_signature(&raw_ws);
+        return Err(unauthorized());
+    }
+    let payload: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid_json(format!("the event is not JSON: {e}")))?;
+    let event = headers
+        .get("x-github-event")
+        .or_else(|| headers.get("x-gitlab-event"))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("push")
+        .to_ascii_lowercase();
+    match event.as_str() {
+        "ping" => Ok((StatusCode::OK, Json(json!({ "event": "ping" })))),
+        "push" | "push hook" => push(&st, ws, &payload).await,
+        "pull_request" | "merge request hook" => pull_request(&st, ws, &payload).await,
+        other => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({ "event": other, "ignored": true })),
+        )),
+    }
+}
+
+async fn push(
+    st: &AppState,
+    ws: WorkspaceId,
+    payload: &Value,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let git_ref = payload["ref"].as_str().unwrap_or_default();
+    let Some(branch) = git_ref.strip_prefix("refs/heads/") else {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({ "event": "push", "ignored": "not a branch" })),
+        ));
+    };
+    let commit = payload["after"]
+        .as_str()
+        .or_else(|| payload["checkout_sha"].as_str())
+        .unwrap_or_default();
+    if commit.len() < 7 || !commit.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(ApiError::invalid(
+            "invalid_event",
+            "the push names no commit (`after`)",
+        ));
+    }
+    let urls = repo_urls(payload);
+    let targets: Vec<_> = detection::capsules_on_branch(&st.pool, ws, branch)
+        .await?
+        .into_iter()
+        .filter(|t| urls.contains(&normalize_repo(&t.repo)))
+        .collect();
+    let ids: Vec<CapsuleId> = targets.iter().map(|t| t.id).collect();
+    let mut tx = st.pool.begin().await?;
+    detection::mark_stale(&mut tx, &ids, commit).await?;
+    activity::append(
+        &mut *tx,
+        ws,
+        "webhook_push",
+        branch,
+        "system:webhook",
+        json!({ "branch": branch, "commit": commit, "capsules": ids }),
+    )
+    .await?;
+    // Automatic update is the one exception: a plan that continues to apply only if clean.
+    let mut started = Vec::new();
+    for t in targets.iter().filter(|t| t.auto_update) {
+        let Some(capsule) = capsules::get(&mut *tx, t.id).await? else {
+            continue;
+        };
+        let on_behalf = t.auto_update_by.clone().unwrap_or_default();
+        let id = create_run(
+            &mut tx,
+            &Start {
+                kind: RunKind::Plan,
+                capsule: &capsule,
+                group: None,
+                actor_kind: ActorKind::System,
+                actor_id: format!("auto-update:{on_behalf}"),
+                actor: format!("system:auto-update on behalf of {on_behalf}"),
+                auto_apply: true,
+            },
+        )
+        .await?;
+        detection::set_run_source(&mut tx, id, branch, commit, false).await?;
+        started.push(id);
+    }
+    tx.commit().await?;
+    if !started.is_empty() {
+        st.relay_wake.notify_one();
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "event": "push", "stale": ids, "autoUpdatePlans": started })),
+    ))
+}
+
+async fn pull_request(
+    st: &AppState,
+    ws: WorkspaceId,
+    payload: &Value,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let pr = if payload["pull_request"].is_object() {
+        &payload["pull_request"]
+    } else {
+        &payload["object_attributes"]
+    };
+    let action = payload["action"]
+        .as_str()
+        .or_else(|| pr["action"].as_str())
+        .unwrap_or("opened");
+    if !matches!(
+        action,
+        "opened" | "synchronize" | "reopened" | "open" | "update"
+    ) {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({ "event": "pull_request", "ignored": action })),
+        ));
+    }
+    let base = pr["base"]["ref"]
+        .as_str()
+        .or_else(|| pr["target_branch"].as_str())
+        .unwrap_or_default();
+    let head_ref = pr["head"]["ref"]
+        .as_str()
+        .or_else(|| pr["source_branch"].as_str())
+        .unwrap_or_default();
+    let head_sha = pr["head"]["sha"]
+        .as_str()
+        .or_else(|| pr["last_commit"]["id"].as_str())
+        .unwrap_or_default();
+    if head_ref.is_empty() || head_sha.len() < 7 || !head_sha.chars().all(|c| c.is_ascii_hexdigit())
+    {
+        return Err(ApiError::invalid(
+            "invalid_event",
+            "the pull request names no head branch and commit",
+        ));
+    }
+    let urls = repo_urls(payload);
+    let targets: Vec<_> = detection::capsules_on_branch(&st.pool, ws, base)
+        .await?
+        .into_iter()
+        .filter(|t| urls.contains(&normalize_repo(&t.repo)))
+        .collect();
+    let mut tx = st.pool.begin().await?;
+    let mut started = Vec::new();
+    for t in &targets {
+        let Some(capsule) = capsules::get(&mut *tx, t.id).await? else {
+            continue;
+        };
+        let id = create_run(
+            &mut tx,
+            &Start {
+                kind: RunKind::Plan,
+                capsule: &capsule,
+                group: None,
+                actor_kind: ActorKind::System,
+                actor_id: "webhook:pull_request".into(),
+                actor: "system:webhook".into(),
+                auto_apply: false,
+            },
+        )
+        .await?;
+        detection::set_run_source(&mut tx, id, head_ref, head_sha, true).await?;
+        started.push(id);
+    }
+    activity::append(
+        &mut *tx,
+        ws,
+        "webhook_pull_request",
+        head_ref,
+        "system:webhook",
+        json!({ "head": head_sha, "speculativePlans": started }),
+    )
+    .await?;
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "event": "pull_request", "speculativePlans": started })),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CapsuleSettings {
+    /// A push to the Capsule's branch starts a plan that continues to apply when clean.
+    #[serde(default)]
+    auto_update: Option<bool>,
+    /// Seconds between scheduled drift checks (at least 60); `null` uses the Workspace's.
+    #[serde(default, deserialize_with = "some_or_null")]
+    drift_interval_secs: Option<Option<i32>>,
+}
+
+/// Tells a field set to `null` (clear it) from an absent one (leave it).
+fn some_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<i32>>, D::Error> {
+    Ok(Some(Option::<i32>::deserialize(d)?))
+}
+
+fn check_interval(secs: Option<i32>) -> Result<(), ApiError> {
+    match secs {
+        Some(s) if s < 60 => Err(ApiError::invalid(
+            "invalid_interval",
+            "driftIntervalSecs must be at least 60 (or null)",
+        )),
+        _ => Ok(()),
+    }
+}
+
+async fn capsule_settings(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(cap): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let capsule = load_capsule(&st, &caller, &cap).await?;
+    caller.require(Action::Operate, Some(capsule.workspace_id))?;
+    let req: CapsuleSettings = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
+    if let Some(secs) = req.drift_interval_secs {
+        check_interval(secs)?;
+    }
+    let mut tx = st.pool.begin().await?;
+    if let Some(on) = req.auto_update {
+        detection::set_auto_update(&mut tx, capsule.id, on, &caller.0.id.to_string()).await?;
+    }
+    if let Some(secs) = req.drift_interval_secs {
+        detection::set_capsule_drift_interval(&mut tx, capsule.id, secs).await?;
+    }
+    activity::append(
+        &mut *tx,
+        capsule.workspace_id,
+        "capsule_settings",
+        &capsule.id.to_string(),
+        &caller.actor(),
+        json!({ "autoUpdate": req.auto_update, "driftIntervalSecs": req.drift_interval_secs }),
+    )
+    .await?;
+    let capsule = capsules::get(&mut *tx, capsule.id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the Capsule"))?;
+    tx.commit().await?;
+    Ok(Json(views::capsule(&capsule)))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WorkspaceSettings {
+    #[serde(default, deserialize_with = "some_or_null")]
+    drift_interval_secs: Option<Option<i32>>,
+}
+
+async fn workspace_settings(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = load_workspace(&st, &caller, &ws).await?;
+    caller.require(Action::Administer, Some(ws))?;
+    let req: WorkspaceSettings = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
+    let mut tx = st.pool.begin().await?;
+    if let Some(secs) = req.drift_interval_secs {
+        check_interval(secs)?;
+        detection::set_workspace_drift_interval(&mut tx, ws, secs).await?;
+    }
+    activity::append(
+        &mut *tx,
+        ws,
+        "workspace_settings",
+        &ws.to_string(),
+        &caller.actor(),
+        json!({ "driftIntervalSecs": req.drift_interval_secs }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Json(
+        json!({ "id": ws, "driftIntervalSecs": req.drift_interval_secs.flatten() }),
+    ))
+}
+
+// ---- drift checks and groups ---------------------------------------------------------
+
+async fn capsule_drift_check(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(cap): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let capsule = load_capsule(&st, &caller, &cap).await?;
+    caller.require(Action::Submit, Some(capsule.workspace_id))?;
+    let mut tx = st.pool.begin().await?;
+    let start = Start {
+        kind: RunKind::DriftCheck,
+        capsule: &capsule,
+        group: None,
+        actor_kind: actor_kind(&caller),
+        actor_id: caller.0.id.to_string(),
+        actor: caller.actor(),
+        auto_apply: false,
+    };
+    let id = create_run(&mut tx, &start).await?;
+    let run = runs::get(&mut *tx, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the new Run"))?;
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
+}
+
+async fn start_group(
+    st: &AppState,
+    caller: &Caller,
+    ws: WorkspaceId,
+    kind: RunKind,
+    only_stale: bool,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    caller.require(Action::Submit, Some(ws))?;
+    let ids = detection::workspace_capsules(&st.pool, ws, only_stale).await?;
+    let group_kind = if kind == RunKind::DriftCheck {
+        "drift_check"
+    } else {
+        "plan_update"
+    };
+    let mut tx = st.pool.begin().await?;
+    let group = detection::create_group(&mut tx, ws, group_kind, &caller.actor()).await?;
+    let mut created = Vec::new();
+    for id in ids {
+        let Some(capsule) = capsules::get(&mut *tx, id).await? else {
+            continue;
+        };
+        let start = Start {
+            kind,
+            capsule: &capsule,
+            group: Some(group),
+            actor_kind: actor_kind(caller),
+            actor_id: caller.0.id.to_string(),
+            actor: caller.actor(),
+            auto_apply: false,
+        };
+        created.push(create_run(&mut tx, &start).await?);
+    }
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": group, "workspaceId": ws, "kind": group_kind, "runIds": created })),
+    ))
+}
+
+async fn workspace_drift_check(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = load_workspace(&st, &caller, &ws).await?;
+    start_group(&st, &caller, ws, RunKind::DriftCheck, false).await
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PlanUpdate {
+    #[serde(default)]
+    only_stale: bool,
+}
+
+async fn plan_update(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = load_workspace(&st, &caller, &ws).await?;
+    let req: PlanUpdate = if body.iter().all(u8::is_ascii_whitespace) {
+        PlanUpdate::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
+    };
+    start_group(&st, &caller, ws, RunKind::Plan, req.only_stale).await
+}
+
+/// Drifted Capsules rolled up by what changed: Capsules whose drift touches the same
+/// resource types and addresses are one row.
+async fn workspace_drift(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = load_workspace(&st, &caller, &ws).await?;
+    let drifted = detection::drifted_capsules(&st.pool, ws).await?;
+    let mut rows: Vec<(Value, Vec<Value>)> = Vec::new();
+    for (capsule, run, changes) in drifted {
+        let summary = runs::get(&st.pool, run)
+            .await?
+            .and_then(|r| resource_summary(&st, &r));
+        let key = json!({ "changes": changes, "resources": summary });
+        let entry = json!({ "capsuleId": capsule, "runId": run });
+        match rows.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, list)) => list.push(entry),
+            None => rows.push((key, vec![entry])),
+        }
+    }
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|(k, list)| json!({ "drift": k, "capsules": list }))
+        .collect();
+    Ok(Json(json!({ "workspaceId": ws, "drifted": rows })))
+}
+
+fn resource_summary(_st: &AppState, run: &runs::Run) -> Option<Value> {
+    // Grouping key: the (type, address, actions) of each change when the plan step kept a
+    // summary; otherwise the counts alone.
+    run.changes.clone()
+}
+
+async fn get_group(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(rg): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let group = load_group(&st, &caller, &rg).await?;
+    let mut items = Vec::new();
+    for id in detection::group_runs(&st.pool, group.id).await? {
+        if let Some(r) = runs::get(&st.pool, id).await? {
+            items.push(views::run(&r));
+        }
+    }
+    Ok(Json(
+        json!({ "id": group.id, "workspaceId": group.workspace_id, "kind": group.kind, "createdBy": group.created_by, "createdAt": group.created_at, "runs": items }),
+    ))
+}
+
+async fn load_group(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+) -> Result<detection::RunGroup, ApiError> {
+    let id: RunGroupId = raw.parse().map_err(bad_id)?;
+    let group = detection::group(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("RunGroup {id}")))?;
+    caller.require(Action::Read, Some(group.workspace_id))?;
+    Ok(group)
+}
+
+/// Approves every held Run of the group, each with its own approval record (bound to
+/// its own plan digest); Runs this caller may not approve are listed with the reason.
+async fn approve_group(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(rg): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let group = load_group(&st, &caller, &rg).await?;
+    let mut results = Vec::new();
+    for id in detection::group_runs(&st.pool, group.id).await? {
+        let Some(run) = runs::get(&st.pool, id).await? else {
+            continue;
+        };
+        if run.status != RunStatus::Held {
+            continue;
+        }
+        match crate::gates::approve_run(&st, &caller, &run, None, None).await {
+            Ok(v) => results
+                .push(json!({ "runId": id, "status": v["status"], "approvals": v["approvals"] })),
+            Err(ApiError::Client { code, message, .. }) => {
+                results.push(json!({ "runId": id, "error": { "code": code, "message": message } }))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Json(json!({ "id": group.id, "results": results })))
+}
+
+/// Proposes an apply for each planned Run of the group, each pinned to its own plan.
+async fn apply_group(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(rg): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let group = load_group(&st, &caller, &rg).await?;
+    caller.require(Action::Submit, Some(group.workspace_id))?;
+    let mut results = Vec::new();
+    for id in detection::group_runs(&st.pool, group.id).await? {
+        let Some(run) = runs::get(&st.pool, id).await? else {
+            continue;
+        };
+        if !run.kind.is_plan_like() || run.status != RunStatus::Planned {
+            continue;
+        }
+        match crate::routes::propose_apply(&st, &caller, &run, None, false).await {
+            Ok(apply) => results.push(json!({ "planRunId": id, "applyRunId": apply.id })),
+            Err(ApiError::Client { code, message, .. }) => results
+                .push(json!({ "planRunId": id, "error": { "code": code, "message": message } })),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": group.id, "results": results })),
+    ))
+}

@@ -1,0 +1,328 @@
+//! Rules, approvals and releases. Rules are versioned per Workspace and per Capsule, and a
+//! policy that does not compile is rejected when it is set. An approval is bound to the
+//! digest of the plan its approver is shown: approving one plan can never release
+//! another, the requester cannot approve their own Run, and only the rule's approver
+//! roles count.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use takosumi_core::{CapsuleId, RunId, RunStatus, Topic, WorkspaceId};
+use takosumi_policy::RuleSet;
+use takosumi_store::{activity, capsules, events, gates, outbox, runs, workspaces};
+
+use crate::auth::{Action, Caller};
+use crate::{ApiError, AppState, views};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/api/v1/workspaces/{ws}/rules",
+            put(set_workspace_rules).get(get_workspace_rules),
+        )
+        .route(
+            "/api/v1/capsules/{cap}/rules",
+            put(set_capsule_rules).get(get_capsule_rules),
+        )
+        .route("/api/v1/runs/{run}/approve", post(approve))
+}
+
+fn parse_rules(body: &Bytes) -> Result<RuleSet, ApiError> {
+    let rules: RuleSet = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_json(format!("the rules are not valid: {e}")))?;
+    rules.validate().map_err(|e| match e {
+        takosumi_policy::PolicyError::Compile(m) => ApiError::invalid(
+            "invalid_policy",
+            format!("the plan_gate policy does not compile: {m}"),
+        ),
+        other => ApiError::invalid("invalid_rules", other.to_string()),
+    })?;
+    Ok(rules)
+}
+
+async fn store_rules(
+    st: &AppState,
+    caller: &Caller,
+    ws: WorkspaceId,
+    cap: Option<CapsuleId>,
+    rules: &RuleSet,
+) -> Result<impl IntoResponse + use<>, ApiError> {
+    let value = serde_json::to_value(rules).map_err(|e| ApiError::Internal {
+        transient: false,
+        source: Box::new(e),
+    })?;
+    let mut tx = st.pool.begin().await?;
+    let version = gates::set_rules(&mut tx, ws, cap, &value, &caller.actor()).await?;
+    let subject = cap.map_or_else(|| ws.to_string(), |c| c.to_string());
+    activity::append(
+        &mut *tx,
+        ws,
+        "rules_set",
+        &subject,
+        &caller.actor(),
+        json!({ "version": version }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok((
+        StatusCode::OK,
+        Json(json!({ "scope": subject, "version": version, "rules": value })),
+    ))
+}
+
+fn ws_id(raw: &str) -> Result<WorkspaceId, ApiError> {
+    raw.parse().map_err(|e: takosumi_core::IdParseError| {
+        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+    })
+}
+
+async fn set_workspace_rules(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = ws_id(&ws)?;
+    caller.require(Action::Read, Some(ws))?;
+    workspaces::get(&st.pool, ws)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    caller.require(Action::Administer, Some(ws))?;
+    let rules = parse_rules(&body)?;
+    store_rules(&st, &caller, ws, None, &rules).await
+}
+
+async fn get_workspace_rules(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = ws_id(&ws)?;
+    caller.require(Action::Read, Some(ws))?;
+    workspaces::get(&st.pool, ws)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    let cur = gates::current_rules(&st.pool, ws, None).await?;
+    Ok(Json(
+        json!({ "scope": ws, "version": cur.as_ref().map(|r| r.version), "rules": cur.map(|r| r.rules).unwrap_or_else(|| json!({})) }),
+    ))
+}
+
+async fn load_capsule(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+) -> Result<capsules::Capsule, ApiError> {
+    let id: CapsuleId = raw.parse().map_err(|e: takosumi_core::IdParseError| {
+        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+    })?;
+    let capsule = capsules::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
+    caller.require(Action::Read, Some(capsule.workspace_id))?;
+    Ok(capsule)
+}
+
+async fn set_capsule_rules(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(cap): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let capsule = load_capsule(&st, &caller, &cap).await?;
+    caller.require(Action::Administer, Some(capsule.workspace_id))?;
+    let rules = parse_rules(&body)?;
+    store_rules(&st, &caller, capsule.workspace_id, Some(capsule.id), &rules).await
+}
+
+async fn get_capsule_rules(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(cap): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let capsule = load_capsule(&st, &caller, &cap).await?;
+    let cur = gates::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?;
+    Ok(Json(
+        json!({ "scope": capsule.id, "version": cur.as_ref().map(|r| r.version), "rules": cur.map(|r| r.rules).unwrap_or_else(|| json!({})) }),
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApproveBody {
+    /// The digest of the plan the approver reviewed; refused when it is not this Run's.
+    #[serde(default)]
+    plan_digest: Option<String>,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+async fn approve(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(run): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let id: RunId = run.parse().map_err(|e: takosumi_core::IdParseError| {
+        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+    })?;
+    let run = runs::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
+    caller.require(Action::Read, Some(run.workspace_id))?;
+    let req: ApproveBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ApproveBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
+    };
+    if req.note.as_ref().is_some_and(|n| n.len() > 2000) {
+        return Err(ApiError::invalid(
+            "invalid_note",
+            "the note is at most 2000 characters",
+        ));
+    }
+    Ok(Json(
+        approve_run(
+            &st,
+            &caller,
+            &run,
+            req.plan_digest.as_deref(),
+            req.note.as_deref(),
+        )
+        .await?,
+    ))
+}
+
+/// Records one person's approval of a held Run, bound to the Run's plan digest, and
+/// releases the Run when enough distinct approvals of the right roles are in.
+pub async fn approve_run(
+    st: &AppState,
+    caller: &Caller,
+    run: &runs::Run,
+    plan_digest: Option<&str>,
+    note: Option<&str>,
+) -> Result<serde_json::Value, ApiError> {
+    let id = run.id;
+    if run.status != RunStatus::Held {
+        return Err(ApiError::conflict(
+            "not_held",
+            format!(
+                "{id} is {}; only a held Run can be approved",
+                run.status.as_str()
+            ),
+        ));
+    }
+    let (_, _, required, roles) = gates::gate_fields(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the Run"))?;
+    if caller.0.id.to_string() == run.actor_id {
+        return Err(ApiError::forbidden_code(
+            "self_approval",
+            "the requester of a Run cannot approve it; ask another approver",
+        ));
+    }
+    if !roles.contains(&caller.0.role) {
+        return Err(ApiError::forbidden(format!(
+            "approvals of this Run count only from the roles {}",
+            roles.join(", ")
+        )));
+    }
+    if let Some(d) = plan_digest
+        && Some(d) != run.plan_digest.as_deref()
+    {
+        return Err(ApiError::conflict(
+            "plan_digest_mismatch",
+            "this approval names another plan's digest; an approval only ever releases the plan its approver reviewed",
+        ));
+    }
+    let mut tx = st.pool.begin().await?;
+    if !gates::add_approval(
+        &mut tx,
+        id,
+        run.plan_digest.as_deref(),
+        &caller.0.id.to_string(),
+        &caller.0.role,
+        note,
+    )
+    .await?
+    {
+        return Err(ApiError::conflict(
+            "already_approved",
+            "you already approved this Run",
+        ));
+    }
+    let given = gates::count_approvals(&mut tx, id, run.plan_digest.as_deref(), &roles).await?;
+    events::append(
+        &mut *tx,
+        id,
+        "approved",
+        &caller.actor(),
+        json!({ "planDigest": run.plan_digest, "approvals": given, "required": required }),
+    )
+    .await?;
+    activity::append(
+        &mut *tx,
+        run.workspace_id,
+        "approval",
+        &id.to_string(),
+        &caller.actor(),
+        json!({ "approvals": given, "required": required }),
+    )
+    .await?;
+    // The approve step counts the approvals bound to this plan digest and releases the Run.
+    outbox::enqueue(&mut tx, Topic::Approve, id).await?;
+    let run = runs::get(&mut *tx, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the Run"))?;
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    let mut body = views::run(&run);
+    body["approvals"] = json!({ "given": given, "required": required });
+    Ok(body)
+}
+
+/// Whether the rules exempt this agent (by token name) from being held.
+pub async fn agent_exempt(
+    st: &AppState,
+    capsule: &capsules::Capsule,
+    token_name: &str,
+) -> Result<bool, ApiError> {
+    let parse = |r: Option<gates::StoredRules>| -> RuleSet {
+        r.and_then(|r| serde_json::from_value(r.rules).ok())
+            .unwrap_or_default()
+    };
+    let ws = parse(gates::current_rules(&st.pool, capsule.workspace_id, None).await?);
+    let cap = parse(gates::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?);
+    Ok(cap
+        .over(&ws)
+        .agent_exemptions
+        .iter()
+        .any(|n| n == token_name))
+}
+
+/// Holds an agent's plan before anything plans: planning runs provider code with the
+/// server's credentials, so a person releases it first.
+pub async fn hold_agent_plan(
+    tx: &mut takosumi_store::Tx,
+    id: RunId,
+    caller: &Caller,
+) -> Result<(), ApiError> {
+    let details = json!({ "reasons": ["agent_run"], "agentRun": true, "stage": "before_plan" });
+    let roles = ["approver".to_owned(), "admin".to_owned()];
+    gates::hold(tx, id, "agent_run", &details, 1, &roles).await?;
+    events::append(
+        &mut **tx,
+        id,
+        "held",
+        &caller.actor(),
+        json!({ "reason": "agent_run", "stage": "before_plan" }),
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,25 @@
+//! The drift-check step. A drift check is a dry-run plan of the Capsule's current source
+//! against its current state: it counts what would change from `show -json`, records
+//! `drift: true|false`, and — only when it found drift — keeps its saved plan sealed so a
+//! reconcile (`POST /runs/{check}/apply`) carries out exactly the plan shown with the
+//! check. A later check of the same Capsule drops the plan an earlier one kept. It never
+//! applies anything; the planning itself is the plan step's, shared here.
+
+use takosumi_core::{Outcome, RunKind, RunMessage, StepError};
+use takosumi_runtime::Ctx;
+use takosumi_runtime::step::store_err;
+
+/// Handles one `run.drift` wake-up. Safe to run twice (the plan step's claim decides).
+pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
+    let run = takosumi_store::runs::get(&ctx.pool, msg.run_id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| StepError::Poison(format!("{} does not exist", msg.run_id)))?;
+    if run.kind != RunKind::DriftCheck {
+        return Err(StepError::Poison(format!(
+            "{} is not a drift check",
+            msg.run_id
+        )));
+    }
+    takosumi_plan::handle(ctx, msg).await
+}

@@ -1,0 +1,50 @@
+//! The sweep: on a timer, enqueues a drift check for every Capsule whose interval (its
+//! own, else its Workspace's) has passed and whose last check is not still queued or
+//! running. It is read-only: it creates drift-check Runs and nothing else, never an
+//! apply, and never re-picks a target. Due Capsules are claimed in Postgres (`FOR UPDATE
+//! SKIP LOCKED` plus a timestamp moved in the same statement), so any number of sweepers
+//! can run at once without enqueueing a Capsule twice.
+
+use std::time::Duration;
+
+use takosumi_core::StepError;
+use takosumi_runtime::Ctx;
+use takosumi_runtime::step::store_err;
+use tokio_util::sync::CancellationToken;
+
+/// Capsules claimed per statement.
+pub const BATCH: i64 = 2000;
+
+/// One pass: enqueues every due Capsule's check; returns how many.
+pub async fn sweep_once(ctx: &Ctx) -> Result<i64, StepError> {
+    let mut total = 0;
+    loop {
+        let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+        let n = takosumi_store::detection::sweep_due(&mut tx, BATCH)
+            .await
+            .map_err(store_err)?;
+        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        total += n;
+        if n < BATCH {
+            break;
+        }
+    }
+    if total > 0 {
+        ctx.relay_wake.notify_one();
+        tracing::info!(enqueued = total, "sweep enqueued drift checks");
+    }
+    Ok(total)
+}
+
+/// Sweeps every `interval` until `shutdown`.
+pub async fn run(ctx: Ctx, interval: Duration, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        if let Err(e) = sweep_once(&ctx).await {
+            tracing::warn!(error = %e, "sweep pass failed; will retry");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}

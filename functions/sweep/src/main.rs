@@ -1,0 +1,35 @@
+//! `takosumi-sweep`: the scheduled, read-only drift sweep, with its outbox relay.
+
+use std::time::Duration;
+
+use takosumi_runtime::{Ctx, Settings, init_telemetry, shutdown_signal};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings = Settings::from_env()?;
+    init_telemetry("sweep");
+    let ctx = Ctx::connect(&settings, "sweep").await?;
+    let interval = std::env::var("TAKOSUMI_SWEEP_INTERVAL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000u64);
+    let shutdown = shutdown_signal();
+    let relay_stop = tokio_util::sync::CancellationToken::new();
+    let bus = ctx.bus.clone();
+    let relay = tokio::spawn(takosumi_queue::run_relay(
+        ctx.pool.clone(),
+        move || {
+            let bus = bus.clone();
+            async move { bus.get().await }
+        },
+        ctx.relay_wake.clone(),
+        relay_stop.clone(),
+    ));
+    takosumi_sweep::run(ctx.clone(), Duration::from_millis(interval), shutdown).await;
+    ctx.relay_wake.notify_one();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay_stop.cancel();
+    let _ = relay.await;
+    ctx.bus.close().await;
+    Ok(())
+}

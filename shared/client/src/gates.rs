@@ -1,0 +1,96 @@
+//! Client calls for gates and detection: approvals (bound to the plan digest the approver
+//! reviewed), rules, drift checks and RunGroups.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
+
+use crate::{Client, ClientError, Run};
+
+impl Client {
+    /// `POST /api/v1/runs/{run}/approve`: one person's approval of a held Run. With
+    /// `plan_digest`, the API refuses it unless it is the digest of the Run's plan.
+    pub async fn approve(
+        &self,
+        run: RunId,
+        plan_digest: Option<&str>,
+        note: Option<&str>,
+    ) -> Result<Value, ClientError> {
+        let path = format!("/api/v1/runs/{run}/approve");
+        let body = json!({ "planDigest": plan_digest, "note": note });
+        let body: Value = Value::Object(
+            body.as_object()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .collect(),
+        );
+        let rb = self.request(Method::POST, &path).json(&body);
+        self.execute(Method::POST, &path, rb).await
+    }
+
+    /// `PUT /api/v1/workspaces/{ws}/rules`: a new version of the Workspace's rules.
+    pub async fn set_workspace_rules(
+        &self,
+        ws: WorkspaceId,
+        rules: &Value,
+    ) -> Result<Value, ClientError> {
+        let path = format!("/api/v1/workspaces/{ws}/rules");
+        let rb = self.request(Method::PUT, &path).json(rules);
+        self.execute(Method::PUT, &path, rb).await
+    }
+
+    /// `PUT /api/v1/capsules/{cap}/rules`: a new version of the Capsule's rules.
+    pub async fn set_capsule_rules(
+        &self,
+        cap: CapsuleId,
+        rules: &Value,
+    ) -> Result<Value, ClientError> {
+        let path = format!("/api/v1/capsules/{cap}/rules");
+        let rb = self.request(Method::PUT, &path).json(rules);
+        self.execute(Method::PUT, &path, rb).await
+    }
+
+    /// `POST /api/v1/capsules/{cap}/drift-check`: a drift-check Run.
+    pub async fn drift_check(&self, cap: CapsuleId) -> Result<Run, ClientError> {
+        let path = format!("/api/v1/capsules/{cap}/drift-check");
+        let rb = self.request(Method::POST, &path).json(&json!({}));
+        self.execute(Method::POST, &path, rb).await
+    }
+
+    /// `POST /api/v1/workspaces/{ws}/drift-check` or `/plan-update`: a RunGroup.
+    pub async fn start_group(
+        &self,
+        ws: WorkspaceId,
+        drift: bool,
+        only_stale: bool,
+    ) -> Result<Value, ClientError> {
+        let (path, body) = if drift {
+            (format!("/api/v1/workspaces/{ws}/drift-check"), json!({}))
+        } else {
+            (
+                format!("/api/v1/workspaces/{ws}/plan-update"),
+                json!({ "onlyStale": only_stale }),
+            )
+        };
+        let rb = self.request(Method::POST, &path).json(&body);
+        self.execute(Method::POST, &path, rb).await
+    }
+
+    /// `GET /api/v1/run-groups/{rg}`, or `POST …/approve` / `…/apply` with `action`.
+    pub async fn group(&self, rg: RunGroupId, action: Option<&str>) -> Result<Value, ClientError> {
+        match action {
+            None => {
+                let path = format!("/api/v1/run-groups/{rg}");
+                self.execute(Method::GET, &path, self.request(Method::GET, &path))
+                    .await
+            }
+            Some(a) => {
+                let path = format!("/api/v1/run-groups/{rg}/{a}");
+                let rb = self.request(Method::POST, &path).json(&json!({}));
+                self.execute(Method::POST, &path, rb).await
+            }
+        }
+    }
+}

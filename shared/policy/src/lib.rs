@@ -1,0 +1,454 @@
+//! Gate rules and their evaluation: `max_destroy`, a Rego `plan_gate` (evaluated with
+//! regorus on the saved plan's `show -json` plus Run metadata), approval rules (N distinct
+//! approvers of given roles, never the requester), `require_approval` on a submission, and
+//! agent runs (held before planning and again before applying, unless exempted). This
+//! crate decides; it does no I/O, and its input is the saved plan, never printed text.
+#![deny(missing_docs)]
+
+pub mod scan;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use takosumi_core::Changes;
+
+/// The package a plan gate policy declares; its `deny` set holds the apply.
+pub const PLAN_GATE_PACKAGE: &str = "takosumi";
+
+/// Rules set on a Workspace or a Capsule. Absent fields set nothing; a Capsule's rules
+/// override its Workspace's field by field.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuleSet {
+    /// Hold an apply whose saved plan deletes more than this many resources
+    /// (a replacement counts as a deletion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_destroy: Option<i64>,
+    /// A Rego policy (`package takosumi`); every `deny` message holds the apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_gate: Option<String>,
+    /// Applies need approval by distinct people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalRule>,
+    /// Token names of agents whose runs take the ordinary path (recorded when used).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_exemptions: Vec<String>,
+}
+
+/// N-of-M approval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalRule {
+    /// Distinct approvals needed (at least 1).
+    pub required: u32,
+    /// Roles whose approvals count (default: `approver`, `admin`).
+    #[serde(default = "default_approver_roles")]
+    pub approver_roles: Vec<String>,
+}
+
+fn default_approver_roles() -> Vec<String> {
+    vec!["approver".to_owned(), "admin".to_owned()]
+}
+
+/// A rule set that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The Rego policy does not compile (the message is the compiler's).
+    #[error("the plan_gate policy does not compile: {0}")]
+    Compile(String),
+    /// A field is out of range.
+    #[error("{0}")]
+    Invalid(String),
+    /// Evaluation failed (a runtime error in the policy).
+    #[error("the plan_gate policy failed to evaluate: {0}")]
+    Eval(String),
+}
+
+impl PolicyError {
+    /// Rule errors are final: fix the rules.
+    pub fn retryable(&self) -> bool {
+        false
+    }
+}
+
+impl RuleSet {
+    /// Checks a rule set before it is stored: a policy that fails to compile is rejected
+    /// when it is set, not when an apply meets it.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if let Some(n) = self.max_destroy
+            && n < 0
+        {
+            return Err(PolicyError::Invalid("maxDestroy must be 0 or more".into()));
+        }
+        if let Some(a) = &self.approval {
+            if a.required == 0 || a.required > 20 {
+                return Err(PolicyError::Invalid(
+                    "approval.required must be between 1 and 20".into(),
+                ));
+            }
+            let roles = ["viewer", "operator", "approver", "admin"];
+            if a.approver_roles.is_empty()
+                || a.approver_roles
+                    .iter()
+                    .any(|r| !roles.contains(&r.as_str()))
+            {
+                return Err(PolicyError::Invalid(
+                    "approval.approverRoles must name operator, approver or admin roles".into(),
+                ));
+            }
+        }
+        if let Some(p) = &self.plan_gate {
+            compile(p)?;
+        }
+        Ok(())
+    }
+
+    /// This rule set over `base`: each field set here wins.
+    pub fn over(&self, base: &RuleSet) -> RuleSet {
+        RuleSet {
+            max_destroy: self.max_destroy.or(base.max_destroy),
+            plan_gate: self.plan_gate.clone().or_else(|| base.plan_gate.clone()),
+            approval: self.approval.clone().or_else(|| base.approval.clone()),
+            agent_exemptions: if self.agent_exemptions.is_empty() {
+                base.agent_exemptions.clone()
+            } else {
+                self.agent_exemptions.clone()
+            },
+        }
+    }
+
+    /// Whether any rule could hold an apply.
+    pub fn covers_applies(&self) -> bool {
+        self.max_destroy.is_some() || self.plan_gate.is_some() || self.approval.is_some()
+    }
+}
+
+fn engine(policy: &str) -> Result<regorus::Engine, PolicyError> {
+    let mut engine = regorus::Engine::new();
+    engine
+        .add_policy("plan_gate.rego".to_owned(), policy.to_owned())
+        .map_err(|e| PolicyError::Compile(e.to_string()))?;
+    Ok(engine)
+}
+
+fn compile(policy: &str) -> Result<(), PolicyError> {
+    let mut e = engine(policy)?;
+    // Evaluating against an empty input surfaces undefined-reference errors now.
+    e.set_input(regorus::Value::new_object());
+    e.eval_rule(format!("data.{PLAN_GATE_PACKAGE}.deny"))
+        .map(|_| ())
+        .map_err(|e| PolicyError::Compile(e.to_string()))
+}
+
+/// Evaluates a plan gate: the `deny` messages (empty = allowed).
+pub fn plan_gate_denials(policy: &str, input: &Value) -> Result<Vec<String>, PolicyError> {
+    let mut e = engine(policy)?;
+    let input = regorus::Value::from_json_str(&input.to_string())
+        .map_err(|e| PolicyError::Eval(e.to_string()))?;
+    e.set_input(input);
+    let out = e
+        .eval_rule(format!("data.{PLAN_GATE_PACKAGE}.deny"))
+        .map_err(|e| PolicyError::Eval(e.to_string()))?;
+    let json: Value = serde_json::to_value(&out).map_err(|e| PolicyError::Eval(e.to_string()))?;
+    let mut messages: Vec<String> = match json {
+        Value::Array(items) => items
+            .into_iter()
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+            .collect(),
+        Value::String(s) => vec![s],
+        Value::Null => vec![],
+        Value::Object(m) if m.is_empty() => vec![],
+        other => vec![other.to_string()],
+    };
+    messages.retain(|m| m != "\"<undefined>\"" && m != "<undefined>");
+    messages.sort();
+    Ok(messages)
+}
+
+/// What the gate knows about the apply it decides on.
+#[derive(Debug, Clone)]
+pub struct GateInput<'a> {
+    /// Change counts of the saved plan.
+    pub changes: Changes,
+    /// The saved plan's `show -json` (only needed for a plan gate).
+    pub plan_json: Option<&'a Value>,
+    /// Run metadata given to the Rego policy as `input.run`.
+    pub run: Value,
+    /// The submission asked for approval.
+    pub require_approval: bool,
+    /// An AI agent submitted it, and no exemption covers it.
+    pub agent: bool,
+    /// It continues a plan automatically (autoApplyRequested): deletions stop it.
+    pub auto_apply: bool,
+}
+
+/// The gate's decision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// No rule holds it.
+    Release {
+        /// What was checked (for the audit record).
+        checked: Vec<String>,
+    },
+    /// Held for a person: the first reason and every rule's details.
+    Hold {
+        /// `max_destroy`, `plan_gate`, `approval_rule`, `require_approval`, `agent_run`.
+        reason: &'static str,
+        /// Every finding, for the approver.
+        details: Value,
+        /// Approvals needed to release it.
+        approvals_required: u32,
+        /// Roles whose approvals count.
+        approver_roles: Vec<String>,
+    },
+}
+
+/// Decides on an apply.
+pub fn decide(rules: &RuleSet, input: &GateInput<'_>) -> Result<Decision, PolicyError> {
+    let mut findings = serde_json::Map::new();
+    let mut reasons: Vec<&'static str> = Vec::new();
+    let mut checked = Vec::new();
+    if let Some(limit) = rules.max_destroy {
+        checked.push("max_destroy".to_owned());
+        if input.changes.destroy > limit {
+            reasons.push("max_destroy");
+            findings.insert(
+                "maxDestroy".into(),
+                json!({ "limit": limit, "destroy": input.changes.destroy }),
+            );
+        }
+    }
+    if let Some(policy) = &rules.plan_gate {
+        checked.push("plan_gate".to_owned());
+        let mut gate_input = input.plan_json.cloned().unwrap_or_else(|| json!({}));
+        if let Value::Object(m) = &mut gate_input {
+            m.insert("run".into(), input.run.clone());
+            m.insert(
+                "changes".into(),
+                serde_json::to_value(input.changes).unwrap_or_default(),
+            );
+        }
+        let denials = plan_gate_denials(policy, &gate_input)?;
+        if !denials.is_empty() {
+            reasons.push("plan_gate");
+            findings.insert("planGate".into(), json!({ "deny": denials }));
+        }
+    }
+    if input.auto_apply && input.changes.destroy > 0 && !reasons.contains(&"max_destroy") {
+        reasons.push("max_destroy");
+        findings.insert(
+            "maxDestroy".into(),
+            json!({ "limit": 0, "destroy": input.changes.destroy, "autoApply": "an automatic apply stops for review when the plan deletes anything" }),
+        );
+    }
+    if input.require_approval {
+        reasons.push("require_approval");
+        findings.insert("requireApproval".into(), json!(true));
+    }
+    if input.agent {
+        reasons.push("agent_run");
+        findings.insert("agentRun".into(), json!(true));
+    }
+    if let Some(a) = &rules.approval {
+        checked.push("approval_rule".to_owned());
+        reasons.push("approval_rule");
+        findings.insert(
+            "approvalRule".into(),
+            json!({ "required": a.required, "approverRoles": a.approver_roles }),
+        );
+    }
+    let Some(first) = reasons.first().copied() else {
+        return Ok(Decision::Release { checked });
+    };
+    let required = rules.approval.as_ref().map_or(1, |a| a.required.max(1));
+    let roles = rules
+        .approval
+        .as_ref()
+        .map_or_else(default_approver_roles, |a| a.approver_roles.clone());
+    findings.insert("reasons".into(), json!(reasons));
+    Ok(Decision::Hold {
+        reason: first,
+        details: Value::Object(findings),
+        approvals_required: required,
+        approver_roles: roles,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(destroy: i64) -> GateInput<'static> {
+        GateInput {
+            changes: Changes {
+                add: 1,
+                change: 0,
+                destroy,
+            },
+            plan_json: None,
+            run: json!({}),
+            require_approval: false,
+            agent: false,
+            auto_apply: false,
+        }
+    }
+
+    #[test]
+    fn no_rules_release() {
+        assert!(matches!(
+            decide(&RuleSet::default(), &input(5)).unwrap(),
+            Decision::Release { .. }
+        ));
+    }
+
+    #[test]
+    fn max_destroy_holds_only_above_the_limit() {
+        let rules = RuleSet {
+            max_destroy: Some(1),
+            ..RuleSet::default()
+        };
+        assert!(matches!(
+            decide(&rules, &input(1)).unwrap(),
+            Decision::Release { .. }
+        ));
+        match decide(&rules, &input(2)).unwrap() {
+            Decision::Hold {
+                reason, details, ..
+            } => {
+                assert_eq!(reason, "max_destroy");
+                assert_eq!(details["maxDestroy"]["destroy"], 2);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const POLICY: &str = r#"package takosumi
+deny contains msg if {
+    some rc in input.resource_changes
+    rc.type == "null_resource"
+    "delete" in rc.change.actions
+    msg := sprintf("%s may not be deleted", [rc.address])
+}
+"#;
+
+    #[test]
+    fn rego_deny_and_allow() {
+        let plan = json!({ "resource_changes": [
+            { "address": "null_resource.a", "type": "null_resource", "change": { "actions": ["delete", "create"] } }
+        ]});
+        let denials = plan_gate_denials(POLICY, &plan).unwrap();
+        assert_eq!(
+            denials,
+            vec!["null_resource.a may not be deleted".to_owned()]
+        );
+        let clean = json!({ "resource_changes": [
+            { "address": "null_resource.a", "type": "null_resource", "change": { "actions": ["create"] } }
+        ]});
+        assert!(plan_gate_denials(POLICY, &clean).unwrap().is_empty());
+        let rules = RuleSet {
+            plan_gate: Some(POLICY.into()),
+            ..RuleSet::default()
+        };
+        let i = GateInput {
+            plan_json: Some(&plan),
+            ..input(1)
+        };
+        assert!(matches!(
+            decide(&rules, &i).unwrap(),
+            Decision::Hold {
+                reason: "plan_gate",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_policy_that_does_not_compile_is_rejected_when_set() {
+        let rules = RuleSet {
+            plan_gate: Some("package takosumi\ndeny contains msg if {".into()),
+            ..RuleSet::default()
+        };
+        assert!(matches!(rules.validate(), Err(PolicyError::Compile(_))));
+        let ok = RuleSet {
+            plan_gate: Some(POLICY.into()),
+            ..RuleSet::default()
+        };
+        ok.validate().unwrap();
+    }
+
+    #[test]
+    fn approval_and_agent_holds() {
+        let rules = RuleSet {
+            approval: Some(ApprovalRule {
+                required: 2,
+                approver_roles: default_approver_roles(),
+            }),
+            ..RuleSet::default()
+        };
+        match decide(&rules, &input(0)).unwrap() {
+            Decision::Hold {
+                reason,
+                approvals_required,
+                ..
+            } => {
+                assert_eq!(reason, "approval_rule");
+                assert_eq!(approvals_required, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        let agent = GateInput {
+            agent: true,
+            ..input(0)
+        };
+        assert!(matches!(
+            decide(&RuleSet::default(), &agent).unwrap(),
+            Decision::Hold {
+                reason: "agent_run",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn automatic_applies_stop_on_deletions() {
+        let clean = GateInput {
+            auto_apply: true,
+            ..input(0)
+        };
+        assert!(matches!(
+            decide(&RuleSet::default(), &clean).unwrap(),
+            Decision::Release { .. }
+        ));
+        let deleting = GateInput {
+            auto_apply: true,
+            ..input(1)
+        };
+        match decide(&RuleSet::default(), &deleting).unwrap() {
+            Decision::Hold {
+                reason, details, ..
+            } => {
+                assert_eq!(reason, "max_destroy");
+                assert_eq!(details["maxDestroy"]["limit"], 0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn capsule_rules_override_workspace_rules() {
+        let ws = RuleSet {
+            max_destroy: Some(0),
+            approval: Some(ApprovalRule {
+                required: 1,
+                approver_roles: default_approver_roles(),
+            }),
+            ..RuleSet::default()
+        };
+        let cap = RuleSet {
+            max_destroy: Some(5),
+            ..RuleSet::default()
+        };
+        let eff = cap.over(&ws);
+        assert_eq!(eff.max_destroy, Some(5));
+        assert!(eff.approval.is_some());
+    }
+}

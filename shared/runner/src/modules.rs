@@ -1,0 +1,326 @@
+//! The installed module tree and its digest: what `get` put under
+//! `<config_dir>/.terraform/modules`, reduced to one SHA-256 so an apply can prove it runs
+//! exactly the modules its plan used.
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::RunnerError;
+
+/// Where `get` installs modules, relative to the Capsule directory.
+pub const MODULES_DIR: &str = ".terraform/modules";
+
+/// Bound into every module digest so it can never equal a [`crate::tree_digest`] of the
+/// same files (the two digests pin different things).
+const DOMAIN: &[u8] = b"takosumi-modules-v1\n";
+
+/// The digest of the module tree installed under `<config_dir>/.terraform/modules`.
+///
+/// Every regular file (path, executable bit, SHA-256 of its bytes) and every link (path,
+/// target) counts, in byte order of their paths. Version-control metadata (`.git`,
+/// which `get` leaves inside each git module) is skipped at any depth: the tool never
+/// reads it, and its content (timestamps, pack layout) differs between two downloads of
+/// the same commit, so counting it would make an honest re-download look changed.
+/// `modules.json` is part of the tree: it names each module's source, so a module moved
+/// to another source changes the digest even when its files do not. It counts in a
+/// canonical form (its `Modules` entries sorted by `Key`): the tool writes them in a
+/// different order on every run.
+///
+/// Local-path modules (`./modules/x`) are not installed there: they live in the checkout
+/// and are pinned by the source snapshot's tree digest instead.
+///
+/// No installed tree at all (a tool that wrote nothing) is the digest of nothing,
+/// `sha256("")`. A link that leads outside the module tree (the tool links a module whose
+/// source is a path on this machine) is refused with [`RunnerError::InvalidDir`]: what it
+/// points at is not part of the run and could change under it.
+pub fn module_tree_digest(config_dir: &Path) -> Result<String, RunnerError> {
+    let root = config_dir.join(MODULES_DIR);
+    match fs::symlink_metadata(&root) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(RunnerError::InvalidDir(format!(
+                "{MODULES_DIR} is not a directory"
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(hex::encode(Sha256::digest(b"")));
+        }
+        Err(e) => return Err(RunnerError::io(format!("reading {}", root.display()), e)),
+    }
+    let root = root
+        .canonicalize()
+        .map_err(|e| RunnerError::io(format!("resolving {}", root.display()), e))?;
+    let mut entries: Vec<(Vec<u8>, u8, String)> = Vec::new();
+    let mut walk = walkdir::WalkDir::new(&root)
+        .follow_links(false)
+        .min_depth(1)
+        .into_iter();
+    while let Some(entry) = walk.next() {
+        let entry = entry.map_err(|e| walk_error(&root, e))?;
+        if entry.file_name() == ".git" {
+            if entry.file_type().is_dir() {
+                walk.skip_current_dir();
+            }
+            continue;
+        }
+        let path = entry.path();
+        let rel = path
+            .strip_prefix(&root)
+            .map_err(|_| RunnerError::InvalidDir(format!("{} escaped", path.display())))?;
+        let rel_bytes = rel.as_os_str().as_bytes().to_vec();
+        let file_type = entry.file_type();
+        if file_type.is_symlink() {
+            let target = fs::read_link(path)
+                .map_err(|e| RunnerError::io(format!("reading link {}", path.display()), e))?;
+            ensure_inside(&root, path, &target, rel)?;
+            entries.push((
+                rel_bytes,
+                b'l',
+                hex::encode(Sha256::digest(target.as_os_str().as_bytes())),
+            ));
+        } else if file_type.is_file() {
+            let meta = entry.metadata().map_err(|e| walk_error(&root, e))?;
+            let kind = if meta.permissions().mode() & 0o111 != 0 {
+                b'x'
+            } else {
+                b'f'
+            };
+            let digest = if rel == Path::new(MANIFEST) {
+                hash_manifest(path)?
+            } else {
+                hash_file(path)?
+            };
+            entries.push((rel_bytes, kind, digest));
+        } else if !file_type.is_dir() {
+            return Err(RunnerError::InvalidDir(format!(
+                "{MODULES_DIR}/{} is not a regular file, directory or link",
+                rel.display()
+            )));
+        }
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut tree = Sha256::new();
+    tree.update(DOMAIN);
+    for (path, kind, digest) in &entries {
+        tree.update(path);
+        tree.update([0u8, *kind, 0u8]);
+        tree.update(digest.as_bytes());
+        tree.update(b"\n");
+    }
+    Ok(hex::encode(tree.finalize()))
+}
+
+/// The tool's record of installed modules, at the top of the module tree.
+const MANIFEST: &str = "modules.json";
+
+/// SHA-256 of `modules.json` with its `Modules` entries in `Key` order. A manifest that
+/// is not the expected JSON counts as its raw bytes.
+fn hash_manifest(path: &Path) -> Result<String, RunnerError> {
+    let bytes =
+        fs::read(path).map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
+    let Ok(mut manifest) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Ok(hex::encode(Sha256::digest(&bytes)));
+    };
+    if let Some(modules) = manifest
+        .get_mut("Modules")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        modules.sort_by_cached_key(|m| {
+            (
+                m.get("Key")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                m.to_string(),
+            )
+        });
+    }
+    Ok(hex::encode(Sha256::digest(manifest.to_string().as_bytes())))
+}
+
+/// A link must stay inside the module tree, as written and after resolving it.
+fn ensure_inside(root: &Path, link: &Path, target: &Path, rel: &Path) -> Result<(), RunnerError> {
+    let escape = || {
+        RunnerError::InvalidDir(format!(
+            "the installed module entry {MODULES_DIR}/{} links outside the module tree \
+             (a module source that is a path on the server); vendor the module into the \
+             repository and call it by a relative path, or use a git source",
+            rel.display()
+        ))
+    };
+    if target.is_absolute() {
+        return Err(escape());
+    }
+    let mut lexical = PathBuf::new();
+    for component in link.parent().unwrap_or(root).join(target).components() {
+        match component {
+            Component::ParentDir => {
+                if !lexical.pop() {
+                    return Err(escape());
+                }
+            }
+            Component::CurDir => {}
+            other => lexical.push(other.as_os_str()),
+        }
+    }
+    if !lexical.starts_with(root) {
+        return Err(escape());
+    }
+    if let Ok(resolved) = link.canonicalize()
+        && !resolved.starts_with(root)
+    {
+        return Err(escape());
+    }
+    Ok(())
+}
+
+fn hash_file(path: &Path) -> Result<String, RunnerError> {
+    let mut file = fs::File::open(path)
+        .map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = file
+            .read(&mut buf)
+            .map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+fn walk_error(root: &Path, e: walkdir::Error) -> RunnerError {
+    let context = format!("walking {}", root.display());
+    match e.into_io_error() {
+        Some(io) => RunnerError::io(context, io),
+        None => RunnerError::io(context, std::io::Error::other("file system loop")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn nothing_installed_is_the_digest_of_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            module_tree_digest(dir.path()).unwrap(),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    #[test]
+    fn digest_pins_content_and_skips_vcs_metadata() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        for d in [a.path(), b.path()] {
+            write(d, ".terraform/modules/modules.json", "{\"Modules\":[]}");
+            write(d, ".terraform/modules/remote/main.tf", "output \"x\" {}");
+        }
+        // Two downloads of one commit differ only in their .git directories.
+        write(a.path(), ".terraform/modules/remote/.git/index", "one");
+        write(b.path(), ".terraform/modules/remote/.git/index", "two");
+        write(b.path(), ".terraform/modules/remote/.git/logs/HEAD", "t=2");
+        let da = module_tree_digest(a.path()).unwrap();
+        assert_eq!(da, module_tree_digest(b.path()).unwrap());
+        assert_eq!(da.len(), 64);
+
+        // Any content change is a different tree.
+        write(
+            b.path(),
+            ".terraform/modules/remote/main.tf",
+            "output \"y\" {}",
+        );
+        assert_ne!(da, module_tree_digest(b.path()).unwrap());
+        write(
+            b.path(),
+            ".terraform/modules/remote/main.tf",
+            "output \"x\" {}",
+        );
+        assert_eq!(da, module_tree_digest(b.path()).unwrap());
+        // So is an executable bit, an extra file, or another source in modules.json.
+        fs::set_permissions(
+            b.path().join(".terraform/modules/remote/main.tf"),
+            fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        assert_ne!(da, module_tree_digest(b.path()).unwrap());
+        write(a.path(), ".terraform/modules/remote/extra.tf", "");
+        let with_extra = module_tree_digest(a.path()).unwrap();
+        assert_ne!(da, with_extra);
+        write(
+            a.path(),
+            ".terraform/modules/modules.json",
+            "{\"Modules\":[1]}",
+        );
+        assert_ne!(with_extra, module_tree_digest(a.path()).unwrap());
+    }
+
+    #[test]
+    fn manifest_order_does_not_count_but_sources_do() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let root = r#"{"Key":"","Source":"","Dir":"."}"#;
+        let remote = r#"{"Key":"remote","Source":"git::file:///m?ref=main","Dir":".terraform/modules/remote"}"#;
+        write(
+            a.path(),
+            ".terraform/modules/modules.json",
+            &format!("{{\"Modules\":[{root},{remote}]}}"),
+        );
+        write(
+            b.path(),
+            ".terraform/modules/modules.json",
+            &format!("{{\"Modules\":[{remote},{root}]}}"),
+        );
+        let da = module_tree_digest(a.path()).unwrap();
+        assert_eq!(da, module_tree_digest(b.path()).unwrap());
+        write(
+            b.path(),
+            ".terraform/modules/modules.json",
+            &format!(
+                "{{\"Modules\":[{},{root}]}}",
+                remote.replace("ref=main", "ref=v2")
+            ),
+        );
+        assert_ne!(da, module_tree_digest(b.path()).unwrap());
+    }
+
+    #[test]
+    fn links_outside_the_tree_are_refused() {
+        let a = tempfile::tempdir().unwrap();
+        write(a.path(), ".terraform/modules/remote/main.tf", "");
+        symlink(
+            "main.tf",
+            a.path().join(".terraform/modules/remote/alias.tf"),
+        )
+        .unwrap();
+        module_tree_digest(a.path()).unwrap();
+        symlink("/etc", a.path().join(".terraform/modules/abs")).unwrap();
+        assert!(matches!(
+            module_tree_digest(a.path()),
+            Err(RunnerError::InvalidDir(_))
+        ));
+        fs::remove_file(a.path().join(".terraform/modules/abs")).unwrap();
+        symlink("../../..", a.path().join(".terraform/modules/up")).unwrap();
+        assert!(matches!(
+            module_tree_digest(a.path()),
+            Err(RunnerError::InvalidDir(_))
+        ));
+    }
+}

@@ -1,0 +1,102 @@
+//! Ending a claimed Run `canceled`: the step noticed the cancel request (through its
+//! [`crate::LeaseGuard`]), its tool was interrupted, and the Run ends with who asked and
+//! when, an event and an activity entry. An apply also lets go of its Capsule and wakes
+//! the next waiting apply, exactly as a failed apply does.
+
+use takosumi_core::{CapsuleId, Outcome, RunId, StepError, Topic, WorkspaceId};
+use takosumi_store::{Tx, activity, events, outbox, records, runs};
+use tokio_util::sync::CancellationToken;
+
+use crate::Ctx;
+use crate::step::store_err;
+
+impl Ctx {
+    /// This context with a runner whose long tool steps stop when `cancel` fires (see
+    /// [`takosumi_runner::Runner::interruptible`]). Everything else is shared.
+    pub fn interruptible(&self, cancel: CancellationToken) -> Ctx {
+        let mut ctx = self.clone();
+        ctx.runner = self.runner.interruptible(cancel);
+        ctx
+    }
+
+    /// Ends a claimed Run `canceled` (only while this process holds its lease and a cancel
+    /// was requested), in its own transaction. `detail` goes into the `canceled` event.
+    pub async fn cancel_claimed(
+        &self,
+        run_id: RunId,
+        capsule_for_apply: Option<CapsuleId>,
+        detail: serde_json::Value,
+    ) -> Result<Outcome, StepError> {
+        let mut tx = self.pool.begin().await.map_err(|e| store_err(e.into()))?;
+        if !self
+            .cancel_claimed_in(&mut tx, run_id, capsule_for_apply, detail)
+            .await?
+        {
+            return Ok(Outcome::Skipped(
+                "lease lost before the cancel was recorded",
+            ));
+        }
+        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        self.relay_wake.notify_one();
+        tracing::info!(%run_id, "run canceled");
+        Ok(Outcome::Done)
+    }
+
+    /// [`Ctx::cancel_claimed`] inside the caller's transaction (an apply records the state
+    /// the interrupted tool wrote in the same one). `false`: not this holder's to end.
+    pub async fn cancel_claimed_in(
+        &self,
+        tx: &mut Tx,
+        run_id: RunId,
+        capsule_for_apply: Option<CapsuleId>,
+        detail: serde_json::Value,
+    ) -> Result<bool, StepError> {
+        let Some(canceled) = records::cancel_claimed(tx, run_id, &self.owner)
+            .await
+            .map_err(store_err)?
+        else {
+            return Ok(false);
+        };
+        if let Some(capsule_id) = capsule_for_apply {
+            takosumi_store::capsules::release_apply(tx, capsule_id, run_id)
+                .await
+                .map_err(store_err)?;
+            if let Some(next) = runs::next_waiting_apply(tx, capsule_id)
+                .await
+                .map_err(store_err)?
+            {
+                outbox::enqueue(tx, Topic::Apply, next)
+                    .await
+                    .map_err(store_err)?;
+            }
+        }
+        let actor = format!("handler:{}", self.owner);
+        let mut data = serde_json::json!({ "canceledBy": canceled.by, "whileRunning": true });
+        if let (Some(map), serde_json::Value::Object(extra)) = (data.as_object_mut(), detail) {
+            map.extend(extra);
+        }
+        events::append(&mut **tx, run_id, "canceled", &actor, data)
+            .await
+            .map_err(store_err)?;
+        record_activity(tx, canceled.workspace_id, run_id, &canceled.by).await?;
+        Ok(true)
+    }
+}
+
+async fn record_activity(
+    tx: &mut Tx,
+    workspace_id: WorkspaceId,
+    run_id: RunId,
+    by: &str,
+) -> Result<(), StepError> {
+    activity::append(
+        &mut **tx,
+        workspace_id,
+        "run_canceled",
+        &run_id.to_string(),
+        by,
+        serde_json::json!({ "whileRunning": true }),
+    )
+    .await
+    .map_err(store_err)
+}

@@ -1,0 +1,296 @@
+//! What a run's tool environment is built from, fresh for every plan and apply: the Run's
+//! variables (the Capsule's defaults with the submission's overrides merged over them),
+//! its sealed sensitive variables, and the credentials of every ProviderBinding attached
+//! to the Capsule (env sets, a token as `TAKOSUMI_TOKEN`, command-source credentials run
+//! in the run's private directory).
+//!
+//! Every secret value goes into the [`ToolEnv`] with `with_secret_env` /
+//! `with_sensitive_variables`, which registers it with the run's masker before any tool
+//! starts. Only names are recorded on the Run (`providerBindings`, `injectedEnvNames`);
+//! values live in this process's memory (zeroized on drop) and in the tool's environment,
+//! and vanish with the run's private directory.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use takosumi_core::{FailureCode, RunId, Secret, StepError};
+use takosumi_runner::{ToolEnv, Workdir, check_env_name};
+use takosumi_seal::Purpose;
+use takosumi_store::bindings;
+use takosumi_store::capsules::Capsule;
+use takosumi_store::runs::Run;
+use zeroize::Zeroize;
+
+use crate::Ctx;
+use crate::step::store_err;
+
+/// The variable a token credential is exposed as.
+pub const TOKEN_ENV: &str = "TAKOSUMI_TOKEN";
+/// How long a command-source credential may take.
+pub const CREDENTIAL_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The values of a ProviderBinding, as sealed at rest (JSON, purpose `credential`, subject
+/// = the binding id). Zeroized when dropped; `Debug` shows no value.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum CredentialSet {
+    /// Environment entries, name → value.
+    Env {
+        /// The entries.
+        env: BTreeMap<String, String>,
+    },
+    /// One token, exposed as [`TOKEN_ENV`].
+    Token {
+        /// The token.
+        token: String,
+    },
+    /// A command whose trimmed stdout is the value of `env_name`, run for every run.
+    Command {
+        /// Program and arguments.
+        command: Vec<String>,
+        /// The variable its output is exposed as.
+        #[serde(rename = "envName")]
+        env_name: String,
+    },
+}
+
+impl CredentialSet {
+    /// `env`, `token` or `command`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Env { .. } => "env",
+            Self::Token { .. } => "token",
+            Self::Command { .. } => "command",
+        }
+    }
+
+    /// The names it injects.
+    pub fn env_names(&self) -> Vec<String> {
+        match self {
+            Self::Env { env } => env.keys().cloned().collect(),
+            Self::Token { .. } => vec![TOKEN_ENV.to_owned()],
+            Self::Command { env_name, .. } => vec![env_name.clone()],
+        }
+    }
+}
+
+impl std::fmt::Debug for CredentialSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialSet")
+            .field("kind", &self.kind())
+            .field("env_names", &self.env_names())
+            .finish()
+    }
+}
+
+impl Drop for CredentialSet {
+    fn drop(&mut self) {
+        match self {
+            Self::Env { env } => {
+                for value in env.values_mut() {
+                    value.zeroize();
+                }
+            }
+            Self::Token { token } => token.zeroize(),
+            Self::Command { command, .. } => command.iter_mut().for_each(Zeroize::zeroize),
+        }
+    }
+}
+
+/// The sealing subject of a plan Run's sensitive variables.
+pub fn sensitive_vars_subject(run_id: RunId) -> String {
+    format!("{run_id}/sensitive-vars")
+}
+
+/// Why the environment could not be built.
+#[derive(Debug)]
+pub enum EnvError {
+    /// The Run fails with this code and message (bad configuration, a credential that
+    /// cannot be resolved). The message names bindings and variables, never values.
+    Fail(FailureCode, String),
+    /// A storage fault.
+    Step(StepError),
+}
+
+impl From<StepError> for EnvError {
+    fn from(e: StepError) -> Self {
+        Self::Step(e)
+    }
+}
+
+impl Ctx {
+    /// Builds the tool environment for a step of `record_on` (the running Run) from the
+    /// inputs of `inputs_of` (the same Run for a plan; the plan Run for an apply) and the
+    /// Capsule's ProviderBindings, resolved now. Records the bindings' ids and names and
+    /// every injected variable name on `record_on`, and an event saying the same.
+    pub async fn run_env(
+        &self,
+        record_on: RunId,
+        inputs_of: &Run,
+        capsule: &Capsule,
+        wd: &Workdir,
+    ) -> Result<ToolEnv, EnvError> {
+        let vars_value = inputs_of
+            .vars
+            .clone()
+            .unwrap_or_else(|| capsule.vars.clone());
+        let vars: Map<String, Value> = vars_value.as_object().cloned().unwrap_or_default();
+        let mut env = ToolEnv::new()
+            .with_variables(&vars)
+            .map_err(|e| EnvError::Fail(FailureCode::InvalidConfiguration, e.to_string()))?;
+
+        if let Some((names, sealed)) = bindings::sensitive_vars(&self.pool, inputs_of.id)
+            .await
+            .map_err(store_err)?
+        {
+            let subject = sensitive_vars_subject(inputs_of.id);
+            let mut plain = self
+                .sealer
+                .unseal(Purpose::Credential, &subject, &sealed)
+                .map_err(|e| {
+                    EnvError::Fail(
+                        FailureCode::CredentialFailed,
+                        format!("the sensitive variables of {} cannot be opened ({e}); submit the plan again", inputs_of.id),
+                    )
+                })?;
+            let parsed: Result<Map<String, Value>, _> = serde_json::from_slice(&plain);
+            plain.zeroize();
+            let sensitive = parsed.map_err(|_| {
+                EnvError::Fail(
+                    FailureCode::CredentialFailed,
+                    format!(
+                        "the sensitive variables {names:?} are not readable; submit the plan again"
+                    ),
+                )
+            })?;
+            env = env
+                .with_sensitive_variables(&sensitive)
+                .map_err(|e| EnvError::Fail(FailureCode::InvalidConfiguration, e.to_string()))?;
+            drop(sensitive);
+        }
+
+        let mut used = Vec::new();
+        let mut taken: BTreeMap<String, String> = env
+            .names()
+            .into_iter()
+            .map(|n| (n, "the run's variables".to_owned()))
+            .collect();
+        for sealed in bindings::sealed_for_capsule(&self.pool, capsule.id)
+            .await
+            .map_err(store_err)?
+        {
+            let b = &sealed.binding;
+            let what = format!("ProviderBinding {:?} ({})", b.name, b.id);
+            let mut plain = self
+                .sealer
+                .unseal(Purpose::Credential, &b.id.to_string(), &sealed.sealed)
+                .map_err(|e| {
+                    EnvError::Fail(
+                        FailureCode::CredentialFailed,
+                        format!("{what} cannot be opened ({e}); create it again"),
+                    )
+                })?;
+            let parsed: Result<CredentialSet, _> = serde_json::from_slice(&plain);
+            plain.zeroize();
+            let set = parsed.map_err(|_| {
+                EnvError::Fail(
+                    FailureCode::CredentialFailed,
+                    format!("{what} is not readable; create it again"),
+                )
+            })?;
+            let entries: Vec<(String, Secret<String>)> = match &set {
+                CredentialSet::Env { env } => env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Secret::new(v.clone())))
+                    .collect(),
+                CredentialSet::Token { token } => {
+                    vec![(TOKEN_ENV.to_owned(), Secret::new(token.clone()))]
+                }
+                CredentialSet::Command { command, env_name } => {
+                    let value = self
+                        .runner
+                        .resolve_command(wd, command, env_name, CREDENTIAL_COMMAND_TIMEOUT)
+                        .await
+                        .map_err(|e| {
+                            EnvError::Fail(FailureCode::CredentialFailed, format!("{what}: {e}"))
+                        })?;
+                    vec![(env_name.clone(), value)]
+                }
+            };
+            drop(set);
+            for (name, value) in entries {
+                if let Err(reason) = check_env_name(&name) {
+                    return Err(EnvError::Fail(
+                        FailureCode::InvalidConfiguration,
+                        format!("{what} sets {name:?}, which cannot be injected: {reason}"),
+                    ));
+                }
+                if let Some(other) = taken.get(&name) {
+                    return Err(EnvError::Fail(
+                        FailureCode::InvalidConfiguration,
+                        format!(
+                            "{what} and {other} both set {name:?}; detach one of them from the Capsule"
+                        ),
+                    ));
+                }
+                taken.insert(name.clone(), what.clone());
+                env = env.with_secret_env(&name, value);
+            }
+            used.push(json!({ "id": b.id, "name": b.name, "kind": b.kind }));
+        }
+
+        let names = env.names();
+        let used = Value::Array(used);
+        // An apply has no variables of its own: it shows the plan's.
+        let apply_vars = (record_on != inputs_of.id).then_some(&vars_value);
+        bindings::record_run_env(
+            &self.pool,
+            record_on,
+            &self.owner,
+            &used,
+            &names,
+            apply_vars,
+        )
+        .await
+        .map_err(store_err)?;
+        self.event(
+            record_on,
+            "environment_prepared",
+            json!({ "providerBindings": used, "injectedEnvNames": names }),
+        )
+        .await;
+        Ok(env)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credential_sets_round_trip_and_never_print_values() {
+        let sets = [
+            json!({"kind": "env", "env": {"AWS_ACCESS_KEY_ID": "AKIA-canary", "AWS_SECRET_ACCESS_KEY": "s3cr3t-canary"}}),
+            json!({"kind": "token", "token": "tok-canary"}),
+            json!({"kind": "command", "command": ["vault", "read", "x"], "envName": "VAULT_CRED"}),
+        ];
+        let names = [
+            vec!["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+            vec![TOKEN_ENV],
+            vec!["VAULT_CRED"],
+        ];
+        for (json, want) in sets.iter().zip(names) {
+            let set: CredentialSet = serde_json::from_value(json.clone()).unwrap();
+            assert_eq!(set.env_names(), want);
+            assert_eq!(&serde_json::to_value(&set).unwrap(), json);
+            assert!(!format!("{set:?}").contains("canary"));
+        }
+        assert!(serde_json::from_value::<CredentialSet>(json!({"kind": "other"})).is_err());
+        assert_eq!(
+            sensitive_vars_subject(RunId::new()).len(),
+            "run_".len() + 32 + "/sensitive-vars".len()
+        );
+    }
+}

@@ -1,0 +1,356 @@
+//! Detection: webhook secrets, stale Capsules, automatic update, RunGroups, and where a
+//! webhook-started plan must check out. Nothing here starts an apply.
+
+use chrono::{DateTime, Utc};
+use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
+
+use crate::{StoreError, Tx};
+
+/// Stores a Workspace's sealed webhook secret.
+pub async fn set_webhook_secret(
+    tx: &mut Tx,
+    ws: WorkspaceId,
+    sealed: &[u8],
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "UPDATE workspaces SET webhook_secret_sealed = $2 WHERE id = $1",
+        ws.as_uuid(),
+        sealed
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A Workspace's sealed webhook secret.
+pub async fn webhook_secret(
+    pool: &sqlx::PgPool,
+    ws: WorkspaceId,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT webhook_secret_sealed FROM workspaces WHERE id = $1",
+        ws.as_uuid()
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.and_then(|r| r.webhook_secret_sealed))
+}
+
+/// A Capsule a push may concern.
+#[derive(Debug, Clone)]
+pub struct PushTarget {
+    /// The Capsule.
+    pub id: CapsuleId,
+    /// Its repository URL.
+    pub repo: String,
+    /// Automatic update enabled.
+    pub auto_update: bool,
+    /// Who enabled it.
+    pub auto_update_by: Option<String>,
+}
+
+/// Capsules of a Workspace on `branch` (the caller matches repository URLs).
+pub async fn capsules_on_branch(
+    pool: &sqlx::PgPool,
+    ws: WorkspaceId,
+    branch: &str,
+) -> Result<Vec<PushTarget>, StoreError> {
+    let rows = sqlx::query!(
+        "SELECT id, repo, auto_update, auto_update_by FROM capsules WHERE workspace_id = $1 AND branch = $2 ORDER BY created_at",
+        ws.as_uuid(),
+        branch
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| PushTarget {
+            id: CapsuleId::from_uuid(r.id),
+            repo: r.repo,
+            auto_update: r.auto_update,
+            auto_update_by: r.auto_update_by,
+        })
+        .collect())
+}
+
+/// Marks Capsules stale with the pushed commit.
+pub async fn mark_stale(tx: &mut Tx, ids: &[CapsuleId], commit: &str) -> Result<u64, StoreError> {
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|c| c.as_uuid()).collect();
+    let done = sqlx::query!(
+        "UPDATE capsules SET stale = true, stale_commit = $2, updated_at = now() WHERE id = ANY($1)",
+        &ids,
+        commit
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Turns automatic update on or off, recording on whose behalf it runs.
+pub async fn set_auto_update(
+    tx: &mut Tx,
+    id: CapsuleId,
+    on: bool,
+    by: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "UPDATE capsules SET auto_update = $2, auto_update_by = CASE WHEN $2 THEN $3 ELSE NULL END, updated_at = now() WHERE id = $1",
+        id.as_uuid(),
+        on,
+        by
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Creates a RunGroup.
+pub async fn create_group(
+    tx: &mut Tx,
+    ws: WorkspaceId,
+    kind: &str,
+    by: &str,
+) -> Result<RunGroupId, StoreError> {
+    let id = RunGroupId::new();
+    sqlx::query!(
+        "INSERT INTO run_groups (id, workspace_id, kind, created_by) VALUES ($1, $2, $3, $4)",
+        id.as_uuid(),
+        ws.as_uuid(),
+        kind,
+        by
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(id)
+}
+
+/// A RunGroup row.
+#[derive(Debug, Clone)]
+pub struct RunGroup {
+    /// Its id.
+    pub id: RunGroupId,
+    /// Its Workspace.
+    pub workspace_id: WorkspaceId,
+    /// `plan_update` or `drift_check`.
+    pub kind: String,
+    /// Who started it.
+    pub created_by: String,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Reads a RunGroup.
+pub async fn group(pool: &sqlx::PgPool, id: RunGroupId) -> Result<Option<RunGroup>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT id, workspace_id, kind, created_by, created_at FROM run_groups WHERE id = $1",
+        id.as_uuid()
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| RunGroup {
+        id: RunGroupId::from_uuid(r.id),
+        workspace_id: WorkspaceId::from_uuid(r.workspace_id),
+        kind: r.kind,
+        created_by: r.created_by,
+        created_at: r.created_at,
+    }))
+}
+
+/// The Runs of a group, oldest first.
+pub async fn group_runs(pool: &sqlx::PgPool, id: RunGroupId) -> Result<Vec<RunId>, StoreError> {
+    let rows = sqlx::query!(
+        "SELECT id FROM runs WHERE run_group_id = $1 ORDER BY created_at, id",
+        id.as_uuid()
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| RunId::from_uuid(r.id)).collect())
+}
+
+/// The Capsules of a Workspace (only the stale ones when asked).
+pub async fn workspace_capsules(
+    pool: &sqlx::PgPool,
+    ws: WorkspaceId,
+    only_stale: bool,
+) -> Result<Vec<CapsuleId>, StoreError> {
+    let rows = sqlx::query!(
+        "SELECT id FROM capsules WHERE workspace_id = $1 AND (stale OR NOT $2) ORDER BY created_at, id",
+        ws.as_uuid(),
+        only_stale
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| CapsuleId::from_uuid(r.id))
+        .collect())
+}
+
+/// Pins what a webhook-started plan checks out; a speculative plan can never be applied.
+pub async fn set_run_source(
+    tx: &mut Tx,
+    id: RunId,
+    source_ref: &str,
+    commit: &str,
+    speculative: bool,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE runs SET source_ref = $2, pinned_commit = $3, speculative = $4 WHERE id = $1",
+        id.as_uuid(),
+        source_ref,
+        commit,
+        speculative
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// What a plan step must check out, and whether the plan is speculative.
+pub async fn run_source<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: RunId,
+) -> Result<(Option<String>, Option<String>, bool), StoreError> {
+    let row = sqlx::query!(
+        "SELECT source_ref, pinned_commit, speculative FROM runs WHERE id = $1",
+        id.as_uuid()
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok((row.source_ref, row.pinned_commit, row.speculative))
+}
+
+/// Drops the plans earlier drift checks of a Capsule kept; returns their object keys so
+/// the caller can delete them once the transaction commits.
+pub async fn drop_kept_drift_plans(
+    tx: &mut Tx,
+    capsule_id: CapsuleId,
+    except: RunId,
+) -> Result<Vec<String>, StoreError> {
+    let rows = sqlx::query!(
+        r#"WITH kept AS (
+               SELECT id, plan_object_key FROM runs
+                WHERE capsule_id = $1 AND kind = 'drift_check' AND id <> $2 AND plan_object_key IS NOT NULL
+                FOR UPDATE)
+           UPDATE runs SET plan_object_key = NULL, updated_at = now()
+             FROM kept WHERE runs.id = kept.id
+           RETURNING kept.plan_object_key as "key""#,
+        capsule_id.as_uuid(),
+        except.as_uuid()
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows.into_iter().filter_map(|r| r.key).collect())
+}
+
+/// The latest finished drift check of each Capsule of a Workspace that found drift:
+/// `(capsule id, run id, resource changes summary)`.
+pub async fn drifted_capsules(
+    pool: &sqlx::PgPool,
+    ws: WorkspaceId,
+) -> Result<Vec<(CapsuleId, RunId, Option<serde_json::Value>)>, StoreError> {
+    let rows = sqlx::query!(
+        r#"SELECT DISTINCT ON (capsule_id) capsule_id, id, drift, changes
+             FROM runs WHERE workspace_id = $1 AND kind = 'drift_check' AND status = 'planned'
+            ORDER BY capsule_id, created_at DESC"#,
+        ws.as_uuid()
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter(|r| r.drift == Some(true))
+        .map(|r| {
+            (
+                CapsuleId::from_uuid(r.capsule_id),
+                RunId::from_uuid(r.id),
+                r.changes,
+            )
+        })
+        .collect())
+}
+
+/// Whether a Capsule's latest finished drift check found drift.
+pub async fn capsule_drifted<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: CapsuleId,
+) -> Result<Option<bool>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT drift FROM runs WHERE capsule_id = $1 AND kind = 'drift_check' AND status = 'planned' ORDER BY created_at DESC LIMIT 1",
+        id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.and_then(|r| r.drift))
+}
+
+/// Enqueues a drift check for up to `limit` due Capsules in one statement: due means an
+/// interval is set (the Capsule's, else its Workspace's), it has passed since the last
+/// sweep enqueued one, and no check of the Capsule is queued or running. Returns how many
+/// were enqueued. Read-only towards infrastructure: it only creates drift-check Runs.
+pub async fn sweep_due(tx: &mut Tx, limit: i64) -> Result<i64, StoreError> {
+    let row = sqlx::query!(
+        r#"WITH due AS (
+               SELECT c.id, c.workspace_id
+                 FROM capsules c JOIN workspaces w ON w.id = c.workspace_id
+                WHERE COALESCE(c.drift_interval_secs, w.drift_interval_secs) IS NOT NULL
+                  AND (c.last_drift_enqueued_at IS NULL
+                       OR c.last_drift_enqueued_at
+                          < now() - make_interval(secs => COALESCE(c.drift_interval_secs, w.drift_interval_secs)))
+                  AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.capsule_id = c.id AND r.kind = 'drift_check'
+                                     AND r.status IN ('queued', 'held', 'planning'))
+                ORDER BY c.last_drift_enqueued_at NULLS FIRST, c.id
+                LIMIT $1
+                  FOR UPDATE OF c SKIP LOCKED),
+           marked AS (
+               UPDATE capsules SET last_drift_enqueued_at = now() FROM due
+                WHERE capsules.id = due.id RETURNING capsules.id, capsules.workspace_id),
+           new_runs AS (
+               INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id)
+               SELECT gen_random_uuid(), 'drift_check', workspace_id, id, 'system', 'sweep' FROM marked
+               RETURNING id),
+           queued AS (
+               INSERT INTO run_events (run_id, kind, actor, data)
+               SELECT id, 'queued', 'system:sweep', '{"kind": "drift_check"}'::jsonb FROM new_runs),
+           wake AS (
+               INSERT INTO outbox (topic, payload)
+               SELECT 'run.drift', jsonb_build_object('runId', 'run_' || replace(id::text, '-', '')) FROM new_runs)
+           SELECT count(*) as "n!" FROM new_runs"#,
+        limit
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(row.n)
+}
+
+/// Sets the drift-check interval of a Capsule (`None`: use the Workspace's).
+pub async fn set_capsule_drift_interval(
+    tx: &mut Tx,
+    id: CapsuleId,
+    secs: Option<i32>,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE capsules SET drift_interval_secs = $2 WHERE id = $1",
+        id.as_uuid(),
+        secs
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Sets the default drift-check interval of a Workspace's Capsules.
+pub async fn set_workspace_drift_interval(
+    tx: &mut Tx,
+    id: WorkspaceId,
+    secs: Option<i32>,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE workspaces SET drift_interval_secs = $2 WHERE id = $1",
+        id.as_uuid(),
+        secs
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,703 @@
+//! End-to-end: detection never starts an apply. Drift checks report and keep their plan
+//! for a reconcile, sweeps only enqueue checks, signed pushes only mark Capsules stale
+//! (automatic update being the one explicit exception), and RunGroups act on each Run.
+
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use takosumi_client::{Capsule, NewCapsule, Source};
+use takosumi_core::{RunId, RunStatus, WorkspaceId};
+use takosumi_tests::{GitRepo, Options, Stack, Steps};
+
+async fn call(
+    stack: &Stack,
+    method: &str,
+    path: &str,
+    body: Value,
+) -> anyhow::Result<(u16, Value)> {
+    let http = reqwest::Client::new();
+    let url = format!("{}{path}", stack.api_url);
+    let req = match method {
+        "PATCH" => http.patch(url),
+        "GET" => http.get(url),
+        "PUT" => http.put(url),
+        _ => http.post(url),
+    };
+    let resp = req
+        .bearer_auth(&stack.admin_token)
+        .json(&body)
+        .send()
+        .await?;
+    let status = resp.status().as_u16();
+    Ok((status, resp.json().await.unwrap_or(Value::Null)))
+}
+
+async fn workspace(stack: &Stack) -> anyhow::Result<WorkspaceId> {
+    Ok(stack
+        .client
+        .create_workspace(&format!(
+            "ws-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ))
+        .await?
+        .id)
+}
+
+async fn capsule(
+    stack: &Stack,
+    ws: WorkspaceId,
+    name: &str,
+    repo: &str,
+    branch: &str,
+    dir: &str,
+    vars: Value,
+) -> anyhow::Result<Capsule> {
+    let req = NewCapsule {
+        name: name.into(),
+        source: Source {
+            repo: repo.into(),
+            branch: branch.into(),
+        },
+        dir: dir.into(),
+        tool: "terraform".into(),
+        vars: vars.as_object().cloned().unwrap_or_default(),
+    };
+    Ok(stack.client.create_capsule(ws, &req).await?)
+}
+
+const WATCHED: &str = r#"
+variable "input_state" { type = string }
+data "terraform_remote_state" "input" {
+  backend = "local"
+  config = { path = var.input_state }
+}
+resource "null_resource" "watched" {
+  triggers = { value = data.terraform_remote_state.input.outputs.value }
+}
+"#;
+
+fn input_state(value: &str) -> String {
+    json!({
+        "version": 4, "terraform_version": "1.0.3", "serial": 1, "lineage": "takosumi-test-input",
+        "outputs": { "value": { "value": value, "type": "string" } }, "resources": []
+    })
+    .to_string()
+}
+
+async fn drift_check(stack: &Stack, cap: &Capsule) -> anyhow::Result<takosumi_client::Run> {
+    let (s, b) = call(
+        stack,
+        "POST",
+        &format!("/api/v1/capsules/{}/drift-check", cap.id),
+        json!({}),
+    )
+    .await?;
+    assert_eq!(s, 202, "{b}");
+    let id: RunId = b["id"].as_str().unwrap().parse()?;
+    stack.wait(id).await
+}
+
+/// Real drift without a cloud: an out-of-band input changes; the check reports drift and
+/// keeps its plan; the reconcile applies exactly that plan; the next check finds none. A
+/// newer check replaces the plan an older one kept, and reconciling the old one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.tfstate");
+    std::fs::write(&input, input_state("a"))?;
+    let repo = GitRepo::new(&[("infra/watched/main.tf", WATCHED)])?;
+    let ws = workspace(&stack).await?;
+    let cap = capsule(
+        &stack,
+        ws,
+        "watched",
+        &repo.url(),
+        "main",
+        "infra/watched",
+        json!({ "input_state": input.display().to_string() }),
+    )
+    .await?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(
+        stack
+            .wait(stack.client.apply(plan.id, None).await?.id)
+            .await?
+            .status,
+        RunStatus::Applied
+    );
+    let applies = stack.tool_count("apply");
+
+    let clean = drift_check(&stack, &cap).await?;
+    assert_eq!(
+        (clean.status, clean.drift),
+        (RunStatus::Planned, Some(false)),
+        "{clean:?}"
+    );
+    let (s, b) = call(
+        &stack,
+        "POST",
+        &format!("/api/v1/runs/{}/apply", clean.id),
+        json!({}),
+    )
+    .await?;
+    assert_eq!((s, b["code"].as_str()), (409, Some("no_kept_plan")), "{b}");
+
+    std::fs::write(&input, input_state("b"))?;
+    let older = drift_check(&stack, &cap).await?;
+    assert_eq!(older.drift, Some(true), "{older:?}");
+    let c = older.changes.unwrap();
+    assert_eq!((c.add, c.destroy), (1, 1));
+    let status = stack.client.get_capsule(cap.id).await?.status;
+    assert_eq!(status, "drifted");
+    // Detection never starts an apply.
+    assert_eq!(stack.tool_count("apply"), applies);
+
+    let newer = drift_check(&stack, &cap).await?;
+    assert_eq!(newer.drift, Some(true));
+    let (s, b) = call(
+        &stack,
+        "POST",
+        &format!("/api/v1/runs/{}/apply", older.id),
+        json!({}),
+    )
+    .await?;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (409, Some("no_kept_plan")),
+        "the replaced plan must not be applicable: {b}"
+    );
+    let kept = stack
+        .ctx
+        .objects
+        .list(&format!("runs/{}/", older.id))
+        .await?;
+    assert!(
+        kept.iter().all(|k| !k.contains("/plan.")),
+        "the replaced plan was not dropped: {kept:?}"
+    );
+
+    let reconcile = stack
+        .wait(stack.client.apply(newer.id, None).await?.id)
+        .await?;
+    assert_eq!(reconcile.status, RunStatus::Applied, "{reconcile:?}");
+    assert_eq!(
+        reconcile.plan_digest, newer.plan_digest,
+        "the reconcile carries out exactly the kept plan"
+    );
+    let after = drift_check(&stack, &cap).await?;
+    assert_eq!(after.drift, Some(false), "{after:?}");
+    assert_eq!(stack.client.get_capsule(cap.id).await?.status, "ok");
+    stack.stop().await
+}
+
+/// Two sweepers at once over many Capsules enqueue one drift check per Capsule, and a
+/// second pass enqueues nothing while those checks are queued. The sweep creates no
+/// other Run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_sweeps_enqueue_each_capsule_once() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let ws = workspace(&stack).await?;
+    let n = 40;
+    for i in 0..n {
+        capsule(
+            &stack,
+            ws,
+            &format!("c{i}"),
+            &repo.url(),
+            "main",
+            "infra/network",
+            json!({ "region": "eu" }),
+        )
+        .await?;
+    }
+    let (s, b) = call(
+        &stack,
+        "PATCH",
+        &format!("/api/v1/workspaces/{ws}/settings"),
+        json!({ "driftIntervalSecs": 3600 }),
+    )
+    .await?;
+    assert_eq!(s, 200, "{b}");
+    let other = takosumi_runtime::Ctx::connect(&stack.settings, "sweep-2").await?;
+    let (a, b) = tokio::join!(
+        takosumi_sweep::sweep_once(&stack.ctx),
+        takosumi_sweep::sweep_once(&other)
+    );
+    assert_eq!(a? + b?, n);
+    let per_capsule: Vec<i64> = sqlx::query_scalar("SELECT count(*) FROM runs GROUP BY capsule_id")
+        .fetch_all(&stack.ctx.pool)
+        .await?;
+    assert_eq!(per_capsule.len() as i64, n);
+    assert!(per_capsule.iter().all(|c| *c == 1), "{per_capsule:?}");
+    let kinds: Vec<String> = sqlx::query_scalar("SELECT DISTINCT kind::text FROM runs")
+        .fetch_all(&stack.ctx.pool)
+        .await?;
+    assert_eq!(kinds, vec!["drift_check".to_owned()]);
+    assert_eq!(takosumi_sweep::sweep_once(&stack.ctx).await?, 0);
+    stack.stop().await
+}
+
+fn sign(secret: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+async fn push(
+    stack: &Stack,
+    ws: WorkspaceId,
+    signature: &str,
+    body: &Value,
+) -> anyhow::Result<(u16, Value)> {
+    let bytes = serde_json::to_vec(body)?;
+    let resp = reqwest::Client::new()
+        .post(format!(
+            "{}/api/v1/webhooks/git?workspace={ws}",
+            stack.api_url
+        ))
+        .header("x-github-event", "push")
+        .header("x-hub-signature-256", signature)
+        .header("content-type", "application/json")
+        .body(bytes)
+        .send()
+        .await?;
+    let status = resp.status().as_u16();
+    Ok((status, resp.json().await.unwrap_or(Value::Null)))
+}
+
+/// A signed push marks exactly the Capsules of that repository and branch stale, with the
+/// commit, and starts no Run; a forged signature is refused and records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn signed_push_marks_matching_capsules_stale_and_starts_nothing() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("network")?;
+    let elsewhere = GitRepo::with_example("network")?;
+    let ws = workspace(&stack).await?;
+    let main = capsule(
+        &stack,
+        ws,
+        "main",
+        &repo.url(),
+        "main",
+        "infra/network",
+        json!({ "region": "eu" }),
+    )
+    .await?;
+    let dev = capsule(
+        &stack,
+        ws,
+        "dev",
+        &repo.url(),
+        "dev",
+        "infra/network",
+        json!({ "region": "eu" }),
+    )
+    .await?;
+    let other = capsule(
+        &stack,
+        ws,
+        "other",
+        &elsewhere.url(),
+        "main",
+        "infra/network",
+        json!({ "region": "eu" }),
+    )
+    .await?;
+    let (s, b) = call(
+        &stack,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/webhook-secret"),
+        json!({}),
+    )
+    .await?;
+    assert_eq!(s, 201, "{b}");
+    let secret = b["secret"].as_str().unwrap().to_owned();
+    let commit = repo.commit(&[("README.md", "change")], "push")?;
+    let event = json!({ "ref": "refs/heads/main", "after": commit, "repository": { "clone_url": format!("{}.git", repo.url()) } });
+
+    let activity_before: i64 = sqlx::query_scalar("SELECT count(*) FROM activity")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    let forged = sign("not-the-secret", &serde_json::to_vec(&event)?);
+    let (s, b) = push(&stack, ws, &forged, &event).await?;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (401, Some("invalid_signature")),
+        "{b}"
+    );
+    let activity_after: i64 = sqlx::query_scalar("SELECT count(*) FROM activity")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    assert_eq!(
+        activity_before, activity_after,
+        "a forged push recorded something"
+    );
+    assert!(
+        !stack
+            .client
+            .get_capsule(main.id)
+            .await?
+            .status
+            .contains("stale")
+    );
+
+    let (s, b) = push(
+        &stack,
+        ws,
+        &sign(&secret, &serde_json::to_vec(&event)?),
+        &event,
+    )
+    .await?;
+    assert_eq!(s, 202, "{b}");
+    assert_eq!(b["stale"], json!([main.id]));
+    assert_eq!(stack.client.get_capsule(main.id).await?.status, "stale");
+    assert_eq!(stack.client.get_capsule(dev.id).await?.status, "ok");
+    assert_eq!(stack.client.get_capsule(other.id).await?.status, "ok");
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    assert_eq!(runs, 0, "a push started a Run");
+    let stale_commit: Option<String> =
+        sqlx::query_scalar("SELECT stale_commit FROM capsules WHERE id = $1")
+            .bind(main.id.as_uuid())
+            .fetch_one(&stack.ctx.pool)
+            .await?;
+    assert_eq!(stale_commit.as_deref(), Some(commit.as_str()));
+    stack.stop().await
+}
+
+/// Automatic update: a push starts a plan with autoApplyRequested that continues to
+/// apply when clean, and stops for review when the plan deletes something.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn automatic_update_applies_clean_plans_and_stops_on_deletions() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("null")?;
+    let ws = workspace(&stack).await?;
+    let cap = capsule(
+        &stack,
+        ws,
+        "nulls",
+        &repo.url(),
+        "main",
+        "infra/null",
+        json!({}),
+    )
+    .await?;
+    let (s, b) = call(
+        &stack,
+        "PATCH",
+        &format!("/api/v1/capsules/{}/settings", cap.id),
+        json!({ "autoUpdate": true }),
+    )
+    .await?;
+    assert_eq!(s, 200, "{b}");
+    let (_, b) = call(
+        &stack,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/webhook-secret"),
+        json!({}),
+    )
+    .await?;
+    let secret = b["secret"].as_str().unwrap().to_owned();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../infra/examples/null/main.tf"
+    ))?;
+
+    let send = |commit: String| {
+        let (stack, secret, repo_url) = (&stack, secret.clone(), repo.url());
+        async move {
+            let event = json!({ "ref": "refs/heads/main", "after": commit, "repository": { "clone_url": repo_url } });
+            let (s, b) = push(
+                stack,
+                ws,
+                &sign(&secret, &serde_json::to_vec(&event)?),
+                &event,
+            )
+            .await?;
+            assert_eq!(s, 202, "{b}");
+            let plan: RunId = b["autoUpdatePlans"][0]
+                .as_str()
+                .expect("an automatic-update plan")
+                .parse()?;
+            anyhow::Ok(plan)
+        }
+    };
+    let commit = repo.commit(&[("README.md", "one")], "first push")?;
+    let plan = stack.wait(send(commit.clone()).await?).await?;
+    assert!(plan.auto_apply_requested);
+    assert_eq!(plan.source_snapshot.as_ref().unwrap().commit, commit);
+    let apply_id = wait_for_apply_of(&stack, plan.id).await?;
+    let apply = stack.wait(apply_id).await?;
+    assert_eq!(
+        apply.status,
+        RunStatus::Applied,
+        "a clean automatic update applies: {apply:?}"
+    );
+
+    let commit = repo.commit(
+        &[(
+            "infra/null/main.tf",
+            &text.replacen("default = \"1\"", "default = \"2\"", 1),
+        )],
+        "replace",
+    )?;
+    let plan = stack.wait(send(commit).await?).await?;
+    assert_eq!(plan.changes.unwrap().destroy, 2);
+    let held = stack
+        .wait(wait_for_apply_of(&stack, plan.id).await?)
+        .await?;
+    assert_eq!(held.status, RunStatus::Held, "{held:?}");
+    let hold = held.hold.unwrap();
+    assert_eq!(hold.reason, "max_destroy");
+    assert!(
+        hold.details["maxDestroy"]["autoApply"].is_string(),
+        "{:?}",
+        hold.details
+    );
+    stack.stop().await
+}
+
+async fn wait_for_apply_of(stack: &Stack, plan: RunId) -> anyhow::Result<RunId> {
+    for _ in 0..200 {
+        let id: Option<uuid::Uuid> =
+            sqlx::query_scalar("SELECT id FROM runs WHERE plan_run_id = $1")
+                .bind(plan.as_uuid())
+                .fetch_optional(&stack.ctx.pool)
+                .await?;
+        if let Some(id) = id {
+            return Ok(RunId::from_uuid(id));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("no Apply Run followed {plan}")
+}
+
+/// A RunGroup: plan-update plans every Capsule, the group's applies are held by an
+/// approval rule, one group approval releases them all, and each Run keeps its own record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_group_planned_approved_and_applied_at_once() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("network")?;
+    let ws = workspace(&stack).await?;
+    let a = capsule(
+        &stack,
+        ws,
+        "a",
+        &repo.url(),
+        "main",
+        "infra/network",
+        json!({ "region": "eu" }),
+    )
+    .await?;
+    let b_cap = capsule(
+        &stack,
+        ws,
+        "b",
+        &repo.url(),
+        "main",
+        "infra/network",
+        json!({ "region": "us" }),
+    )
+    .await?;
+    call(
+        &stack,
+        "PUT",
+        &format!("/api/v1/workspaces/{ws}/rules"),
+        json!({ "approval": { "required": 1 } }),
+    )
+    .await?;
+    let (s, group) = call(
+        &stack,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/plan-update"),
+        json!({}),
+    )
+    .await?;
+    assert_eq!(s, 202, "{group}");
+    let rg = group["id"].as_str().unwrap().to_owned();
+    assert_eq!(group["runIds"].as_array().unwrap().len(), 2);
+    for id in group["runIds"].as_array().unwrap() {
+        let run = stack.wait(id.as_str().unwrap().parse()?).await?;
+        assert_eq!(run.status, RunStatus::Planned);
+    }
+    let (s, applied) = call(
+        &stack,
+        "POST",
+        &format!("/api/v1/run-groups/{rg}/apply"),
+        json!({}),
+    )
+    .await?;
+    assert_eq!(s, 202, "{applied}");
+    let apply_ids: Vec<RunId> = applied["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["applyRunId"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(apply_ids.len(), 2);
+    for id in &apply_ids {
+        assert_eq!(stack.wait(*id).await?.status, RunStatus::Held);
+    }
+    let token = format!(
+        "tks_approver_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    takosumi_store::tokens::upsert(&stack.ctx.pool, &token, "approver", "approver", None).await?;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/api/v1/run-groups/{rg}/approve", stack.api_url))
+        .bearer_auth(&token)
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    for id in &apply_ids {
+        let run = stack.wait_released(*id).await?;
+        assert_eq!(run.status, RunStatus::Applied, "{run:?}");
+        let events = stack.client.events(*id).await?;
+        assert_eq!(
+            events.iter().filter(|e| e.kind == "approved").count(),
+            1,
+            "each Run keeps its own approval record"
+        );
+    }
+    let (s, g) = call(
+        &stack,
+        "GET",
+        &format!("/api/v1/run-groups/{rg}"),
+        Value::Null,
+    )
+    .await?;
+    assert_eq!(s, 200);
+    assert_eq!(
+        g["runs"].as_array().unwrap().len(),
+        4,
+        "two plans and their two applies: {g}"
+    );
+    let outputs: Vec<Value> = [a.id, b_cap.id]
+        .iter()
+        .map(|c| {
+            g["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["capsuleId"] == json!(c) && r["kind"] == json!("apply"))
+                .unwrap()["outputs"]
+                .clone()
+        })
+        .collect();
+    assert_eq!(
+        outputs,
+        vec![json!({ "vpc": "vpc-eu" }), json!({ "vpc": "vpc-us" })]
+    );
+    stack.stop().await
+}
+
+async fn pull_request(
+    stack: &Stack,
+    ws: WorkspaceId,
+    secret: &str,
+    repo: &GitRepo,
+    head_ref: &str,
+    head_sha: &str,
+) -> anyhow::Result<RunId> {
+    let event = json!({
+        "action": "opened",
+        "pull_request": { "base": { "ref": "main" }, "head": { "ref": head_ref, "sha": head_sha } },
+        "repository": { "clone_url": repo.url() }
+    });
+    let bytes = serde_json::to_vec(&event)?;
+    let resp = reqwest::Client::new()
+        .post(format!(
+            "{}/api/v1/webhooks/git?workspace={ws}",
+            stack.api_url
+        ))
+        .header("x-github-event", "pull_request")
+        .header("x-hub-signature-256", sign(secret, &bytes))
+        .header("content-type", "application/json")
+        .body(bytes)
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 202);
+    let body: Value = resp.json().await?;
+    Ok(body["speculativePlans"][0]
+        .as_str()
+        .expect("a speculative plan")
+        .parse()?)
+}
+
+/// A pull request gets a speculative plan of its head that can never be applied; a head
+/// declaring a data source that acts when planned is refused by the dry-run scan, named
+/// by address, and the tool never plans it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pull_request_plans_are_speculative_and_scanned() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("network")?;
+    let ws = workspace(&stack).await?;
+    let cap = capsule(
+        &stack,
+        ws,
+        "net",
+        &repo.url(),
+        "main",
+        "infra/network",
+        json!({ "region": "eu" }),
+    )
+    .await?;
+    let (_, b) = call(
+        &stack,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/webhook-secret"),
+        json!({}),
+    )
+    .await?;
+    let secret = b["secret"].as_str().unwrap().to_owned();
+
+    let clean_sha = repo.commit(&[("README.md", "pr")], "clean pr")?;
+    let plan = stack
+        .wait(pull_request(&stack, ws, &secret, &repo, "main", &clean_sha).await?)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    assert_eq!(plan.source_snapshot.as_ref().unwrap().commit, clean_sha);
+    let (s, b) = call(
+        &stack,
+        "POST",
+        &format!("/api/v1/runs/{}/apply", plan.id),
+        json!({}),
+    )
+    .await?;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (409, Some("speculative_plan")),
+        "{b}"
+    );
+
+    let plans_before = stack.tool_count("plan");
+    let acting = "data \"external\" \"lookup\" {\n  program = [\"sh\", \"-c\", \"echo {}\"]\n}\n";
+    let bad_sha = repo.commit(&[("infra/network/lookup.tf", acting)], "acting pr")?;
+    let refused = stack
+        .wait(pull_request(&stack, ws, &secret, &repo, "main", &bad_sha).await?)
+        .await?;
+    assert_eq!(refused.status, RunStatus::Failed, "{refused:?}");
+    let error = refused.error.unwrap();
+    assert_eq!(error.code, "dry_run_scan_refused");
+    assert!(
+        error.message.contains("data.external.lookup"),
+        "{}",
+        error.message
+    );
+    assert_eq!(
+        stack.tool_count("plan"),
+        plans_before,
+        "a refused pull request plan ran the tool"
+    );
+    assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
+    stack.stop().await
+}

@@ -1,0 +1,1115 @@
+//! End-to-end: the Run record — cancel at each stage, destroy, cost, Run history and
+//! activity, unknown_outcome resolution, and the `takosumi` CLI — through the real API,
+//! RabbitMQ, Postgres, the S3 server and terraform 1.0.3 (the tests use `terraform`;
+//! OpenTofu cannot be installed on these machines).
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use takosumi_client::{Capsule, Client, NewCapsule, RunQuery, Source};
+use takosumi_core::{RunKind, RunMessage, RunStatus, StateVersionId, WorkspaceId};
+use takosumi_tests::{GitRepo, Options, Stack, Steps};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const NULL_PROVIDER: &str = r#"terraform {
+  required_providers {
+    null = {
+      source  = "hashicorp/null"
+      version = "2.1.2"
+    }
+  }
+}
+"#;
+
+async fn workspace(stack: &Stack) -> anyhow::Result<WorkspaceId> {
+    let name = format!("ws-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    Ok(stack.client.create_workspace(&name).await?.id)
+}
+
+async fn register_in(
+    stack: &Stack,
+    ws: WorkspaceId,
+    name: &str,
+    repo: &GitRepo,
+    dir: &str,
+    vars: Value,
+) -> anyhow::Result<Capsule> {
+    let vars: Map<String, Value> = vars.as_object().cloned().unwrap_or_default();
+    let req = NewCapsule {
+        name: name.into(),
+        source: Source {
+            repo: repo.url(),
+            branch: "main".into(),
+        },
+        dir: dir.into(),
+        tool: "terraform".into(),
+        vars,
+    };
+    Ok(stack.client.create_capsule(ws, &req).await?)
+}
+
+async fn register(
+    stack: &Stack,
+    repo: &GitRepo,
+    dir: &str,
+    vars: Value,
+) -> anyhow::Result<Capsule> {
+    let ws = workspace(stack).await?;
+    register_in(stack, ws, "capsule", repo, dir, vars).await
+}
+
+/// A raw call: the status and the JSON body (for status codes the typed client hides).
+async fn call(
+    stack: &Stack,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> anyhow::Result<(u16, Value)> {
+    let mut rb = reqwest::Client::new()
+        .request(method, format!("{}{path}", stack.api_url))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        rb = rb.json(&body);
+    }
+    let resp = rb.send().await?;
+    let status = resp.status().as_u16();
+    let text = resp.text().await?;
+    Ok((
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    ))
+}
+
+async fn token(stack: &Stack, role: &str) -> anyhow::Result<String> {
+    let token = format!("tks_{role}_{}", uuid::Uuid::new_v4().simple());
+    takosumi_store::tokens::upsert(&stack.ctx.pool, &token, role, role, None).await?;
+    Ok(token)
+}
+
+async fn wait_until(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Live (not zombie) processes whose command line has every one of `parts` as an argument
+/// (or, for a path, contains it).
+fn processes_with(parts: &[&str]) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if parts.iter().all(|p| {
+            args.iter()
+                .any(|a| a == p || (p.contains('/') && a.contains(p)))
+        }) && !is_zombie(pid)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// The live children of `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                })
+                == Some(parent)
+        })
+        .filter(|pid| !is_zombie(*pid))
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid)
+}
+
+/// The Capsule's current state, unsealed.
+async fn current_state(stack: &Stack, sv: StateVersionId) -> anyhow::Result<Value> {
+    let row = takosumi_store::state_versions::get(&stack.ctx.pool, sv)
+        .await?
+        .expect("state version row");
+    let sealed = stack.ctx.objects.get(&row.object_key, 64 << 20).await?;
+    let bytes = stack
+        .ctx
+        .sealer
+        .unseal(takosumi_seal::Purpose::State, &sv.to_string(), &sealed)?;
+    Ok(serde_json::from_slice(&bytes)?)
+}
+
+fn resource_names(state: &Value) -> Vec<String> {
+    state["resources"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| r["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn kinds(events: &[takosumi_client::RunEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.kind.as_str()).collect()
+}
+
+/// A queued Run is canceled at once (who and when recorded, an event and an activity
+/// entry), no handler ever runs it afterwards, a viewer may not cancel, and canceling a
+/// finished Run is 409 `run_finished`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queued_run_is_canceled_at_once_and_a_finished_one_is_409() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let capsule = register(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let plan = stack.client.plan(capsule.id, None).await?;
+    assert_eq!(plan.status, RunStatus::Queued);
+    let path = format!("/api/v1/runs/{}/cancel", plan.id);
+
+    let viewer = token(&stack, "viewer").await?;
+    let (status, body) = call(&stack, reqwest::Method::POST, &path, &viewer, None).await?;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (403, Some("forbidden")),
+        "{body}"
+    );
+    assert_eq!(
+        stack.client.get_run(plan.id).await?.status,
+        RunStatus::Queued
+    );
+
+    let (status, body) = call(
+        &stack,
+        reqwest::Method::POST,
+        &path,
+        &stack.admin_token,
+        Some(json!({ "reason": "wrong branch" })),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "canceled");
+    assert!(
+        body["canceledBy"]
+            .as_str()
+            .unwrap()
+            .starts_with("user:tok_"),
+        "{body}"
+    );
+    assert!(body["canceledAt"].is_string(), "{body}");
+
+    let events = stack.client.events(plan.id).await?;
+    assert_eq!(kinds(&events), ["queued", "canceled"]);
+    assert_eq!(events[1].data["from"], "queued");
+    assert_eq!(events[1].data["reason"], "wrong branch");
+    let activity = stack
+        .client
+        .activity(plan.workspace_id, None, None, None)
+        .await?;
+    assert!(
+        activity
+            .activity
+            .iter()
+            .any(|a| a.kind == "run_canceled" && a.subject == plan.id.to_string()),
+        "{activity:?}"
+    );
+
+    // The wake-up still arrives: the handler finds nothing to do.
+    let outcome = takosumi_plan::handle(&stack.ctx, RunMessage { run_id: plan.id }).await?;
+    assert!(
+        matches!(outcome, takosumi_core::Outcome::Skipped(_)),
+        "{outcome:?}"
+    );
+    assert_eq!(stack.tool_count("init"), 0);
+    assert_eq!(
+        stack.client.get_run(plan.id).await?.status,
+        RunStatus::Canceled
+    );
+
+    let err = stack.client.cancel(plan.id, None).await.unwrap_err();
+    assert_eq!(
+        (err.status(), err.code()),
+        (Some(409), Some("run_finished"))
+    );
+    let err = stack.client.cost(plan.id).await.unwrap_err();
+    assert_eq!(err.code(), Some("plan_not_ready"));
+    let (status, _) = call(
+        &stack,
+        reqwest::Method::POST,
+        &path,
+        &stack.admin_token,
+        Some(json!({"why": 1})),
+    )
+    .await?;
+    assert_eq!(status, 400, "unknown fields are refused");
+    stack.stop().await
+}
+
+/// A held Run (an agent's plan, held before anything plans) is canceled at once too, and
+/// a later approval cannot bring it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn held_run_is_canceled_at_once() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let capsule = register(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let agent = token(&stack, "agent").await?;
+    let (status, body) = call(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/api/v1/capsules/{}/plan", capsule.id),
+        &agent,
+        Some(json!({})),
+    )
+    .await?;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        body["status"], "held",
+        "an agent's plan is held first: {body}"
+    );
+    let run: takosumi_core::RunId = body["id"].as_str().unwrap().parse()?;
+
+    let canceled = stack.client.cancel(run, None).await?;
+    assert_eq!(canceled.status, RunStatus::Canceled);
+    let events = stack.client.events(run).await?;
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last.kind.as_str(), &last.data["from"]),
+        ("canceled", &json!("held"))
+    );
+    let _ = call(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/api/v1/runs/{run}/approve"),
+        &stack.admin_token,
+        Some(json!({})),
+    )
+    .await?;
+    assert_eq!(stack.client.get_run(run).await?.status, RunStatus::Canceled);
+    stack.stop().await
+}
+
+/// A provider failure that left state behind (the second of two resources fails after
+/// the first was created): the Run fails `apply_failed`, says a StateVersion was recorded,
+/// points at it, and that StateVersion holds the created resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_apply_that_changed_state_records_a_state_version() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let config = format!(
+        "{NULL_PROVIDER}
+resource \"null_resource\" \"ok\" {{}}
+
+resource \"null_resource\" \"broken\" {{
+  depends_on = [null_resource.ok]
+  provisioner \"local-exec\" {{
+    command = \"exit 3\"
+  }}
+}}
+"
+    );
+    let repo = GitRepo::new(&[("infra/broken/main.tf", &config)])?;
+    let capsule = register(&stack, &repo, "infra/broken", json!({})).await?;
+    let plan = stack
+        .wait(stack.client.plan(capsule.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Failed, "{apply:?}");
+    let error = apply.error.clone().expect("error");
+    assert_eq!(error.code, "apply_failed");
+    assert!(
+        error.message.contains("a new StateVersion was recorded"),
+        "{}",
+        error.message
+    );
+    let sv = apply
+        .state_version_id
+        .expect("the Run points at the StateVersion");
+    let capsule = stack.client.get_capsule(capsule.id).await?;
+    assert_eq!(
+        (capsule.state_generation, capsule.current_state_version_id),
+        (1, Some(sv))
+    );
+    let state = current_state(&stack, sv).await?;
+    assert!(resource_names(&state).contains(&"ok".to_owned()), "{state}");
+    let events = stack.client.events(apply.id).await?;
+    let k = kinds(&events);
+    assert!(
+        k.contains(&"state_version_written") && k.ends_with(&["failed"]),
+        "{k:?}"
+    );
+    stack.stop().await
+}
+
+/// A Run canceled while the tool plans: the cancel is recorded at once (202), the handler
+/// interrupts the tool, the tool's process group is gone, and the Run ends `canceled`
+/// with who asked; the plan handler stays healthy and plans the next Run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn canceling_a_running_plan_interrupts_the_tool() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("null")?;
+    let capsule = register(&stack, &repo, "infra/null", json!({})).await?;
+    stack.pause_plans(true)?;
+    let plan = stack.client.plan(capsule.id, None).await?;
+    wait_until("the tool's plan to start", 60, || {
+        stack.tool_invocations().iter().any(|l| l == "paused")
+    })
+    .await;
+    let wrapper = stack.env_vars()["TAKOSUMI_TERRAFORM_BIN"].clone();
+    let mut tool = processes_with(&[&wrapper, "plan"]);
+    assert_eq!(tool.len(), 1, "the paused tool process: {tool:?}");
+    let children = children_of(tool[0]);
+    assert!(!children.is_empty(), "the wrapper's sleep");
+    tool.extend(children);
+    assert_eq!(
+        stack.client.get_run(plan.id).await?.status,
+        RunStatus::Planning
+    );
+
+    let (status, body) = call(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/api/v1/runs/{}/cancel", plan.id),
+        &stack.admin_token,
+        None,
+    )
+    .await?;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "planning");
+    assert!(body["cancelRequestedAt"].is_string(), "{body}");
+    // Asking again changes nothing.
+    let again = stack.client.cancel(plan.id, None).await?;
+    assert_eq!(again.extra["cancelRequestedAt"], body["cancelRequestedAt"]);
+
+    let started = std::time::Instant::now();
+    let done = stack.wait(plan.id).await?;
+    assert_eq!(done.status, RunStatus::Canceled, "{done:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        done.extra["canceledBy"]
+            .as_str()
+            .unwrap()
+            .starts_with("user:tok_")
+    );
+    assert!(
+        done.plan_digest.is_none(),
+        "an interrupted plan records no plan"
+    );
+    wait_until("the tool process to be gone", 10, || {
+        !tool.iter().any(|p| alive(*p))
+    })
+    .await;
+    assert!(processes_with(&[&wrapper, "plan"]).is_empty());
+
+    let events = stack.client.events(plan.id).await?;
+    let k = kinds(&events);
+    assert!(
+        k.contains(&"cancel_requested") && k.contains(&"canceled"),
+        "{k:?}"
+    );
+    assert!(!k.contains(&"planned") && !k.contains(&"failed"), "{k:?}");
+    let canceled = events.iter().find(|e| e.kind == "canceled").unwrap();
+    assert_eq!(canceled.data["whileRunning"], true);
+    assert_eq!(canceled.data["step"], "plan");
+    let logs = stack.client.logs(plan.id).await?;
+    assert!(logs.contains("== init =="), "{logs}");
+    assert!(
+        logs.contains("[takosumi: interrupted: the run was canceled]"),
+        "{logs}"
+    );
+    let row = takosumi_store::runs::get(&stack.ctx.pool, plan.id)
+        .await?
+        .unwrap();
+    assert!(row.lease_owner.is_none());
+    let err = stack.client.cancel(plan.id, None).await.unwrap_err();
+    assert_eq!(err.code(), Some("run_finished"));
+
+    stack.pause_plans(false)?;
+    let next = stack
+        .wait(stack.client.plan(capsule.id, None).await?.id)
+        .await?;
+    assert_eq!(next.status, RunStatus::Planned, "{next:?}");
+    stack.stop().await
+}
+
+/// An apply canceled while the tool applies: terraform is interrupted (SIGINT first), the
+/// resource it already created is kept in a new StateVersion the Run points to, the
+/// Capsule's generation moves on and the Capsule is free again; the Run ends `canceled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn canceling_a_running_apply_keeps_the_state_the_tool_wrote() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let config = format!(
+        "{NULL_PROVIDER}
+resource \"null_resource\" \"first\" {{}}
+
+resource \"null_resource\" \"slow\" {{
+  depends_on = [null_resource.first]
+  provisioner \"local-exec\" {{
+    command = \"sleep 67\"
+  }}
+}}
+"
+    );
+    let repo = GitRepo::new(&[("infra/slow/main.tf", &config)])?;
+    let capsule = register(&stack, &repo, "infra/slow", json!({})).await?;
+    let plan = stack
+        .wait(stack.client.plan(capsule.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let apply = stack.client.apply(plan.id, None).await?;
+    wait_until("the provisioner to run", 90, || {
+        !processes_with(&["sleep", "67"]).is_empty()
+    })
+    .await;
+    let sleeper = processes_with(&["sleep", "67"]);
+
+    let requested = stack.client.cancel(apply.id, Some("stop it")).await?;
+    assert_eq!(requested.status, RunStatus::Applying);
+    let done = stack.wait(apply.id).await?;
+    assert_eq!(done.status, RunStatus::Canceled, "{done:?}");
+    wait_until("the provisioner to be gone", 10, || {
+        !sleeper.iter().any(|p| alive(*p))
+    })
+    .await;
+
+    let sv = done
+        .state_version_id
+        .expect("the state the tool wrote is recorded");
+    let capsule = stack.client.get_capsule(capsule.id).await?;
+    assert_eq!(capsule.state_generation, 1);
+    assert_eq!(capsule.current_state_version_id, Some(sv));
+    assert_eq!(capsule.status, "ok", "the Capsule is free again");
+    let state = current_state(&stack, sv).await?;
+    assert!(
+        resource_names(&state).contains(&"first".to_owned()),
+        "{state}"
+    );
+
+    let events = stack.client.events(apply.id).await?;
+    let k = kinds(&events);
+    assert!(k.contains(&"state_version_written"), "{k:?}");
+    assert!(!k.contains(&"applied") && !k.contains(&"failed"), "{k:?}");
+    let canceled = events.iter().find(|e| e.kind == "canceled").unwrap();
+    assert_eq!(canceled.data["stateVersionId"], json!(sv));
+    let logs = stack.client.logs(apply.id).await?;
+    assert!(
+        logs.contains("Interrupt received"),
+        "terraform was sent SIGINT first: {logs}"
+    );
+    stack.stop().await
+}
+
+/// The null example applied, then `DELETE /capsules/{id}`: a destroy plan counting 2
+/// destroys from `show -json`, whose apply leaves a state with no resources and moves
+/// the generation on; the cost estimate prices null_resource at 0 before and after, and
+/// the activity record lists the Capsule, every Run started and both StateVersions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn destroy_plan_applied_removes_every_resource() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("null")?;
+    let capsule = register(&stack, &repo, "infra/null", json!({ "instances": 2 })).await?;
+    let plan = stack
+        .wait(stack.client.plan(capsule.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+
+    let cost = stack.client.cost(plan.id).await?;
+    assert_eq!(cost.plan_run_id, plan.id);
+    assert_eq!(cost.estimate.currency, "USD");
+    let addrs: Vec<&str> = cost
+        .estimate
+        .resources
+        .iter()
+        .map(|r| r.address.as_str())
+        .collect();
+    assert_eq!(addrs, ["null_resource.node[0]", "null_resource.node[1]"]);
+    assert!(
+        cost.estimate
+            .resources
+            .iter()
+            .all(|r| r.actions == ["create"])
+    );
+    assert!(cost.estimate.unpriced.is_empty() && cost.estimate.complete);
+    assert_eq!(cost.estimate.total.proposed, 0.0);
+
+    let applied = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(applied.status, RunStatus::Applied, "{applied:?}");
+    // An Apply Run answers with the estimate of the plan it carried out.
+    assert_eq!(stack.client.cost(applied.id).await?.plan_run_id, plan.id);
+
+    let destroy = stack.client.destroy(capsule.id, None).await?;
+    assert_eq!(destroy.kind, RunKind::Destroy);
+    let destroy = stack.wait(destroy.id).await?;
+    assert_eq!(destroy.status, RunStatus::Planned, "{destroy:?}");
+    let changes = destroy.changes.expect("changes");
+    assert_eq!((changes.add, changes.change, changes.destroy), (0, 0, 2));
+    let events = stack.client.events(destroy.id).await?;
+    let plan_started = events
+        .iter()
+        .find(|e| e.kind == "tool_started" && e.data["command"] == "plan")
+        .expect("plan started");
+    assert_eq!(plan_started.data["destroy"], true);
+    let dcost = stack.client.cost(destroy.id).await?;
+    assert!(
+        dcost
+            .estimate
+            .resources
+            .iter()
+            .all(|r| r.actions == ["delete"]),
+        "{dcost:?}"
+    );
+    assert_eq!(dcost.estimate.total.delta, 0.0);
+
+    let removed = stack
+        .wait(stack.client.apply(destroy.id, None).await?.id)
+        .await?;
+    assert_eq!(removed.status, RunStatus::Applied, "{removed:?}");
+    assert_eq!(removed.state_generation, Some(2));
+    let capsule_now = stack.client.get_capsule(capsule.id).await?;
+    assert_eq!(capsule_now.state_generation, 2);
+    let sv = capsule_now.current_state_version_id.expect("state version");
+    assert_eq!(Some(sv), removed.state_version_id);
+    let state = current_state(&stack, sv).await?;
+    assert!(resource_names(&state).is_empty(), "{state}");
+
+    let activity = stack
+        .client
+        .activity(capsule.workspace_id, None, Some(100), None)
+        .await?;
+    let count = |k: &str| activity.activity.iter().filter(|a| a.kind == k).count();
+    assert_eq!(count("capsule_registered"), 1);
+    assert_eq!(count("run_started"), 4);
+    assert_eq!(count("state_version_written"), 2);
+    let written: HashSet<&str> = activity
+        .activity
+        .iter()
+        .filter(|a| a.kind == "state_version_written")
+        .map(|a| a.subject.as_str())
+        .collect();
+    assert!(written.contains(sv.to_string().as_str()));
+    // Newest first; one kind; pages of one entry walk the same record.
+    assert!(activity.activity.windows(2).all(|w| w[0].id > w[1].id));
+    let only = stack
+        .client
+        .activity(
+            capsule.workspace_id,
+            Some("state_version_written"),
+            None,
+            None,
+        )
+        .await?;
+    assert_eq!(only.activity.len(), 2);
+    let mut cursor: Option<String> = None;
+    let mut walked = Vec::new();
+    loop {
+        let page = stack
+            .client
+            .activity(capsule.workspace_id, None, Some(1), cursor.as_deref())
+            .await?;
+        walked.extend(page.activity.iter().map(|a| a.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let all: Vec<i64> = activity.activity.iter().map(|a| a.id).collect();
+    assert_eq!(walked, all);
+    stack.stop().await
+}
+
+/// `GET /workspaces/{ws}/runs`: newest first, filtered by Capsule, kind and status (alone
+/// and together), paged with an opaque cursor that neither skips nor repeats a Run; bad
+/// filters are 4xx; another Workspace's token sees nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_list_filters_and_pages() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let ws = workspace(&stack).await?;
+    let a = register_in(
+        &stack,
+        ws,
+        "a",
+        &repo,
+        "infra/network",
+        json!({ "region": "eu" }),
+    )
+    .await?;
+    let b = register_in(
+        &stack,
+        ws,
+        "b",
+        &repo,
+        "infra/network",
+        json!({ "region": "us" }),
+    )
+    .await?;
+    let mut created = Vec::new();
+    for _ in 0..5 {
+        created.push(stack.client.plan(a.id, None).await?.id);
+    }
+    for _ in 0..2 {
+        created.push(stack.client.destroy(b.id, None).await?.id);
+    }
+    let canceled = created[1];
+    stack.client.cancel(canceled, None).await?;
+
+    let all = stack.client.list_runs(ws, &RunQuery::default()).await?;
+    let ids: Vec<_> = all.runs.iter().map(|r| r.id).collect();
+    let newest_first: Vec<_> = created.iter().rev().copied().collect();
+    assert_eq!(ids, newest_first);
+    assert!(all.next_cursor.is_none());
+    assert_eq!(all.unknown_outcome_count, 0);
+
+    let mut walked = Vec::new();
+    let mut q = RunQuery {
+        limit: Some(2),
+        ..RunQuery::default()
+    };
+    loop {
+        let page = stack.client.list_runs(ws, &q).await?;
+        assert!(page.runs.len() <= 2);
+        walked.extend(page.runs.iter().map(|r| r.id));
+        match page.next_cursor {
+            Some(c) => q.cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(walked, newest_first, "pages skip or repeat nothing");
+
+    let count = |q: RunQuery| {
+        let client = stack.client.clone();
+        async move { client.list_runs(ws, &q).await.map(|p| p.runs) }
+    };
+    let of_b = count(RunQuery {
+        capsule: Some(b.id),
+        ..RunQuery::default()
+    })
+    .await?;
+    assert_eq!(of_b.len(), 2);
+    assert!(of_b.iter().all(|r| r.capsule_id == b.id));
+    let destroys = count(RunQuery {
+        kind: Some(RunKind::Destroy),
+        ..RunQuery::default()
+    })
+    .await?;
+    assert_eq!(destroys.len(), 2);
+    let cancels = count(RunQuery {
+        status: Some(RunStatus::Canceled),
+        ..RunQuery::default()
+    })
+    .await?;
+    assert_eq!(cancels.iter().map(|r| r.id).collect::<Vec<_>>(), [canceled]);
+    let queued_plans = count(RunQuery {
+        capsule: Some(a.id),
+        kind: Some(RunKind::Plan),
+        status: Some(RunStatus::Queued),
+        ..RunQuery::default()
+    })
+    .await?;
+    assert_eq!(queued_plans.len(), 4);
+
+    let base = format!("/api/v1/workspaces/{ws}/runs");
+    for (query, status, code) in [
+        ("?kind=nope", 422, "invalid_filter"),
+        ("?status=done", 422, "invalid_filter"),
+        ("?limit=0", 422, "invalid_limit"),
+        ("?limit=101", 422, "invalid_limit"),
+        ("?cursor=zz", 400, "invalid_cursor"),
+        ("?capsule=run_1", 400, "invalid_id"),
+        ("?colour=red", 400, "invalid_query"),
+    ] {
+        let (s, body) = call(
+            &stack,
+            reqwest::Method::GET,
+            &format!("{base}{query}"),
+            &stack.admin_token,
+            None,
+        )
+        .await?;
+        assert_eq!(
+            (s, body["code"].as_str()),
+            (status, Some(code)),
+            "{query}: {body}"
+        );
+    }
+    // A token limited to another Workspace learns nothing about this one.
+    let other = workspace(&stack).await?;
+    let scoped = format!("tks_scoped_{}", uuid::Uuid::new_v4().simple());
+    takosumi_store::tokens::upsert(&stack.ctx.pool, &scoped, "scoped", "admin", Some(other))
+        .await?;
+    let (s, _) = call(&stack, reqwest::Method::GET, &base, &scoped, None).await?;
+    assert_eq!(s, 404);
+    let (s, _) = call(
+        &stack,
+        reqwest::Method::GET,
+        &format!("/api/v1/workspaces/{ws}/activity"),
+        &scoped,
+        None,
+    )
+    .await?;
+    assert_eq!(s, 404);
+    stack.stop().await
+}
+
+/// An apply whose handler vanished becomes `unknown_outcome` (the real reaper); it is
+/// counted on every Run list of its Workspace and listed by `status=unknown_outcome`
+/// until an admin records a resolution (who, when, the note: event and activity);
+/// operators may not resolve, a note is required, and a Run is resolved once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_outcome_is_listed_until_an_admin_resolves_it() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let capsule = register(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let plan = stack.client.plan(capsule.id, None).await?;
+    let msg = RunMessage { run_id: plan.id };
+    takosumi_plan::handle(&stack.ctx, msg).await?;
+    takosumi_gate::handle(&stack.ctx, msg).await?;
+    let apply = stack.client.apply(plan.id, None).await?;
+    takosumi_gate::handle(&stack.ctx, RunMessage { run_id: apply.id }).await?;
+    // A handler claims the apply, then vanishes: its 1-second lease runs out.
+    let mut tx = stack.ctx.pool.begin().await?;
+    let claim = takosumi_store::runs::claim_apply(&mut tx, apply.id, "vanished-handler", 1).await?;
+    assert_eq!(claim, takosumi_store::runs::ApplyClaim::Claimed);
+    tx.commit().await?;
+    let lost = stack.wait(apply.id).await?;
+    assert_eq!(lost.status, RunStatus::UnknownOutcome, "{lost:?}");
+
+    let ws = capsule.workspace_id;
+    let page = stack.client.list_runs(ws, &RunQuery::default()).await?;
+    assert_eq!(page.unknown_outcome_count, 1);
+    let listed = stack
+        .client
+        .list_runs(
+            ws,
+            &RunQuery {
+                status: Some(RunStatus::UnknownOutcome),
+                ..RunQuery::default()
+            },
+        )
+        .await?;
+    assert_eq!(
+        listed.runs.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [apply.id]
+    );
+    assert_eq!(listed.runs[0].extra["resolution"], Value::Null);
+
+    let path = format!("/api/v1/runs/{}/resolve", apply.id);
+    let operator = token(&stack, "operator").await?;
+    let good = json!({ "action": "mark_resolved", "note": "checked: nothing was created; state v0 is right" });
+    let (s, body) = call(
+        &stack,
+        reqwest::Method::POST,
+        &path,
+        &operator,
+        Some(good.clone()),
+    )
+    .await?;
+    assert_eq!((s, body["code"].as_str()), (403, Some("forbidden")));
+    for (bad, status, code) in [
+        (
+            json!({ "action": "mark_resolved", "note": "  " }),
+            422,
+            "invalid_note",
+        ),
+        (
+            json!({ "action": "attach_state", "note": "x" }),
+            422,
+            "invalid_action",
+        ),
+        (json!({ "action": "mark_resolved" }), 400, "invalid_json"),
+    ] {
+        let (s, body) = call(
+            &stack,
+            reqwest::Method::POST,
+            &path,
+            &stack.admin_token,
+            Some(bad),
+        )
+        .await?;
+        assert_eq!((s, body["code"].as_str()), (status, Some(code)), "{body}");
+    }
+    let (s, _) = call(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/api/v1/runs/{}/resolve", plan.id),
+        &stack.admin_token,
+        Some(good.clone()),
+    )
+    .await?;
+    assert_eq!(s, 409, "only unknown_outcome Runs are resolved");
+    assert_eq!(
+        stack
+            .client
+            .list_runs(ws, &RunQuery::default())
+            .await?
+            .unknown_outcome_count,
+        1
+    );
+
+    let resolved = stack
+        .client
+        .resolve(apply.id, good["note"].as_str().unwrap())
+        .await?;
+    assert_eq!(
+        resolved.status,
+        RunStatus::UnknownOutcome,
+        "the outcome itself stays unknown"
+    );
+    let r = &resolved.extra["resolution"];
+    assert_eq!(r["action"], "mark_resolved");
+    assert_eq!(r["note"], good["note"]);
+    assert!(
+        r["by"].as_str().unwrap().starts_with("user:tok_") && r["at"].is_string(),
+        "{r}"
+    );
+    assert_eq!(
+        stack
+            .client
+            .list_runs(ws, &RunQuery::default())
+            .await?
+            .unknown_outcome_count,
+        0
+    );
+    let events = stack.client.events(apply.id).await?;
+    let k = kinds(&events);
+    assert!(
+        k.contains(&"lease_expired_unknown_outcome") && k.ends_with(&["resolved"]),
+        "{k:?}"
+    );
+    let activity = stack
+        .client
+        .activity(ws, Some("run_resolved"), None, None)
+        .await?;
+    assert_eq!(activity.activity.len(), 1);
+    assert_eq!(activity.activity[0].subject, apply.id.to_string());
+    let err = stack.client.resolve(apply.id, "again").await.unwrap_err();
+    assert_eq!(err.code(), Some("already_resolved"));
+    stack.stop().await
+}
+
+/// Runs the built `takosumi` binary against the stack's API; returns (exit code, stdout,
+/// stderr).
+async fn cli(stack: &Stack, args: &[&str]) -> anyhow::Result<(i32, String, String)> {
+    let out = tokio::process::Command::new(takosumi_tests::binary("takosumi")?)
+        .env_clear()
+        .env("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url)
+        .env("TAKOSUMI_DEPLOY_CONTROL_TOKEN", &stack.admin_token)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+fn run_id_in(text: &str) -> takosumi_core::RunId {
+    text.split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no run id in {text}"))
+}
+
+/// The CLI end to end: `plan --watch` shows events and status changes as they happen and
+/// exits 0 for a clean plan (1 for a failed one); `status`, `logs --follow`, `cost`,
+/// `apply --wait`, `runs` and `activity` print the record; `logs --follow` prints a
+/// running plan's init output before the plan ends and exits 1 when the Run ends
+/// canceled; `cancel` of a finished Run exits 1 with `run_finished`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cli_watches_follows_and_applies() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("null")?;
+    let capsule = register(&stack, &repo, "infra/null", json!({ "instances": 2 })).await?;
+    let cap = capsule.id.to_string();
+    let ws = capsule.workspace_id.to_string();
+
+    let (code, out, err) = cli(&stack, &["plan", &cap, "--watch"]).await?;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let run = run_id_in(out.lines().next().unwrap_or_default());
+    for kind in [
+        "queued",
+        "claimed",
+        "tool_started",
+        "planned",
+        "gate_decision",
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(kind)),
+            "{kind} missing:\n{out}"
+        );
+    }
+    assert!(out.contains("status: planned"), "{out}");
+    assert!(out.contains("status:           planned"), "{out}");
+    assert!(out.contains("changes:          +2 ~0 -0"), "{out}");
+
+    let (code, out, _) = cli(&stack, &["status", &run.to_string()]).await?;
+    assert_eq!(code, 0);
+    assert!(out.contains("status:           planned"), "{out}");
+
+    let (code, out, err) = cli(&stack, &["logs", &run.to_string(), "--follow"]).await?;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("== init ==") && out.contains("== plan =="),
+        "{out}"
+    );
+    assert!(
+        out.contains("Plan: 2 to add, 0 to change, 0 to destroy."),
+        "{out}"
+    );
+
+    let (code, out, _) = cli(&stack, &["cost", &run.to_string()]).await?;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("null_resource.node[1]") && out.contains("USD per month"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("total") && l.contains("+0.00")),
+        "{out}"
+    );
+
+    let (code, out, err) = cli(&stack, &["apply", &run.to_string(), "--wait"]).await?;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("status:           applied"), "{out}");
+    let apply = run_id_in(out.lines().next().unwrap_or_default());
+
+    let (code, out, _) = cli(&stack, &["runs", &ws, "--kind", "apply"]).await?;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(&apply.to_string()) && !out.contains(&run.to_string()),
+        "{out}"
+    );
+    let (code, out, _) = cli(&stack, &["activity", &ws]).await?;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("state_version_written") && out.contains("capsule_registered"),
+        "{out}"
+    );
+
+    let (code, _, err) = cli(&stack, &["cancel", &run.to_string()]).await?;
+    assert_eq!(code, 1);
+    assert!(err.contains("run_finished"), "{err}");
+    let (code, _, err) = cli(&stack, &["runs", &ws, "--kind", "nope"]).await?;
+    assert_eq!(code, 2, "a bad flag is a usage error: {err}");
+
+    // Following a running plan: init's output arrives while the plan is still going.
+    stack.pause_plans(true)?;
+    let (code, out, _) = cli(&stack, &["plan", &cap]).await?;
+    assert_eq!(code, 0);
+    let live = run_id_in(out.lines().next().unwrap_or_default());
+    let mut follower = tokio::process::Command::new(takosumi_tests::binary("takosumi")?)
+        .env_clear()
+        .env("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url)
+        .env("TAKOSUMI_DEPLOY_CONTROL_TOKEN", &stack.admin_token)
+        .args(["logs", &live.to_string(), "--follow"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    let seen_init = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await? {
+            if line.contains("Terraform has been successfully initialized") {
+                return Ok::<_, std::io::Error>(true);
+            }
+        }
+        Ok(false)
+    })
+    .await??;
+    assert!(seen_init, "init output never arrived");
+    assert_eq!(
+        stack.client.get_run(live).await?.status,
+        RunStatus::Planning
+    );
+    let (code, _, err) = cli(&stack, &["cancel", &live.to_string()]).await?;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("cancel requested"), "{err}");
+    let status = tokio::time::timeout(Duration::from_secs(60), follower.wait()).await??;
+    assert_eq!(status.code(), Some(1), "the followed Run ended canceled");
+    assert_eq!(
+        stack.client.get_run(live).await?.status,
+        RunStatus::Canceled
+    );
+    stack.pause_plans(false)?;
+
+    // A plan that fails: --watch exits 1.
+    let broken = GitRepo::new(&[("infra/bad/main.tf", "resource \"null_resource\" {\n")])?;
+    let bad = register_in(
+        &stack,
+        capsule.workspace_id,
+        "bad",
+        &broken,
+        "infra/bad",
+        json!({}),
+    )
+    .await?;
+    let (code, out, _) = cli(&stack, &["plan", &bad.id.to_string(), "--watch"]).await?;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("status: failed"), "{out}");
+    // Keep the client type in use for scripts that link the crate.
+    let _ = Client::new(&stack.api_url, &stack.admin_token)?;
+    stack.stop().await
+}

@@ -1,0 +1,346 @@
+//! Restart suite: RabbitMQ, the S3 server and Postgres restarted under running Runs.
+//!
+//! The test runs its own Postgres cluster, RabbitMQ node and s3s-fs server
+//! (`takosumi_tests::services`): restarting the shared services `infra/local/start.sh`
+//! runs would break every other test and developer using them at the same time. The
+//! handlers, the relay and the reaper run in-process, exactly as the step binaries run
+//! them (`run_worker`). Needs root, like `start.sh`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::json;
+use takosumi_client::{Capsule, NewCapsule, Source};
+use takosumi_core::{RunId, RunStatus};
+use takosumi_tests::probe::{self, record};
+use takosumi_tests::services::{PrivatePostgres, PrivateRabbit, PrivateS3};
+use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
+use tokio::time::Instant;
+
+async fn register(stack: &Stack, repo: &GitRepo, region: &str) -> anyhow::Result<Capsule> {
+    let ws = stack
+        .client
+        .create_workspace(&format!(
+            "ws-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ))
+        .await?;
+    let vars = json!({ "region": region })
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let req = NewCapsule {
+        name: "network".into(),
+        source: Source {
+            repo: repo.url(),
+            branch: "main".into(),
+        },
+        dir: "infra/network".into(),
+        tool: "terraform".into(),
+        vars,
+    };
+    Ok(stack.client.create_capsule(ws.id, &req).await?)
+}
+
+/// Waits until every Run in `runs` has ended; reads Postgres directly and rides out its
+/// own restart. Returns each Run's final status.
+async fn settle_all(
+    stack: &Stack,
+    runs: &[RunId],
+    secs: u64,
+) -> anyhow::Result<HashMap<RunId, RunStatus>> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut done = HashMap::new();
+    while done.len() < runs.len() {
+        for id in runs {
+            if done.contains_key(id) {
+                continue;
+            }
+            if let Ok(Some(r)) = takosumi_store::runs::get(&stack.ctx.pool, *id).await
+                && r.status.is_terminal()
+            {
+                done.insert(*id, r.status);
+            }
+        }
+        if Instant::now() > deadline {
+            let open: Vec<String> = runs
+                .iter()
+                .filter(|r| !done.contains_key(r))
+                .map(ToString::to_string)
+                .collect();
+            anyhow::bail!("Runs still open {secs} s after recovery: {open:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(done)
+}
+
+/// Waits until some Run is `planning` (a plan is in flight).
+async fn until_planning(stack: &Stack) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let n: Result<i64, _> =
+            sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'planning'")
+                .fetch_one(&stack.ctx.pool)
+                .await;
+        if n.is_ok_and(|n| n > 0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(f).await?
+}
+
+fn all_are(statuses: &HashMap<RunId, RunStatus>, want: RunStatus) -> Result<(), String> {
+    let bad: Vec<String> = statuses
+        .iter()
+        .filter(|(_, s)| **s != want)
+        .map(|(r, s)| format!("{r}: {}", s.as_str()))
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("expected {}: {bad:?}", want.as_str()))
+    }
+}
+
+/// The promise: Runs in flight ride out a RabbitMQ restart, an S3 server crash and a
+/// Postgres restart, one after the other. The handlers, relay and reaper reconnect with
+/// backoff; every Run completes after recovery (plans `planned`, applies `applied`);
+/// what was committed while the broker was down is published once it is back (the
+/// outbox ends empty); nothing is processed twice (one tool apply and one StateVersion
+/// per apply, one `planned`/`applied` record per Run, one gate decision per apply, an
+/// unbroken generation chain per Capsule); nothing is dead-lettered.
+///
+/// Applies are in flight only across the broker restart: an apply caught by a storage or
+/// database outage is, by design, not retried behind a person's back (it fails before
+/// the tool with "submit again", or ends `unknown_outcome` after it), so the store and
+/// database outages put plans in flight and the applies follow after recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_complete_across_broker_store_and_database_restarts() -> anyhow::Result<()> {
+    // TAKOSUMI_TEST_LOG=1 (with RUST_LOG) shows what the in-process handlers log.
+    if std::env::var_os("TAKOSUMI_TEST_LOG").is_some() {
+        takosumi_runtime::init_telemetry("restart-test");
+    }
+    let started = Instant::now();
+    let (pg, rabbit, s3) = blocking(|| {
+        Ok((
+            PrivatePostgres::start()?,
+            PrivateRabbit::start()?,
+            PrivateS3::start()?,
+        ))
+    })
+    .await?;
+    let s3_endpoint = s3.endpoint();
+    let s3 = std::sync::Arc::new(std::sync::Mutex::new(s3));
+    let pg = std::sync::Arc::new(pg);
+    let rabbit = std::sync::Arc::new(rabbit);
+    let boot = started.elapsed();
+    let stack = Stack::start_on(
+        Options {
+            steps: Steps::ALL,
+            lease_secs: 5,
+        },
+        &Endpoints {
+            pg_admin_url: Some(pg.admin_url()),
+            amqp_url: Some(rabbit.amqp_url()),
+            s3_endpoint: Some(s3_endpoint),
+            settings: vec![("TAKOSUMI_STUCK_QUEUED_SECS".into(), "5".into())],
+        },
+    )
+    .await?;
+    let mut caps = Vec::new();
+    for region in ["eu", "us", "ap"] {
+        let repo = GitRepo::with_example("network")?;
+        let capsule = register(&stack, &repo, region).await?;
+        caps.push((capsule, repo));
+    }
+    let mut all_runs: Vec<RunId> = Vec::new();
+    let mut restarts = 0;
+
+    // Warm-up: one planned Run per Capsule.
+    let mut planned = Vec::new();
+    for (c, _) in &caps {
+        planned.push(stack.client.plan(c.id, None).await?.id);
+    }
+    all_runs.extend(&planned);
+    all_are(
+        &settle_all(&stack, &planned, 120).await?,
+        RunStatus::Planned,
+    )
+    .map_err(anyhow::Error::msg)?;
+
+    // 1. RabbitMQ restarts with applies and plans in flight; more are submitted while it
+    //    is down (their wake-ups wait in the outbox).
+    let mut phase = Vec::new();
+    phase.push(stack.client.apply(planned[0], None).await?.id);
+    phase.push(stack.client.apply(planned[1], None).await?.id);
+    phase.push(stack.client.plan(caps[2].0.id, None).await?.id);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let r = rabbit.clone();
+    blocking(move || r.stop_app()).await?;
+    phase.push(stack.client.apply(planned[2], None).await?.id);
+    phase.push(stack.client.plan(caps[0].0.id, None).await?.id);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let r = rabbit.clone();
+    blocking(move || r.start_app()).await?;
+    restarts += 1;
+    let statuses = settle_all(&stack, &phase, 120).await?;
+    for (id, status) in &statuses {
+        let want = if phase[..2].contains(id) || *id == phase[3] {
+            RunStatus::Applied
+        } else {
+            RunStatus::Planned
+        };
+        assert_eq!(*status, want, "{id} after the broker restart");
+    }
+    all_runs.extend(&phase);
+
+    // 2. The S3 server crashes (SIGKILL) with plans in flight, and comes back 2 s later.
+    let mut phase = Vec::new();
+    for (c, _) in &caps {
+        phase.push(stack.client.plan(c.id, None).await?.id);
+    }
+    until_planning(&stack).await;
+    {
+        let s = s3.clone();
+        blocking(move || s.lock().map_err(|_| anyhow::anyhow!("lock"))?.kill()).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    {
+        let s = s3.clone();
+        blocking(move || s.lock().map_err(|_| anyhow::anyhow!("lock"))?.start_again()).await?;
+    }
+    restarts += 1;
+    all_are(&settle_all(&stack, &phase, 120).await?, RunStatus::Planned)
+        .map_err(|e| anyhow::anyhow!("after the S3 crash: {e}"))?;
+    all_runs.extend(&phase);
+    let mut applies = Vec::new();
+    for p in &phase {
+        applies.push(stack.client.apply(*p, None).await?.id);
+    }
+    all_are(
+        &settle_all(&stack, &applies, 120).await?,
+        RunStatus::Applied,
+    )
+    .map_err(|e| anyhow::anyhow!("applies after the S3 crash: {e}"))?;
+    all_runs.extend(&applies);
+
+    // 3. Postgres restarts (fast shutdown: every session is cut) with plans in flight.
+    let mut phase = Vec::new();
+    for (c, repo) in &caps {
+        repo.commit(
+            &[(
+                "infra/network/main.tf",
+                "variable \"region\" {\n  type = string\n}\n\noutput \"vpc\" {\n  value = \"vpc2-${var.region}\"\n}\n",
+            )],
+            "second revision",
+        )?;
+        phase.push(stack.client.plan(c.id, None).await?.id);
+    }
+    until_planning(&stack).await;
+    let p = pg.clone();
+    blocking(move || p.stop()).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let p = pg.clone();
+    blocking(move || p.start_again()).await?;
+    restarts += 1;
+    all_are(&settle_all(&stack, &phase, 150).await?, RunStatus::Planned)
+        .map_err(|e| anyhow::anyhow!("after the Postgres restart: {e}"))?;
+    all_runs.extend(&phase);
+    let mut applies = Vec::new();
+    for p in &phase {
+        applies.push(stack.client.apply(*p, None).await?.id);
+    }
+    all_are(
+        &settle_all(&stack, &applies, 120).await?,
+        RunStatus::Applied,
+    )
+    .map_err(|e| anyhow::anyhow!("applies after the Postgres restart: {e}"))?;
+    all_runs.extend(&applies);
+
+    // Nothing lost: every wake-up committed was published; nothing dead-lettered.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pending = loop {
+        let n = takosumi_store::outbox::pending_count(&stack.ctx.pool).await?;
+        if n == 0 || Instant::now() > deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(pending, 0, "outbox rows never published");
+    let dead = stack.ctx.bus.get().await?.peek_dead_letters(5).await?;
+    let dead_total: u32 = dead.iter().map(|q| q.depth).sum();
+    assert_eq!(dead_total, 0, "dead-lettered during the restarts: {dead:?}");
+
+    // Nothing processed twice.
+    let total_runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    assert_eq!(usize::try_from(total_runs)?, all_runs.len());
+    for (kind, event) in [("plan", "planned"), ("apply", "applied")] {
+        let twice: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+            "SELECT r.id, count(e.id) FROM runs r LEFT JOIN run_events e ON e.run_id = r.id AND e.kind = $2 \
+              WHERE r.kind::text = $1 GROUP BY r.id HAVING count(e.id) <> 1",
+        )
+        .bind(kind)
+        .bind(event)
+        .fetch_all(&stack.ctx.pool)
+        .await?;
+        assert!(
+            twice.is_empty(),
+            "{kind} Runs without exactly one `{event}`: {twice:?}"
+        );
+    }
+    let gate_twice: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+        "SELECT r.id, count(e.id) FROM runs r LEFT JOIN run_events e ON e.run_id = r.id AND e.kind = 'gate_decision' \
+          WHERE r.kind = 'apply' GROUP BY r.id HAVING count(e.id) <> 1",
+    )
+    .fetch_all(&stack.ctx.pool)
+    .await?;
+    assert!(gate_twice.is_empty(), "gate decisions: {gate_twice:?}");
+    let doubled: Vec<(String, usize)> = stack
+        .tool_count_by_run("apply")
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(doubled.is_empty(), "applied twice: {doubled:?}");
+    let apply_runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE kind = 'apply'")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    assert_eq!(i64::try_from(stack.tool_count("apply"))?, apply_runs);
+    for (c, _) in &caps {
+        let gens: Vec<i64> = sqlx::query_scalar(
+            "SELECT generation FROM state_versions WHERE capsule_id = $1 ORDER BY generation",
+        )
+        .bind(c.id.as_uuid())
+        .fetch_all(&stack.ctx.pool)
+        .await?;
+        let chain: Vec<i64> = (1..=i64::try_from(gens.len())?).collect();
+        assert_eq!(gens, chain);
+        let now = stack.client.get_capsule(c.id).await?;
+        assert_eq!(now.state_generation, i64::try_from(gens.len())?);
+        assert_eq!(now.state_generation, 2, "{}: two applied revisions", c.id);
+    }
+    let plan_runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE kind = 'plan'")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    let retried = i64::try_from(stack.tool_count("plan"))? - plan_runs;
+    probe::say(&format!(
+        "restart suite: {} Runs across {restarts} restarts (RabbitMQ, S3, Postgres), plan retries {retried}, services up in {:.1} s, total {:.0} s",
+        all_runs.len(),
+        boot.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    ));
+    record("restart", "service restarts survived", restarts);
+    record("restart", "runs through restarts", all_runs.len());
+    record("restart", "runs lost", 0);
+    stack.stop().await?;
+    drop(s3);
+    Ok(())
+}

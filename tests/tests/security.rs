@@ -1,0 +1,1014 @@
+//! Security suite: the role matrix over every endpoint, tampered artifacts, and a canary
+//! sweep over everything the system stores, logs and answers. Real API, RabbitMQ,
+//! Postgres, S3 server and terraform 1.0.3.
+//!
+//! Lockfile tampering (a modified artifact, one pointed at another Run's) is covered in
+//! `lockfile.rs` (`apply_refuses_each_bad_lockfile_artifact_with_its_code`); the runner
+//! sandbox (only the environment it was given, no checkout escapes, the tool's process
+//! group killed) in `shared/runner/tests/sandbox.rs`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use takosumi_client::{Capsule, NewCapsule, PlanRequest, Source};
+use takosumi_core::{Outcome, RunId, RunMessage, RunStatus};
+use takosumi_seal::Purpose;
+use takosumi_tests::probe::{self, record};
+use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
+
+async fn register(
+    stack: &Stack,
+    ws: takosumi_core::WorkspaceId,
+    repo: &GitRepo,
+    dir: &str,
+) -> anyhow::Result<Capsule> {
+    let req = NewCapsule {
+        name: format!("c-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        source: Source {
+            repo: repo.url(),
+            branch: "main".into(),
+        },
+        dir: dir.into(),
+        tool: "terraform".into(),
+        vars: json!({ "region": "eu" })
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    };
+    Ok(stack.client.create_capsule(ws, &req).await?)
+}
+
+async fn workspace(stack: &Stack) -> anyhow::Result<takosumi_core::WorkspaceId> {
+    Ok(stack
+        .client
+        .create_workspace(&format!(
+            "ws-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ))
+        .await?
+        .id)
+}
+
+/// Submits a plan and runs the plan handler for it right here (the stack has no workers).
+async fn plan_by_hand(stack: &Stack, capsule: &Capsule) -> anyhow::Result<RunId> {
+    let run = stack.client.plan(capsule.id, None).await?;
+    let outcome = takosumi_plan::handle(&stack.ctx, RunMessage { run_id: run.id }).await?;
+    assert_eq!(outcome, Outcome::Done, "plan by hand");
+    Ok(run.id)
+}
+
+/// Submits an apply of `plan` and runs the gate and apply handlers for it right here.
+async fn apply_by_hand(stack: &Stack, plan: RunId) -> anyhow::Result<takosumi_client::Run> {
+    let apply = stack.client.apply(plan, None).await?;
+    let msg = RunMessage { run_id: apply.id };
+    takosumi_gate::handle(&stack.ctx, msg).await?;
+    let _ = takosumi_apply::handle(&stack.ctx, msg).await;
+    Ok(stack.client.get_run(apply.id).await?)
+}
+
+/// What an endpoint requires of its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// Anyone, no token (`/healthz`).
+    Public,
+    /// A signed webhook: a token is no substitute for the signature.
+    Webhook,
+    /// Any role in the Workspace.
+    Read,
+    /// admin, operator.
+    Operate,
+    /// admin, operator, agent.
+    Submit,
+    /// admin of the Workspace.
+    Admin,
+    /// admin of the whole instance (a token limited to a Workspace may not).
+    InstanceAdmin,
+    /// The roles a held Run's approval counts from (approver, admin).
+    Approve,
+    /// A batch approval: 200 for every reader, but only approvers change anything.
+    ApproveBatch,
+}
+
+/// A caller of the matrix.
+struct Who {
+    label: &'static str,
+    /// The `Authorization` header, if any.
+    auth: Option<String>,
+    role: Option<&'static str>,
+    /// Limited to another Workspace.
+    scoped: bool,
+}
+
+impl Who {
+    fn allowed(&self, need: Need) -> bool {
+        let Some(role) = self.role else {
+            return matches!(need, Need::Public);
+        };
+        if self.scoped {
+            return matches!(need, Need::Public);
+        }
+        match need {
+            Need::Public | Need::Read | Need::ApproveBatch => true,
+            Need::Webhook => false,
+            Need::Operate => matches!(role, "admin" | "operator"),
+            Need::Submit => matches!(role, "admin" | "operator" | "agent"),
+            Need::Admin | Need::InstanceAdmin => role == "admin",
+            Need::Approve => matches!(role, "admin" | "approver"),
+        }
+    }
+
+    /// The refusal this caller must get, when not allowed.
+    fn refusal(&self, need: Need) -> (u16, Option<&'static str>) {
+        if need == Need::Webhook {
+            return (401, Some("invalid_signature"));
+        }
+        if self.role.is_none() {
+            return (401, Some("unauthorized"));
+        }
+        if self.scoped {
+            // Another Workspace's resources look like unknown ids; instance-wide
+            // actions are forbidden.
+            return if need == Need::InstanceAdmin {
+                (403, Some("forbidden"))
+            } else {
+                (404, Some("not_found"))
+            };
+        }
+        if need == Need::ApproveBatch {
+            return (200, None);
+        }
+        (403, None)
+    }
+}
+
+struct Endpoint {
+    method: &'static str,
+    path: String,
+    body: Option<String>,
+    need: Need,
+}
+
+async fn send(stack: &Stack, w: &Who, ep: &Endpoint) -> anyhow::Result<probe::Response> {
+    let headers: Vec<(&str, &str)> = w
+        .auth
+        .as_deref()
+        .map(|a| vec![("authorization", a)])
+        .unwrap_or_default();
+    probe::call(
+        stack,
+        ep.method,
+        &ep.path,
+        None,
+        &headers,
+        ep.body.as_deref().map(str::as_bytes),
+    )
+    .await
+}
+
+/// The promise: every endpoint that exists, called by tokens of each role (viewer,
+/// operator, approver, admin, agent), by an admin token limited to another Workspace,
+/// with no token, a wrong token and a malformed header: only what the role allows gets
+/// through; everything else is 401/403/404 with a code (a Workspace-limited token sees
+/// other Workspaces' resources as unknown) and changes nothing — not a row, not a column.
+/// Tokens are stored only as hashes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
+    let stack = Stack::start_on(
+        Options {
+            steps: Steps::API_ONLY,
+            ..Options::default()
+        },
+        &Endpoints {
+            // Nothing moves by itself while the matrix runs.
+            settings: vec![("TAKOSUMI_STUCK_QUEUED_SECS".into(), "3600".into())],
+            ..Endpoints::default()
+        },
+    )
+    .await?;
+    let pool = stack.ctx.pool.clone();
+    let repo = GitRepo::with_example("network")?;
+    let ws = workspace(&stack).await?;
+    let other_ws = workspace(&stack).await?;
+    let capsule = register(&stack, ws, &repo, "infra/network").await?;
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let mut tokens: Vec<(String, &'static str, bool)> = Vec::new();
+    let mut who = vec![
+        Who {
+            label: "none",
+            auth: None,
+            role: None,
+            scoped: false,
+        },
+        Who {
+            label: "wrong token",
+            auth: Some("Bearer tks_not_a_token".into()),
+            role: None,
+            scoped: false,
+        },
+        Who {
+            label: "malformed header",
+            auth: Some("Basic dGFrb3N1bWk6eA==".into()),
+            role: None,
+            scoped: false,
+        },
+    ];
+    for role in ["viewer", "operator", "approver", "admin", "agent"] {
+        let token = format!("tks_matrix_{role}_{id}");
+        takosumi_store::tokens::upsert(&pool, &token, &format!("matrix-{role}"), role, None)
+            .await?;
+        tokens.push((token.clone(), role, false));
+        who.push(Who {
+            label: role,
+            auth: Some(format!("Bearer {token}")),
+            role: Some(role),
+            scoped: false,
+        });
+    }
+    let scoped = format!("tks_matrix_scoped_{id}");
+    takosumi_store::tokens::upsert(&pool, &scoped, "matrix-scoped", "admin", Some(other_ws))
+        .await?;
+    tokens.push((scoped.clone(), "admin", true));
+    who.push(Who {
+        label: "admin of another Workspace",
+        auth: Some(format!("Bearer {scoped}")),
+        role: Some("admin"),
+        scoped: true,
+    });
+    let agent_token = tokens
+        .iter()
+        .find(|t| t.1 == "agent")
+        .map(|t| t.0.clone())
+        .unwrap();
+
+    // The fixture: a planned Run, a queued one, an agent's held one, a group, a binding.
+    let planned = plan_by_hand(&stack, &capsule).await?;
+    let queued = stack.client.plan(capsule.id, None).await?.id;
+    let held = probe::call(
+        &stack,
+        "POST",
+        &format!("/api/v1/capsules/{}/plan", capsule.id),
+        Some(&agent_token),
+        &[],
+        None,
+    )
+    .await?;
+    assert_eq!(held.status, 202, "{}", held.text);
+    assert_eq!(
+        held.json["status"], "held",
+        "an agent's plan is held: {}",
+        held.text
+    );
+    let held = held.json["id"].as_str().unwrap().to_owned();
+    let group = probe::call(
+        &stack,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/plan-update"),
+        Some(&stack.admin_token),
+        &[],
+        None,
+    )
+    .await?;
+    assert_eq!(group.status, 202, "{}", group.text);
+    let group = group.json["id"].as_str().unwrap().to_owned();
+    let binding = probe::call(
+        &stack,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/provider-bindings"),
+        Some(&stack.admin_token),
+        &[],
+        Some(br#"{"name":"cloud","kind":"env","env":{"CLOUD_TOKEN":"matrix-value"}}"#),
+    )
+    .await?;
+    assert_eq!(binding.status, 201, "{}", binding.text);
+    let pb = binding.json["id"].as_str().unwrap().to_owned();
+    let attach_body = format!(r#"{{"bindingId":"{pb}"}}"#);
+    let attach = probe::call(
+        &stack,
+        "POST",
+        &format!("/api/v1/capsules/{}/provider-bindings", capsule.id),
+        Some(&stack.admin_token),
+        &[],
+        Some(attach_body.as_bytes()),
+    )
+    .await?;
+    assert!(attach.status < 300, "{}", attach.text);
+
+    let cap = capsule.id;
+    let new_capsule = json!({"name": "n2", "source": {"repo": repo.url(), "branch": "main"}, "dir": "infra/network", "tool": "terraform"}).to_string();
+    let e = |method: &'static str, path: String, body: Option<&str>, need: Need| Endpoint {
+        method,
+        path,
+        body: body.map(str::to_owned),
+        need,
+    };
+    let endpoints = vec![
+        e("GET", "/healthz".into(), None, Need::Public),
+        e(
+            "POST",
+            format!("/api/v1/webhooks/git?workspace={ws}"),
+            Some(r#"{"ref":"refs/heads/main"}"#),
+            Need::Webhook,
+        ),
+        e(
+            "POST",
+            "/api/v1/workspaces".into(),
+            Some(r#"{"name":"matrix-new"}"#),
+            Need::InstanceAdmin,
+        ),
+        e(
+            "GET",
+            "/api/v1/dead-letters".into(),
+            None,
+            Need::InstanceAdmin,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/workspaces/{ws}/capsules"),
+            Some(&new_capsule),
+            Need::Operate,
+        ),
+        e("GET", format!("/api/v1/capsules/{cap}"), None, Need::Read),
+        e(
+            "DELETE",
+            format!("/api/v1/capsules/{cap}"),
+            None,
+            Need::Submit,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/capsules/{cap}/plan"),
+            None,
+            Need::Submit,
+        ),
+        e("GET", format!("/api/v1/runs/{planned}"), None, Need::Read),
+        e(
+            "GET",
+            format!("/api/v1/runs/{planned}/events"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/runs/{planned}/logs"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/runs/{planned}/cost"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/runs/{planned}/apply"),
+            None,
+            Need::Submit,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/runs/{held}/approve"),
+            None,
+            Need::Approve,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/runs/{queued}/cancel"),
+            None,
+            Need::Operate,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/runs/{planned}/resolve"),
+            Some(r#"{"action":"mark_resolved","note":"checked"}"#),
+            Need::Admin,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/workspaces/{ws}/runs"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/workspaces/{ws}/activity"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "PUT",
+            format!("/api/v1/workspaces/{ws}/rules"),
+            Some("{}"),
+            Need::Admin,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/workspaces/{ws}/rules"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "PUT",
+            format!("/api/v1/capsules/{cap}/rules"),
+            Some("{}"),
+            Need::Admin,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/capsules/{cap}/rules"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/workspaces/{ws}/provider-bindings"),
+            Some(r#"{"name":"other","kind":"env","env":{"OTHER_TOKEN":"v"}}"#),
+            Need::Operate,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/workspaces/{ws}/provider-bindings"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/capsules/{cap}/provider-bindings"),
+            Some(&attach_body),
+            Need::Operate,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/capsules/{cap}/provider-bindings"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "DELETE",
+            format!("/api/v1/capsules/{cap}/provider-bindings/{pb}"),
+            None,
+            Need::Operate,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/workspaces/{ws}/webhook-secret"),
+            None,
+            Need::Admin,
+        ),
+        e(
+            "PATCH",
+            format!("/api/v1/capsules/{cap}/settings"),
+            Some("{}"),
+            Need::Operate,
+        ),
+        e(
+            "PATCH",
+            format!("/api/v1/workspaces/{ws}/settings"),
+            Some("{}"),
+            Need::Admin,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/capsules/{cap}/drift-check"),
+            None,
+            Need::Submit,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/workspaces/{ws}/drift-check"),
+            None,
+            Need::Submit,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/workspaces/{ws}/drift"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/workspaces/{ws}/plan-update"),
+            None,
+            Need::Submit,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/run-groups/{group}"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/run-groups/{group}/approve"),
+            None,
+            Need::ApproveBatch,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/run-groups/{group}/apply"),
+            None,
+            Need::Submit,
+        ),
+    ];
+
+    // Refusals first: each leaves every row and column as it was.
+    let mut tried = 0usize;
+    let mut refused = 0usize;
+    for ep in &endpoints {
+        for w in &who {
+            if w.allowed(ep.need) {
+                continue;
+            }
+            let before = probe::fingerprint(&pool).await?;
+            let r = send(&stack, w, ep).await?;
+            tried += 1;
+            let (status, code) = w.refusal(ep.need);
+            let what = format!("{} {} as {}", ep.method, ep.path, w.label);
+            assert_eq!(r.status, status, "{what}: {}", r.text);
+            if status >= 400 {
+                refused += 1;
+                let got = r.json["code"].as_str().unwrap_or_default();
+                assert!(!got.is_empty(), "{what}: no code: {}", r.text);
+                if let Some(code) = code {
+                    assert_eq!(got, code, "{what}: {}", r.text);
+                }
+                assert!(
+                    r.json["message"].as_str().is_some_and(|m| !m.is_empty()),
+                    "{what}"
+                );
+            }
+            assert_eq!(
+                probe::fingerprint(&pool).await?,
+                before,
+                "{what} changed stored data"
+            );
+        }
+    }
+    // Then what each role may do goes through the role check (a state conflict such as
+    // 409 `apply_exists` after an earlier caller applied is the endpoint's answer, not a
+    // refusal).
+    for ep in &endpoints {
+        for w in &who {
+            if !w.allowed(ep.need) {
+                continue;
+            }
+            if ep.method == "DELETE" && ep.path.contains("/provider-bindings/") {
+                send(&stack, &who[6], &endpoints[24]).await?; // re-attach (as admin) before each detach
+            }
+            let r = send(&stack, w, ep).await?;
+            tried += 1;
+            let what = format!("{} {} as {}", ep.method, ep.path, w.label);
+            assert!(
+                r.status < 500 && ![401, 403, 404].contains(&r.status),
+                "{what} was refused or failed: {} {}",
+                r.status,
+                r.text
+            );
+        }
+    }
+    // A Workspace-limited token works inside its Workspace.
+    let own = probe::call(
+        &stack,
+        "GET",
+        &format!("/api/v1/workspaces/{other_ws}/runs"),
+        Some(&scoped),
+        &[],
+        None,
+    )
+    .await?;
+    assert_eq!(own.status, 200, "{}", own.text);
+    // Only hashes are stored.
+    let dump = probe::dump_tables(&pool).await?;
+    for (token, _, _) in &tokens {
+        assert!(
+            !dump.iter().any(|(_, row)| row.contains(token.as_str())),
+            "a token is stored in clear"
+        );
+    }
+    probe::say(&format!(
+        "role matrix: {} endpoints × {} callers, {tried} calls, {refused} refused",
+        endpoints.len(),
+        who.len()
+    ));
+    record("security", "role matrix: calls", tried);
+    record(
+        "security",
+        "role matrix: refusals checked unchanged",
+        refused,
+    );
+    stack.stop().await
+}
+
+/// The promise: tampered artifacts are refused with their code and nothing is applied.
+/// A sealed plan swapped for another Run's fails `plan_digest_mismatch` (it does not open
+/// under this Run's id); the other Run's plan unsealed and re-sealed under this Run's id
+/// opens, but fails `plan_digest_mismatch` (not the reviewed digest); a state object
+/// altered in storage, or swapped for another StateVersion's, makes the next plan fail
+/// `state_integrity` before any tool starts. The Capsule's generation never moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tampered_plans_and_states_are_refused_with_their_codes() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let ws = workspace(&stack).await?;
+    let capsule = register(&stack, ws, &repo, "infra/network").await?;
+    let a = plan_by_hand(&stack, &capsule).await?;
+    let b = plan_by_hand(&stack, &capsule).await?;
+    let key_of = |run: RunId| {
+        let pool = stack.ctx.pool.clone();
+        async move {
+            takosumi_store::runs::get(&pool, run)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.plan_object_key)
+                .expect("a sealed plan")
+        }
+    };
+    let (ka, kb) = (key_of(a).await, key_of(b).await);
+    let original_a = stack.ctx.objects.get(&ka, 64 << 20).await?;
+    let sealed_b = stack.ctx.objects.get(&kb, 64 << 20).await?;
+    let mut refused = 0;
+
+    // 1. Swapped: B's sealed plan at A's key.
+    stack.ctx.objects.put(&ka, sealed_b.clone()).await?;
+    let run = apply_by_hand(&stack, a).await?;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    assert_eq!(
+        run.error.as_ref().map(|e| e.code.as_str()),
+        Some("plan_digest_mismatch")
+    );
+    refused += 1;
+
+    // 2. Re-sealed: B's plan bytes sealed under A's id (opens, but is not what was reviewed).
+    let b_bytes = stack
+        .ctx
+        .sealer
+        .unseal(Purpose::Plan, &b.to_string(), &sealed_b)?;
+    let resealed = stack
+        .ctx
+        .sealer
+        .seal(Purpose::Plan, &a.to_string(), &b_bytes)?;
+    stack.ctx.objects.put(&ka, resealed).await?;
+    let run = apply_by_hand(&stack, a).await?;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    assert_eq!(
+        run.error.as_ref().map(|e| e.code.as_str()),
+        Some("plan_digest_mismatch")
+    );
+    refused += 1;
+    assert_eq!(
+        stack.tool_count("apply"),
+        0,
+        "a tampered plan reached the tool"
+    );
+    let cap_now = stack.client.get_capsule(capsule.id).await?;
+    assert_eq!(cap_now.state_generation, 0);
+    stack.ctx.objects.put(&ka, original_a).await?;
+
+    // A real apply (B's intact plan) moves the Capsule to generation 1.
+    let applied = apply_by_hand(&stack, b).await?;
+    assert_eq!(applied.status, RunStatus::Applied, "{applied:?}");
+    let sv = applied.state_version_id.expect("a StateVersion");
+    let sv_row = takosumi_store::state_versions::get(&stack.ctx.pool, sv)
+        .await?
+        .expect("row");
+    let good_state = stack.ctx.objects.get(&sv_row.object_key, 64 << 20).await?;
+
+    // 3. The state object altered: the next plan fails `state_integrity`, no tool runs.
+    let mut altered = good_state.clone();
+    let mid = altered.len() / 2;
+    altered[mid] ^= 0x40;
+    stack.ctx.objects.put(&sv_row.object_key, altered).await?;
+    let inits = stack.tool_count("init");
+    let run = stack.client.plan(capsule.id, None).await?;
+    let outcome = takosumi_plan::handle(&stack.ctx, RunMessage { run_id: run.id }).await?;
+    assert_eq!(
+        outcome,
+        Outcome::Failed(takosumi_core::FailureCode::StateIntegrity)
+    );
+    let run = stack.client.get_run(run.id).await?;
+    let err = run.error.clone().expect("an error");
+    assert_eq!(err.code, "state_integrity", "{run:?}");
+    assert!(
+        !err.message.contains(&sv_row.object_key),
+        "the message names an object key"
+    );
+    assert_eq!(
+        stack.tool_count("init"),
+        inits,
+        "a tool started on a tampered state"
+    );
+    refused += 1;
+
+    // 4. Another StateVersion's object (valid, sealed under its own id) in its place.
+    let other_cap = register(&stack, ws, &repo, "infra/network").await?;
+    let other_plan = plan_by_hand(&stack, &other_cap).await?;
+    let other_apply = apply_by_hand(&stack, other_plan).await?;
+    let other_sv = takosumi_store::state_versions::get(
+        &stack.ctx.pool,
+        other_apply.state_version_id.expect("sv"),
+    )
+    .await?
+    .expect("row");
+    let foreign = stack
+        .ctx
+        .objects
+        .get(&other_sv.object_key, 64 << 20)
+        .await?;
+    stack.ctx.objects.put(&sv_row.object_key, foreign).await?;
+    let run = stack.client.plan(capsule.id, None).await?;
+    let outcome = takosumi_plan::handle(&stack.ctx, RunMessage { run_id: run.id }).await?;
+    assert_eq!(
+        outcome,
+        Outcome::Failed(takosumi_core::FailureCode::StateIntegrity)
+    );
+    refused += 1;
+
+    // Nothing was applied on top of a tampered artifact.
+    let cap_now = stack.client.get_capsule(capsule.id).await?;
+    assert_eq!(cap_now.state_generation, 1);
+    assert_eq!(cap_now.current_state_version_id, Some(sv));
+    assert_eq!(
+        stack.tool_count("apply"),
+        2,
+        "only the two intact applies ran"
+    );
+    // Put back, the state plans again.
+    stack
+        .ctx
+        .objects
+        .put(&sv_row.object_key, good_state)
+        .await?;
+    let again = plan_by_hand(&stack, &capsule).await?;
+    assert_eq!(
+        stack.client.get_run(again).await?.status,
+        RunStatus::Planned
+    );
+    record("security", "tampered artifacts refused", refused);
+    stack.stop().await
+}
+
+/// A Capsule whose plan carries a sensitive variable, a sensitive output, and a
+/// ProviderBinding credential that a provisioner prints; `fail` makes the apply fail
+/// after printing both.
+fn canary_config(fail: bool) -> String {
+    let tail = if fail { "; exit 3" } else { "" };
+    format!(
+        r#"variable "region" {{
+  type = string
+}}
+
+variable "db_password" {{
+  type      = string
+  sensitive = true
+}}
+
+resource "null_resource" "echo" {{
+  triggers = {{
+    region = var.region
+  }}
+  provisioner "local-exec" {{
+    command = "echo token=$CANARY_CLOUD_TOKEN; echo pw=${{nonsensitive(var.db_password)}}{tail}"
+  }}
+}}
+
+output "vpc" {{
+  value = "vpc-${{var.region}}"
+}}
+
+output "conn" {{
+  value     = "postgres://app:${{var.db_password}}@db"
+  sensitive = true
+}}
+"#
+    )
+}
+
+fn encodings(secret: &str) -> Vec<String> {
+    vec![
+        secret.to_owned(),
+        base64::engine::general_purpose::STANDARD.encode(secret),
+        hex_of(secret.as_bytes()),
+    ]
+}
+
+fn hex_of(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The promise: no credential, sensitive variable or sensitive output value is ever
+/// stored, logged or answered in clear. After a successful and a failed plan + apply
+/// whose tool prints a credential and a sensitive variable, every row of every table,
+/// every object's raw bytes, every API response and every log line of the API, plan,
+/// gate and apply processes is searched for each canary (as text, base64 and hex): zero
+/// hits. Each Run's private directory is gone afterwards, on success and on failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps {
+            api: false,
+            plan: false,
+            gate: false,
+            apply: false,
+        },
+        ..Options::default()
+    })
+    .await?;
+    let logs = tempfile::tempdir()?;
+    let log = logs.path().join("processes.log");
+    let debug = "debug,sqlx=warn,lapin=info,aws_smithy_runtime=info,aws_smithy_runtime_api=info,aws_config=info,aws_sdk_s3=info,hyper=info,hyper_util=info,h2=info,rustls=info,tower=info,reqwest=info";
+    let mut procs = Vec::new();
+    for step in ["api", "plan", "gate", "apply"] {
+        procs.push(stack.spawn_process_logged(step, &[("RUST_LOG", debug)], &log)?);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while probe::call(&stack, "GET", "/healthz", None, &[], None)
+        .await
+        .map(|r| r.status)
+        .unwrap_or(0)
+        != 200
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the API process never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let cred = format!("CanaryCred{}", &id[..16]);
+    let var = format!("CanaryVar{}", &id[16..]);
+    let canaries = [cred.clone(), var.clone()];
+    let mut responses: Vec<String> = Vec::new();
+    let admin = stack.admin_token.clone();
+
+    let ws = workspace(&stack).await?;
+    let good = GitRepo::new(&[("infra/canary/main.tf", &canary_config(false))])?;
+    let bad = GitRepo::new(&[("infra/canary/main.tf", &canary_config(true))])?;
+    let binding_body =
+        json!({"name": "cloud", "kind": "env", "env": {"CANARY_CLOUD_TOKEN": cred}}).to_string();
+    let r = probe::call(
+        &stack,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/provider-bindings"),
+        Some(&admin),
+        &[],
+        Some(binding_body.as_bytes()),
+    )
+    .await?;
+    assert_eq!(r.status, 201, "{}", r.text);
+    responses.push(r.text.clone());
+    let pb = r.json["id"].as_str().unwrap().to_owned();
+    let mut applies = Vec::new();
+    let mut all_runs = Vec::new();
+    let mut capsules = Vec::new();
+    for repo in [&good, &bad] {
+        let capsule = register(&stack, ws, repo, "infra/canary").await?;
+        capsules.push(capsule.id);
+        let body = format!(r#"{{"bindingId":"{pb}"}}"#);
+        let r = probe::call(
+            &stack,
+            "POST",
+            &format!("/api/v1/capsules/{}/provider-bindings", capsule.id),
+            Some(&admin),
+            &[],
+            Some(body.as_bytes()),
+        )
+        .await?;
+        assert!(r.status < 300, "{}", r.text);
+        responses.push(r.text);
+        let mut req = PlanRequest::default();
+        req.sensitive_vars
+            .insert("db_password".into(), Value::String(var.clone()));
+        let plan = stack.client.plan_with(capsule.id, None, &req).await?;
+        let plan = stack.wait(plan.id).await?;
+        assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+        let apply = stack
+            .wait(stack.client.apply(plan.id, None).await?.id)
+            .await?;
+        all_runs.extend([plan.id, apply.id]);
+        applies.push(apply);
+    }
+    assert_eq!(applies[0].status, RunStatus::Applied, "{:?}", applies[0]);
+    assert_eq!(applies[1].status, RunStatus::Failed, "{:?}", applies[1]);
+    // The tool did print them: the logs show the masked lines.
+    let printed = stack.client.logs(applies[0].id).await?;
+    assert!(printed.contains("token="), "{printed}");
+
+    // Every API response about what happened.
+    for run in &all_runs {
+        for suffix in ["", "/events", "/logs", "/cost"] {
+            let r = probe::call(
+                &stack,
+                "GET",
+                &format!("/api/v1/runs/{run}{suffix}"),
+                Some(&admin),
+                &[],
+                None,
+            )
+            .await?;
+            responses.push(r.text);
+        }
+    }
+    for cap in &capsules {
+        for suffix in ["", "/provider-bindings", "/rules"] {
+            responses.push(
+                probe::call(
+                    &stack,
+                    "GET",
+                    &format!("/api/v1/capsules/{cap}{suffix}"),
+                    Some(&admin),
+                    &[],
+                    None,
+                )
+                .await?
+                .text,
+            );
+        }
+    }
+    for suffix in ["runs", "activity", "provider-bindings", "drift", "rules"] {
+        responses.push(
+            probe::call(
+                &stack,
+                "GET",
+                &format!("/api/v1/workspaces/{ws}/{suffix}"),
+                Some(&admin),
+                &[],
+                None,
+            )
+            .await?
+            .text,
+        );
+    }
+    responses.push(
+        probe::call(
+            &stack,
+            "GET",
+            "/api/v1/dead-letters",
+            Some(&admin),
+            &[],
+            None,
+        )
+        .await?
+        .text,
+    );
+    for mut p in procs {
+        p.start_kill()?;
+        p.wait().await?;
+    }
+
+    let mut places: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut leaks: Vec<String> = Vec::new();
+    let mut check = |place: &'static str, what: &str, text: &str| {
+        *places.entry(place).or_default() += 1;
+        for c in &canaries {
+            for enc in encodings(c) {
+                if text.contains(&enc) {
+                    leaks.push(format!("{place} {what}"));
+                }
+            }
+        }
+    };
+    for (table, row) in probe::dump_tables(&stack.ctx.pool).await? {
+        check("table row", &table, &row);
+    }
+    for (key, bytes) in probe::dump_objects(&stack).await? {
+        check("object", &key, &String::from_utf8_lossy(&bytes));
+    }
+    for r in &responses {
+        check("API response", "", r);
+    }
+    let log_text = std::fs::read_to_string(&log)?;
+    assert!(log_text.contains("handled"), "the processes logged nothing");
+    for line in log_text.lines() {
+        check("log line", "", line);
+    }
+    let leaked = leaks.len();
+    probe::say(&format!(
+        "canary sweep: searched {places:?}; leaks {leaked}"
+    ));
+    record(
+        "security",
+        "canary sweep: places searched",
+        places.values().sum::<usize>(),
+    );
+    record("security", "canary sweep: leaks found", leaked);
+    assert!(leaks.is_empty(), "canary found in: {leaks:?}");
+
+    // The private directories are gone, after success and after failure.
+    let work = std::path::PathBuf::from(&stack.env_vars()["TAKOSUMI_WORK_DIR"]);
+    let left: Vec<String> = std::fs::read_dir(&work)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "private directories left behind: {left:?}");
+    stack.stop().await
+}
