@@ -5,7 +5,8 @@
 # end-to-end bench binary, which prints every figure beside its reference as markdown and
 # also writes it to $BENCH_OUT (default $STACK/bench-results.md). Arguments go to the bench
 # binary, e.g. `infra/local/bench.sh --runs 50` or `--only 1,2`. About 5 minutes on
-# 2 cores once built; figures never fail the script, only a broken pipeline does.
+# 2 cores once built (a cold release build adds 10-20 minutes); figures never fail the
+# script, only a broken pipeline does.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -30,8 +31,10 @@ fi
 export SQLX_OFFLINE=${SQLX_OFFLINE:-true}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/takosumi-target}
 
-log "cargo build --release (the step binaries, the bench binary and the no-op tool)"
-cargo build --release --bins -p takosumi-api -p takosumi-plan -p takosumi-gate -p takosumi-apply -p takosumi-bench
+log "cargo build --release (the step binaries, the bench binary, the no-op tool, the Criterion benches)"
+# One command for bins and benches: the benches' dev-dependencies change some crates' features,
+# and building both together lets `cargo bench` below reuse every artifact.
+cargo build --release --bins --benches -p takosumi-api -p takosumi-plan -p takosumi-gate -p takosumi-apply -p takosumi-bench
 log "cargo bench -p takosumi-bench (Criterion: seal/unseal)"
 cargo bench -p takosumi-bench
 log "takosumi-bench $*"
