@@ -428,6 +428,44 @@ impl Stack {
         Ok(child)
     }
 
+    /// A raw API request, for tests that check status codes and error bodies the typed
+    /// client would hide: `(status, JSON body or Null)`. `token` `None` sends no
+    /// `Authorization` header; `body` is sent as-is (malformed JSON included) with a JSON
+    /// content type, and `None` sends no body.
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        let method = reqwest::Method::from_bytes(method.as_bytes())?;
+        let mut req = reqwest::Client::new().request(method, format!("{}{path}", self.api_url));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(b.to_owned());
+        }
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.json().await.unwrap_or(serde_json::Value::Null)))
+    }
+
+    /// [`Stack::request`] as the admin with a JSON body (`Null`: no body).
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        let text = (!body.is_null()).then(|| body.to_string());
+        self.request(method, path, Some(&self.admin_token), text.as_deref())
+            .await
+    }
+
     /// Polls a Run until it is terminal (or held).
     pub async fn wait(&self, run: RunId) -> anyhow::Result<takosumi_client::Run> {
         Ok(self.client.wait(run, Duration::from_secs(90)).await?)

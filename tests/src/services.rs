@@ -343,6 +343,12 @@ impl PrivateS3 {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The directory the server keeps its buckets in (one directory per bucket), for
+    /// tests that make storage refuse writes under one prefix.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
     /// SIGKILLs the server (a crash: nothing is flushed or closed politely).
     pub fn kill(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {

@@ -31,34 +31,6 @@ async fn counts(stack: &Stack) -> anyhow::Result<Vec<i64>> {
     Ok(out)
 }
 
-async fn call(
-    stack: &Stack,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&str>,
-) -> anyhow::Result<(u16, Value)> {
-    let http = reqwest::Client::new();
-    let url = format!("{}{path}", stack.api_url);
-    let mut req = match method {
-        "POST" => http.post(url),
-        "DELETE" => http.delete(url),
-        _ => http.get(url),
-    };
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .body(b.to_owned());
-    }
-    let resp = req.send().await?;
-    let status = resp.status().as_u16();
-    let body: Value = resp.json().await.unwrap_or(Value::Null);
-    Ok((status, body))
-}
-
 /// Unknown ids, malformed JSON, missing and wrong tokens, invalid fields: each is a 4xx
 /// with a code, and no row is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,14 +42,14 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() -> anyhow::Result
     .await?;
     let repo = GitRepo::with_example("network")?;
     let admin = stack.admin_token.clone();
-    let (s, ws) = call(
-        &stack,
-        "POST",
-        "/api/v1/workspaces",
-        Some(&admin),
-        Some(r#"{"name":"prod"}"#),
-    )
-    .await?;
+    let (s, ws) = stack
+        .request(
+            "POST",
+            "/api/v1/workspaces",
+            Some(&admin),
+            Some(r#"{"name":"prod"}"#),
+        )
+        .await?;
     assert_eq!(s, 201, "{ws}");
     let ws = ws["id"].as_str().unwrap().to_owned();
     let before = counts(&stack).await?;
@@ -239,7 +211,7 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() -> anyhow::Result
         ),
     ];
     for (method, path, token, body, want_status, want_code) in cases {
-        let (status, body) = call(&stack, method, &path, token, body.as_deref()).await?;
+        let (status, body) = stack.request(method, &path, token, body.as_deref()).await?;
         assert_eq!(status, want_status, "{method} {path}: {body}");
         assert_eq!(body["code"], json!(want_code), "{method} {path}: {body}");
         assert!(

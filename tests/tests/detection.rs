@@ -9,29 +9,6 @@ use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, RunStatus, WorkspaceId};
 use takosumi_tests::{GitRepo, Options, Stack, Steps};
 
-async fn call(
-    stack: &Stack,
-    method: &str,
-    path: &str,
-    body: Value,
-) -> anyhow::Result<(u16, Value)> {
-    let http = reqwest::Client::new();
-    let url = format!("{}{path}", stack.api_url);
-    let req = match method {
-        "PATCH" => http.patch(url),
-        "GET" => http.get(url),
-        "PUT" => http.put(url),
-        _ => http.post(url),
-    };
-    let resp = req
-        .bearer_auth(&stack.admin_token)
-        .json(&body)
-        .send()
-        .await?;
-    let status = resp.status().as_u16();
-    Ok((status, resp.json().await.unwrap_or(Value::Null)))
-}
-
 async fn workspace(stack: &Stack) -> anyhow::Result<WorkspaceId> {
     Ok(stack
         .client
@@ -85,13 +62,13 @@ fn input_state(value: &str) -> String {
 }
 
 async fn drift_check(stack: &Stack, cap: &Capsule) -> anyhow::Result<takosumi_client::Run> {
-    let (s, b) = call(
-        stack,
-        "POST",
-        &format!("/api/v1/capsules/{}/drift-check", cap.id),
-        json!({}),
-    )
-    .await?;
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/capsules/{}/drift-check", cap.id),
+            json!({}),
+        )
+        .await?;
     assert_eq!(s, 202, "{b}");
     let id: RunId = b["id"].as_str().unwrap().parse()?;
     stack.wait(id).await
@@ -136,13 +113,13 @@ async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> 
         (RunStatus::Planned, Some(false)),
         "{clean:?}"
     );
-    let (s, b) = call(
-        &stack,
-        "POST",
-        &format!("/api/v1/runs/{}/apply", clean.id),
-        json!({}),
-    )
-    .await?;
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{}/apply", clean.id),
+            json!({}),
+        )
+        .await?;
     assert_eq!((s, b["code"].as_str()), (409, Some("no_kept_plan")), "{b}");
 
     std::fs::write(&input, input_state("b"))?;
@@ -157,13 +134,13 @@ async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> 
 
     let newer = drift_check(&stack, &cap).await?;
     assert_eq!(newer.drift, Some(true));
-    let (s, b) = call(
-        &stack,
-        "POST",
-        &format!("/api/v1/runs/{}/apply", older.id),
-        json!({}),
-    )
-    .await?;
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{}/apply", older.id),
+            json!({}),
+        )
+        .await?;
     assert_eq!(
         (s, b["code"].as_str()),
         (409, Some("no_kept_plan")),
@@ -218,13 +195,13 @@ async fn concurrent_sweeps_enqueue_each_capsule_once() -> anyhow::Result<()> {
         )
         .await?;
     }
-    let (s, b) = call(
-        &stack,
-        "PATCH",
-        &format!("/api/v1/workspaces/{ws}/settings"),
-        json!({ "driftIntervalSecs": 3600 }),
-    )
-    .await?;
+    let (s, b) = stack
+        .call(
+            "PATCH",
+            &format!("/api/v1/workspaces/{ws}/settings"),
+            json!({ "driftIntervalSecs": 3600 }),
+        )
+        .await?;
     assert_eq!(s, 200, "{b}");
     let other = takosumi_runtime::Ctx::connect(&stack.settings, "sweep-2").await?;
     let (a, b) = tokio::join!(
@@ -311,13 +288,13 @@ async fn signed_push_marks_matching_capsules_stale_and_starts_nothing() -> anyho
         json!({ "region": "eu" }),
     )
     .await?;
-    let (s, b) = call(
-        &stack,
-        "POST",
-        &format!("/api/v1/workspaces/{ws}/webhook-secret"),
-        json!({}),
-    )
-    .await?;
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/webhook-secret"),
+            json!({}),
+        )
+        .await?;
     assert_eq!(s, 201, "{b}");
     let secret = b["secret"].as_str().unwrap().to_owned();
     let commit = repo.commit(&[("README.md", "change")], "push")?;
@@ -391,21 +368,21 @@ async fn automatic_update_applies_clean_plans_and_stops_on_deletions() -> anyhow
         json!({}),
     )
     .await?;
-    let (s, b) = call(
-        &stack,
-        "PATCH",
-        &format!("/api/v1/capsules/{}/settings", cap.id),
-        json!({ "autoUpdate": true }),
-    )
-    .await?;
+    let (s, b) = stack
+        .call(
+            "PATCH",
+            &format!("/api/v1/capsules/{}/settings", cap.id),
+            json!({ "autoUpdate": true }),
+        )
+        .await?;
     assert_eq!(s, 200, "{b}");
-    let (_, b) = call(
-        &stack,
-        "POST",
-        &format!("/api/v1/workspaces/{ws}/webhook-secret"),
-        json!({}),
-    )
-    .await?;
+    let (_, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/webhook-secret"),
+            json!({}),
+        )
+        .await?;
     let secret = b["secret"].as_str().unwrap().to_owned();
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -508,20 +485,20 @@ async fn run_group_planned_approved_and_applied_at_once() -> anyhow::Result<()> 
         json!({ "region": "us" }),
     )
     .await?;
-    call(
-        &stack,
-        "PUT",
-        &format!("/api/v1/workspaces/{ws}/rules"),
-        json!({ "approval": { "required": 1 } }),
-    )
-    .await?;
-    let (s, group) = call(
-        &stack,
-        "POST",
-        &format!("/api/v1/workspaces/{ws}/plan-update"),
-        json!({}),
-    )
-    .await?;
+    stack
+        .call(
+            "PUT",
+            &format!("/api/v1/workspaces/{ws}/rules"),
+            json!({ "approval": { "required": 1 } }),
+        )
+        .await?;
+    let (s, group) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/plan-update"),
+            json!({}),
+        )
+        .await?;
     assert_eq!(s, 202, "{group}");
     let rg = group["id"].as_str().unwrap().to_owned();
     assert_eq!(group["runIds"].as_array().unwrap().len(), 2);
@@ -529,13 +506,9 @@ async fn run_group_planned_approved_and_applied_at_once() -> anyhow::Result<()> 
         let run = stack.wait(id.as_str().unwrap().parse()?).await?;
         assert_eq!(run.status, RunStatus::Planned);
     }
-    let (s, applied) = call(
-        &stack,
-        "POST",
-        &format!("/api/v1/run-groups/{rg}/apply"),
-        json!({}),
-    )
-    .await?;
+    let (s, applied) = stack
+        .call("POST", &format!("/api/v1/run-groups/{rg}/apply"), json!({}))
+        .await?;
     assert_eq!(s, 202, "{applied}");
     let apply_ids: Vec<RunId> = applied["results"]
         .as_array()
@@ -568,13 +541,9 @@ async fn run_group_planned_approved_and_applied_at_once() -> anyhow::Result<()> 
             "each Run keeps its own approval record"
         );
     }
-    let (s, g) = call(
-        &stack,
-        "GET",
-        &format!("/api/v1/run-groups/{rg}"),
-        Value::Null,
-    )
-    .await?;
+    let (s, g) = stack
+        .call("GET", &format!("/api/v1/run-groups/{rg}"), Value::Null)
+        .await?;
     assert_eq!(s, 200);
     assert_eq!(
         g["runs"].as_array().unwrap().len(),
@@ -651,13 +620,13 @@ async fn pull_request_plans_are_speculative_and_scanned() -> anyhow::Result<()> 
         json!({ "region": "eu" }),
     )
     .await?;
-    let (_, b) = call(
-        &stack,
-        "POST",
-        &format!("/api/v1/workspaces/{ws}/webhook-secret"),
-        json!({}),
-    )
-    .await?;
+    let (_, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/webhook-secret"),
+            json!({}),
+        )
+        .await?;
     let secret = b["secret"].as_str().unwrap().to_owned();
 
     let clean_sha = repo.commit(&[("README.md", "pr")], "clean pr")?;
@@ -666,13 +635,13 @@ async fn pull_request_plans_are_speculative_and_scanned() -> anyhow::Result<()> 
         .await?;
     assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
     assert_eq!(plan.source_snapshot.as_ref().unwrap().commit, clean_sha);
-    let (s, b) = call(
-        &stack,
-        "POST",
-        &format!("/api/v1/runs/{}/apply", plan.id),
-        json!({}),
-    )
-    .await?;
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{}/apply", plan.id),
+            json!({}),
+        )
+        .await?;
     assert_eq!(
         (s, b["code"].as_str()),
         (409, Some("speculative_plan")),
@@ -699,5 +668,233 @@ async fn pull_request_plans_are_speculative_and_scanned() -> anyhow::Result<()> 
         "a refused pull request plan ran the tool"
     );
     assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
+    stack.stop().await
+}
+
+/// The Workspace drift view rolls drifted Capsules up by what changed — the sorted set of
+/// (resource address, action) from each latest check's `show -json` — not by change
+/// counts: two Capsules whose `null_resource.watched` drifts are one row, a third whose
+/// `null_resource.other` drifts with the very same counts (1 to add, 1 to destroy) is
+/// another, and a Capsule without drift is in no row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drift_view_rolls_up_capsules_by_changed_resources() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let dir = tempfile::tempdir()?;
+    let other_tf = WATCHED.replace("\"watched\"", "\"other\"");
+    let repo = GitRepo::new(&[
+        ("infra/watched/main.tf", WATCHED),
+        ("infra/other/main.tf", &other_tf),
+    ])?;
+    let ws = workspace(&stack).await?;
+    let mut caps = Vec::new();
+    for (name, cap_dir) in [
+        ("a", "infra/watched"),
+        ("b", "infra/watched"),
+        ("c", "infra/other"),
+        ("clean", "infra/watched"),
+    ] {
+        let input = dir.path().join(format!("{name}.tfstate"));
+        std::fs::write(&input, input_state("1"))?;
+        let cap = capsule(
+            &stack,
+            ws,
+            name,
+            &repo.url(),
+            "main",
+            cap_dir,
+            json!({ "input_state": input.display().to_string() }),
+        )
+        .await?;
+        let plan = stack
+            .wait(stack.client.plan(cap.id, None).await?.id)
+            .await?;
+        let apply = stack
+            .wait(stack.client.apply(plan.id, None).await?.id)
+            .await?;
+        assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+        caps.push((cap, input));
+    }
+    for (_, input) in &caps[..3] {
+        std::fs::write(input, input_state("2"))?;
+    }
+    let (s, group) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/drift-check"),
+            json!({}),
+        )
+        .await?;
+    assert_eq!(s, 202, "{group}");
+    for id in group["runIds"].as_array().unwrap() {
+        let run = stack.wait(id.as_str().unwrap().parse()?).await?;
+        assert_eq!(run.status, RunStatus::Planned, "{run:?}");
+        let c = run.changes.unwrap();
+        let drifted = run.capsule_id != caps[3].0.id;
+        assert_eq!(run.drift, Some(drifted), "{run:?}");
+        if drifted {
+            assert_eq!((c.add, c.change, c.destroy), (1, 0, 1));
+        }
+    }
+
+    let (s, view) = stack
+        .call(
+            "GET",
+            &format!("/api/v1/workspaces/{ws}/drift"),
+            Value::Null,
+        )
+        .await?;
+    assert_eq!(s, 200, "{view}");
+    let rows = view["drifted"].as_array().unwrap();
+    assert_eq!(
+        rows.len(),
+        2,
+        "two rows, one per set of changed resources: {view}"
+    );
+    let row_of = |address: &str| {
+        rows.iter()
+            .find(|r| r["drift"]["resources"][0]["address"] == json!(address))
+            .unwrap_or_else(|| panic!("no row for {address}: {view}"))
+    };
+    let capsules_of = |row: &Value| {
+        let mut ids: Vec<String> = row["capsules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["capsuleId"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let watched = row_of("null_resource.watched");
+    assert_eq!(
+        watched["drift"]["resources"],
+        json!([{ "address": "null_resource.watched", "type": "null_resource", "action": "replace" }])
+    );
+    let mut expected = vec![caps[0].0.id.to_string(), caps[1].0.id.to_string()];
+    expected.sort();
+    assert_eq!(capsules_of(watched), expected);
+    let other = row_of("null_resource.other");
+    assert_eq!(
+        other["drift"]["resources"],
+        json!([{ "address": "null_resource.other", "type": "null_resource", "action": "replace" }])
+    );
+    assert_eq!(capsules_of(other), vec![caps[2].0.id.to_string()]);
+    assert!(
+        !view.to_string().contains(&caps[3].0.id.to_string()),
+        "a Capsule without drift is in no row: {view}"
+    );
+    stack.stop().await
+}
+
+/// A drift check or a plan-update group an agent submits is held (`agent_run`) before
+/// anything plans, like an agent's plan: the tool never starts until a person releases
+/// it; the released check runs as a drift check and the released group's plans plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_drift_checks_and_plan_updates_are_held_before_planning() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("network")?;
+    let ws = workspace(&stack).await?;
+    let cap = capsule(
+        &stack,
+        ws,
+        "net",
+        &repo.url(),
+        "main",
+        "infra/network",
+        json!({ "region": "eu" }),
+    )
+    .await?;
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
+    let agent = format!("tks_agent_{suffix}");
+    let approver = format!("tks_human_{suffix}");
+    takosumi_store::tokens::upsert(&stack.ctx.pool, &agent, "copilot", "agent", None).await?;
+    takosumi_store::tokens::upsert(&stack.ctx.pool, &approver, "human", "approver", None).await?;
+    let held = |run: &Value| {
+        assert_eq!(run["status"], json!("held"), "{run}");
+        assert_eq!(run["hold"]["reason"], json!("agent_run"), "{run}");
+        assert_eq!(run["actor"]["kind"], json!("agent"), "{run}");
+    };
+
+    let (s, check) = stack
+        .request(
+            "POST",
+            &format!("/api/v1/capsules/{}/drift-check", cap.id),
+            Some(&agent),
+            None,
+        )
+        .await?;
+    assert_eq!(s, 202, "{check}");
+    held(&check);
+    let mut group_runs = Vec::new();
+    for what in ["drift-check", "plan-update"] {
+        let (s, group) = stack
+            .request(
+                "POST",
+                &format!("/api/v1/workspaces/{ws}/{what}"),
+                Some(&agent),
+                None,
+            )
+            .await?;
+        assert_eq!(s, 202, "{group}");
+        let ids = group["runIds"].as_array().unwrap();
+        assert_eq!(ids.len(), 1, "{group}");
+        let (_, run) = stack
+            .call(
+                "GET",
+                &format!("/api/v1/runs/{}", ids[0].as_str().unwrap()),
+                Value::Null,
+            )
+            .await?;
+        held(&run);
+        group_runs.push((group["id"].as_str().unwrap().to_owned(), run));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert_eq!(
+        stack.tool_count("plan"),
+        0,
+        "an agent's Run planned before a person released it"
+    );
+    for (_, run) in &group_runs {
+        let (_, now) = stack
+            .call(
+                "GET",
+                &format!("/api/v1/runs/{}", run["id"].as_str().unwrap()),
+                Value::Null,
+            )
+            .await?;
+        assert_eq!(now["status"], json!("held"), "{now}");
+    }
+
+    let check_id: RunId = check["id"].as_str().unwrap().parse()?;
+    let (s, b) = stack
+        .request(
+            "POST",
+            &format!("/api/v1/runs/{check_id}/approve"),
+            Some(&approver),
+            Some("{}"),
+        )
+        .await?;
+    assert_eq!(s, 200, "{b}");
+    let released = stack.wait_released(check_id).await?;
+    assert_eq!(released.status, RunStatus::Planned, "{released:?}");
+    assert!(
+        released.drift.is_some(),
+        "released as a drift check: {released:?}"
+    );
+    for (rg, run) in &group_runs {
+        let (s, b) = stack
+            .request(
+                "POST",
+                &format!("/api/v1/run-groups/{rg}/approve"),
+                Some(&approver),
+                None,
+            )
+            .await?;
+        assert_eq!(s, 200, "{b}");
+        let run = stack
+            .wait_released(run["id"].as_str().unwrap().parse()?)
+            .await?;
+        assert_eq!(run.status, RunStatus::Planned, "{run:?}");
+    }
     stack.stop().await
 }

@@ -48,6 +48,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/capsules/{cap}/drift-check"),
     ("POST", "/api/v1/workspaces/{ws}/drift-check"),
     ("GET", "/api/v1/workspaces/{ws}/drift"),
+    ("GET", "/api/v1/workspaces"),
+    ("GET", "/api/v1/workspaces/{ws}/capsules"),
     ("POST", "/api/v1/workspaces/{ws}/plan-update"),
     ("GET", "/api/v1/run-groups/{rg}"),
     ("POST", "/api/v1/run-groups/{rg}/approve"),

@@ -873,6 +873,11 @@ async fn unknown_outcome_is_listed_until_an_admin_resolves_it() -> anyhow::Resul
         (
             json!({ "action": "attach_state", "note": "x" }),
             422,
+            "missing_state",
+        ),
+        (
+            json!({ "action": "undo", "note": "x" }),
+            422,
             "invalid_action",
         ),
         (json!({ "action": "mark_resolved" }), 400, "invalid_json"),

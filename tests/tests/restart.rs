@@ -17,6 +17,9 @@ use takosumi_tests::services::{PrivatePostgres, PrivateRabbit, PrivateS3};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
 use tokio::time::Instant;
 
+/// How long the S3 server stays down.
+const S3_OUTAGE_SECS: u64 = 6;
+
 async fn register(stack: &Stack, repo: &GitRepo, region: &str) -> anyhow::Result<Capsule> {
     let ws = stack
         .client
@@ -63,12 +66,30 @@ async fn settle_all(
             }
         }
         if Instant::now() > deadline {
-            let open: Vec<String> = runs
-                .iter()
-                .filter(|r| !done.contains_key(r))
-                .map(ToString::to_string)
-                .collect();
-            anyhow::bail!("Runs still open {secs} s after recovery: {open:?}");
+            // Say where each open Run stands, so a failure can be read without a rerun.
+            let mut open = Vec::new();
+            for id in runs.iter().filter(|r| !done.contains_key(r)) {
+                let state: Option<(String, i32)> =
+                    sqlx::query_as("SELECT status::text, attempts FROM runs WHERE id = $1")
+                        .bind(id.as_uuid())
+                        .fetch_optional(&stack.ctx.pool)
+                        .await
+                        .ok()
+                        .flatten();
+                let events: Vec<String> =
+                    sqlx::query_scalar("SELECT kind FROM run_events WHERE run_id = $1 ORDER BY id")
+                        .bind(id.as_uuid())
+                        .fetch_all(&stack.ctx.pool)
+                        .await
+                        .unwrap_or_default();
+                open.push(format!("{id} {state:?} events {events:?}"));
+            }
+            let outbox = takosumi_store::outbox::pending_count(&stack.ctx.pool)
+                .await
+                .ok();
+            anyhow::bail!(
+                "Runs still open {secs} s after recovery (outbox pending {outbox:?}): {open:#?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -122,7 +143,6 @@ fn all_are(statuses: &HashMap<RunId, RunStatus>, want: RunStatus) -> Result<(), 
 /// the tool with "submit again", or ends `unknown_outcome` after it), so the store and
 /// database outages put plans in flight and the applies follow after recovery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "long profile (flaked once in nine runs): cargo test -p takosumi-tests --test restart -- --ignored"]
 async fn runs_complete_across_broker_store_and_database_restarts() -> anyhow::Result<()> {
     // TAKOSUMI_TEST_LOG=1 (with RUST_LOG) shows what the in-process handlers log.
     if std::env::var_os("TAKOSUMI_TEST_LOG").is_some() {
@@ -212,7 +232,9 @@ async fn runs_complete_across_broker_store_and_database_restarts() -> anyhow::Re
         let s = s3.clone();
         blocking(move || s.lock().map_err(|_| anyhow::anyhow!("lock"))?.kill()).await?;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Long enough that a plan meets the outage on several tries in a row: a transient
+    // fault the handler hands back must never use up the Run's attempts.
+    tokio::time::sleep(Duration::from_secs(S3_OUTAGE_SECS)).await;
     {
         let s = s3.clone();
         blocking(move || s.lock().map_err(|_| anyhow::anyhow!("lock"))?.start_again()).await?;

@@ -488,6 +488,12 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
             Need::Read,
         ),
         e(
+            "GET",
+            format!("/api/v1/workspaces/{ws}/capsules"),
+            None,
+            Need::Read,
+        ),
+        e(
             "POST",
             format!("/api/v1/workspaces/{ws}/plan-update"),
             None,

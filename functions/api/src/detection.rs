@@ -91,9 +91,13 @@ struct Start<'a> {
     actor_id: String,
     actor: String,
     auto_apply: bool,
+    /// The agent whose Run this is, when it must be held before anything plans (DESIGN
+    /// §4: planning runs provider code with the server's credentials).
+    hold_for: Option<&'a Caller>,
 }
 
-/// Inserts a queued Run with its `queued` event, its activity line and its wake-up.
+/// Inserts a queued Run with its `queued` event, its activity line and its wake-up — or,
+/// for an agent's Run, holds it for a person instead of waking a step.
 async fn create_run(tx: &mut Tx, s: &Start<'_>) -> Result<RunId, ApiError> {
     let new = runs::NewRun {
         kind: s.kind,
@@ -124,6 +128,10 @@ async fn create_run(tx: &mut Tx, s: &Start<'_>) -> Result<RunId, ApiError> {
         json!({ "kind": s.kind, "capsuleId": s.capsule.id }),
     )
     .await?;
+    if let Some(agent) = s.hold_for {
+        crate::gates::hold_agent_plan(tx, id, agent).await?;
+        return Ok(id);
+    }
     let topic = if s.kind == RunKind::DriftCheck {
         Topic::Drift
     } else {
@@ -131,6 +139,20 @@ async fn create_run(tx: &mut Tx, s: &Start<'_>) -> Result<RunId, ApiError> {
     };
     outbox::enqueue(tx, topic, id).await?;
     Ok(id)
+}
+
+/// The caller, when it is an agent the rules do not exempt for this Capsule: its Runs are
+/// held before anything plans, as `submit_plan` holds an agent's plan.
+async fn agent_to_hold<'a>(
+    st: &AppState,
+    caller: &'a Caller,
+    capsule: &capsules::Capsule,
+) -> Result<Option<&'a Caller>, ApiError> {
+    if caller.0.role == "agent" && !crate::gates::agent_exempt(st, capsule, &caller.0.name).await? {
+        Ok(Some(caller))
+    } else {
+        Ok(None)
+    }
 }
 
 fn actor_kind(caller: &Caller) -> ActorKind {
@@ -367,6 +389,7 @@ async fn push(
                 actor_id: format!("auto-update:{on_behalf}"),
                 actor: format!("system:auto-update on behalf of {on_behalf}"),
                 auto_apply: true,
+                hold_for: None,
             },
         )
         .await?;
@@ -447,6 +470,7 @@ async fn pull_request(
                 actor_id: "webhook:pull_request".into(),
                 actor: "system:webhook".into(),
                 auto_apply: false,
+                hold_for: None,
             },
         )
         .await?;
@@ -578,6 +602,7 @@ async fn capsule_drift_check(
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = load_capsule(&st, &caller, &cap).await?;
     caller.require(Action::Submit, Some(capsule.workspace_id))?;
+    let hold_for = agent_to_hold(&st, &caller, &capsule).await?;
     let mut tx = st.pool.begin().await?;
     let start = Start {
         kind: RunKind::DriftCheck,
@@ -587,6 +612,7 @@ async fn capsule_drift_check(
         actor_id: caller.0.id.to_string(),
         actor: caller.actor(),
         auto_apply: false,
+        hold_for,
     };
     let id = create_run(&mut tx, &start).await?;
     let run = runs::get(&mut *tx, id)
@@ -618,6 +644,7 @@ async fn start_group(
         let Some(capsule) = capsules::get(&mut *tx, id).await? else {
             continue;
         };
+        let hold_for = agent_to_hold(st, caller, &capsule).await?;
         let start = Start {
             kind,
             capsule: &capsule,
@@ -626,6 +653,7 @@ async fn start_group(
             actor_id: caller.0.id.to_string(),
             actor: caller.actor(),
             auto_apply: false,
+            hold_for,
         };
         created.push(create_run(&mut tx, &start).await?);
     }
@@ -669,8 +697,11 @@ async fn plan_update(
     start_group(&st, &caller, ws, RunKind::Plan, req.only_stale).await
 }
 
-/// Drifted Capsules rolled up by what changed: Capsules whose drift touches the same
-/// resource types and addresses are one row.
+/// Drifted Capsules rolled up by what changed: Capsules whose latest check would change
+/// the same set of (resource address, action) pairs — read from the check's `show -json`
+/// resource changes, never from counts or printed text — are one row, listing each
+/// Capsule with its check. Two Capsules that each drift by one replacement of different
+/// resources are two rows; the same address drifting the same way in both is one.
 async fn workspace_drift(
     State(st): State<AppState>,
     caller: Caller,
@@ -679,12 +710,9 @@ async fn workspace_drift(
     let ws = load_workspace(&st, &caller, &ws).await?;
     let drifted = detection::drifted_capsules(&st.pool, ws).await?;
     let mut rows: Vec<(Value, Vec<Value>)> = Vec::new();
-    for (capsule, run, changes) in drifted {
-        let summary = runs::get(&st.pool, run)
-            .await?
-            .and_then(|r| resource_summary(&st, &r));
-        let key = json!({ "changes": changes, "resources": summary });
-        let entry = json!({ "capsuleId": capsule, "runId": run });
+    for d in drifted {
+        let key = drift_key(d.resource_changes.as_ref());
+        let entry = json!({ "capsuleId": d.capsule_id, "runId": d.run_id, "changes": d.changes });
         match rows.iter_mut().find(|(k, _)| *k == key) {
             Some((_, list)) => list.push(entry),
             None => rows.push((key, vec![entry])),
@@ -697,10 +725,37 @@ async fn workspace_drift(
     Ok(Json(json!({ "workspaceId": ws, "drifted": rows })))
 }
 
-fn resource_summary(_st: &AppState, run: &runs::Run) -> Option<Value> {
-    // Grouping key: the (type, address, actions) of each change when the plan step kept a
-    // summary; otherwise the counts alone.
-    run.changes.clone()
+/// The rollup key of a drift check: the sorted, de-duplicated (address, type, action)
+/// of every resource the check's plan would change (no-op and read left out), and whether
+/// the stored summary was truncated (then the key names only the resources it kept). A
+/// check whose plan changes only outputs has an empty resource list.
+fn drift_key(resource_changes: Option<&Value>) -> Value {
+    let summary: takosumi_core::cost::PlanResources = resource_changes
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    let mut items: Vec<(String, String, String)> = summary
+        .resources
+        .iter()
+        .filter_map(|r| {
+            let acts: Vec<&str> = r.actions.iter().map(String::as_str).collect();
+            let action = match acts.as_slice() {
+                [] | ["no-op"] | ["read"] => return None,
+                ["delete", "create"] | ["create", "delete"] => "replace".to_owned(),
+                [one] => (*one).to_owned(),
+                many => many.join("+"),
+            };
+            Some((r.address.clone(), r.resource_type.clone(), action))
+        })
+        .collect();
+    items.sort();
+    items.dedup();
+    let resources: Vec<Value> = items
+        .into_iter()
+        .map(|(address, resource_type, action)| {
+            json!({ "address": address, "type": resource_type, "action": action })
+        })
+        .collect();
+    json!({ "resources": resources, "truncated": summary.truncated })
 }
 
 async fn get_group(

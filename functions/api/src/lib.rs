@@ -9,7 +9,12 @@ mod dead_letters;
 mod detection;
 mod error;
 mod gates;
+mod listing;
+mod one_step;
+mod pools;
 mod records;
+mod relay;
+mod resolve_state;
 mod routes;
 mod views;
 
@@ -37,6 +42,8 @@ pub struct AppState {
     pub sealer: takosumi_seal::Sealer,
     /// The broker (reconnecting): operators read the dead-letter queues through it.
     pub bus: Arc<takosumi_queue::Bus>,
+    /// Object storage: relay workers hand plan files and state through the API (issue 8).
+    pub objects: takosumi_objects::ObjectStore,
 }
 
 /// The API's routes.
@@ -85,6 +92,7 @@ pub async fn serve(
         relay_wake: ctx.relay_wake.clone(),
         sealer: ctx.sealer.clone(),
         bus: ctx.bus.clone(),
+        objects: ctx.objects.clone(),
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening");

@@ -12,9 +12,9 @@
 //! `unknown_outcome` — its outcome is still not known to Takosumi — but an operator who
 //! inspected the provider side and the Capsule's current StateVersion records that they
 //! did, with a note; the Workspace's Run list stops counting it as needing attention.
-//! Only `{"action": "mark_resolved"}` exists; attaching a state pulled from the provider
-//! side is not built yet (TODO: `attach_state`, writing a StateVersion through the
-//! generation compare-and-set).
+//! `{"action": "mark_resolved"}` records only that; `restore_held_state` and
+//! `attach_state` also give the Capsule a state through the generation compare-and-set
+//! (see `resolve_state`).
 
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -46,7 +46,13 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/runs/{run}/cancel", post(cancel_run))
         .route("/api/v1/runs/{run}/cost", get(run_cost))
-        .route("/api/v1/runs/{run}/resolve", post(resolve_run))
+        .route(
+            "/api/v1/runs/{run}/resolve",
+            // An attached state is up to 8 MiB; the limit is answered in JSON below.
+            post(resolve_run).layer(axum::extract::DefaultBodyLimit::max(
+                crate::resolve_state::RESOLVE_BODY_LIMIT,
+            )),
+        )
         .route("/api/v1/workspaces/{ws}/runs", get(list_runs))
         .route("/api/v1/workspaces/{ws}/activity", get(list_activity))
 }
@@ -121,7 +127,11 @@ fn note_text(raw: &str, field: &'static str) -> Result<String, ApiError> {
 /// resolution of an `unknown_outcome` apply.
 pub(crate) async fn run_view(st: &AppState, run: &runs::Run) -> Result<Value, ApiError> {
     let extras = records::extras(&st.pool, run.id).await?;
-    Ok(with_extras(views::run(run), &extras))
+    let mut view = with_extras(views::run(run), &extras);
+    // How an apply submission ran: `one_step` (apply -auto-approve, no saved plan) or a
+    // plan it proposed its apply from; null for the ordinary paths.
+    view["applyMode"] = json!(takosumi_store::apply_modes::get(&st.pool, run.id).await?);
+    Ok(view)
 }
 
 fn with_extras(mut view: Value, x: &RecordExtras) -> Value {
@@ -296,28 +306,59 @@ async fn run_cost(
 struct ResolveRequest {
     action: String,
     note: String,
+    /// `attach_state` only: the state pulled from the provider side (never echoed).
+    #[serde(default)]
+    state: Option<Value>,
 }
 
 async fn resolve_run(
     State(st): State<AppState>,
     caller: Caller,
     Path(run): Path<String>,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let run = load_run(&st, &caller, &run).await?;
     caller.require(Action::Administer, Some(run.workspace_id))?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            crate::resolve_state::too_large(None)
+        } else {
+            ApiError::invalid_json("the request body could not be read")
+        }
+    })?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid_json(
-            "send {\"action\": \"mark_resolved\", \"note\": \"what you checked\"}",
+            "send {\"action\": \"mark_resolved\" | \"restore_held_state\" | \"attach_state\", \"note\": \"what you checked\"} (attach_state also takes \"state\")",
         ));
     }
     let req: ResolveRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
-    if req.action != "mark_resolved" {
-        return Err(ApiError::invalid(
-            "invalid_action",
-            "action must be \"mark_resolved\" (attaching a state pulled from the provider side is not available yet)",
-        ));
+    drop(body);
+    let action: &'static str = match req.action.as_str() {
+        "mark_resolved" => "mark_resolved",
+        "restore_held_state" => "restore_held_state",
+        "attach_state" => "attach_state",
+        _ => {
+            return Err(ApiError::invalid(
+                "invalid_action",
+                "action must be \"mark_resolved\", \"restore_held_state\" or \"attach_state\"",
+            ));
+        }
+    };
+    match (action, req.state.is_some()) {
+        ("attach_state", false) => {
+            return Err(ApiError::invalid(
+                "missing_state",
+                "attach_state needs \"state\": the Terraform state (JSON object) pulled from the provider side",
+            ));
+        }
+        ("mark_resolved" | "restore_held_state", true) => {
+            return Err(ApiError::invalid(
+                "unexpected_state",
+                "\"state\" is only taken with action \"attach_state\"",
+            ));
+        }
+        _ => {}
     }
     let note = note_text(&req.note, "note")?;
     if note.is_empty() {
@@ -337,8 +378,27 @@ async fn resolve_run(
         ));
     }
     let actor = caller.actor();
+    if action != "mark_resolved" {
+        if records::extras(&st.pool, run.id)
+            .await?
+            .resolved_at
+            .is_some()
+        {
+            return Err(crate::resolve_state::already_resolved(&run));
+        }
+        match req.state {
+            Some(state) => {
+                crate::resolve_state::attach_state(&st, &run, &actor, &note, state).await?;
+            }
+            None => crate::resolve_state::restore_held_state(&st, &run, &actor, &note).await?,
+        }
+        let now = runs::get(&st.pool, run.id)
+            .await?
+            .ok_or_else(|| ApiError::not_found("the Run"))?;
+        return Ok(Json(run_view(&st, &now).await?));
+    }
     let mut tx = st.pool.begin().await?;
-    if !records::resolve_unknown(&mut tx, run.id, &req.action, &actor, &note).await? {
+    if !records::resolve_unknown(&mut tx, run.id, action, &actor, &note).await? {
         return Err(ApiError::conflict(
             "already_resolved",
             format!("{} was already resolved; see its events", run.id),

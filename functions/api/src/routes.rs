@@ -35,10 +35,14 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/runs/{run}/logs", get(run_logs))
         .route("/api/v1/runs/{run}/apply", post(apply_run))
         .merge(crate::gates::router())
+        .merge(crate::one_step::router())
         .merge(crate::detection::router())
+        .merge(crate::listing::router())
         .merge(crate::bindings::router())
         .merge(crate::records::router())
         .merge(crate::dead_letters::router())
+        .merge(crate::pools::router())
+        .merge(crate::relay::router())
         .fallback(|| async {
             ApiError::client(
                 StatusCode::NOT_FOUND,
@@ -48,7 +52,7 @@ pub fn router() -> Router<AppState> {
         })
 }
 
-fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid_json(
             "the request body is empty; send a JSON object",
@@ -58,7 +62,7 @@ fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
 }
 
-fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
+pub(crate) fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
     raw: &str,
 ) -> Result<T, ApiError> {
     raw.parse().map_err(|e: takosumi_core::IdParseError| {
@@ -66,7 +70,7 @@ fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
     })
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
     };
@@ -85,7 +89,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_owned()))
 }
 
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
@@ -290,6 +294,9 @@ async fn get_capsule(
     // The latest finished drift check decides whether the Capsule shows as drifted.
     let drift = takosumi_store::detection::capsule_drifted(&st.pool, capsule.id).await?;
     body["drift"] = json!(drift);
+    // The worker pool it runs on (issue 8); `null`: the control node's own queues.
+    let pool = takosumi_store::pools::of_capsule(&st.pool, capsule.id).await?;
+    body["pool"] = json!(pool.map(|p| p.name));
     if drift == Some(true) && body["status"] == json!("ok") {
         body["status"] = json!("drifted");
     }
@@ -319,7 +326,7 @@ async fn destroy_capsule(
     submit_plan(st, caller, cap, headers, RunKind::Destroy, inputs).await
 }
 
-fn actor_kind(caller: &Caller) -> ActorKind {
+pub(crate) fn actor_kind(caller: &Caller) -> ActorKind {
     if caller.0.role == "agent" {
         ActorKind::Agent
     } else {
@@ -512,6 +519,16 @@ pub(crate) async fn propose_apply(
             ),
         ));
     }
+    // An unresolved unknown_outcome apply locks the Capsule against applies until an
+    // operator resolves it; say so now rather than queue an apply that will be refused.
+    if let Some(blocking) =
+        takosumi_store::unrecorded::unresolved_unknown_apply(&st.pool, plan.capsule_id).await?
+    {
+        return Err(ApiError::conflict(
+            "capsule_needs_inspection",
+            takosumi_store::unrecorded::needs_inspection_message(blocking),
+        ));
+    }
     let (_, _, speculative) = takosumi_store::detection::run_source(&st.pool, plan.id).await?;
     if speculative {
         return Err(ApiError::conflict(
@@ -602,7 +619,11 @@ pub(crate) async fn propose_apply(
     if require_approval {
         takosumi_store::gates::set_require_approval(&mut tx, id).await?;
     }
-    outbox::enqueue(&mut tx, Topic::Gate, id).await?;
+    // A pool with no delivery key can never receive the saved plan: the apply fails at
+    // once, with a code that says so (issue 8).
+    if !crate::relay::fail_if_pool_has_no_key(&mut tx, id, plan.capsule_id).await? {
+        outbox::enqueue(&mut tx, Topic::Gate, id).await?;
+    }
     let run = runs::get(&mut *tx, id)
         .await?
         .ok_or_else(|| ApiError::not_found("the new Run"))?;

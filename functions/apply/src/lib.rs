@@ -16,10 +16,13 @@ use takosumi_runtime::Ctx;
 use takosumi_runtime::dependencies::{
     LockfileError, dependency_snapshot, installed_modules_digest,
 };
-use takosumi_runtime::step::{object_err, runner_err, state_key, store_err};
+use takosumi_runtime::step::{object_err, runner_err, store_err};
 use takosumi_seal::{Purpose, SealError};
 use takosumi_store::runs::ApplyClaim;
 use takosumi_store::{capsules, events, outbox, runs, state_versions};
+
+mod one_step;
+mod unrecorded;
 
 /// The largest sealed plan read back (19 MiB plan plus the envelope).
 const MAX_SEALED_PLAN: u64 = 19 * 1024 * 1024 + 4096;
@@ -35,11 +38,35 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     if run.kind != RunKind::Apply {
         return Err(StepError::Poison(format!("{run_id} is not an apply run")));
     }
-    let plan_run_id = run
-        .plan_run_id
-        .ok_or_else(|| StepError::Poison(format!("{run_id} has no plan")))?;
+    // An Apply Run without a plan runs in one step: no rule covered it when it was
+    // submitted and when the gate released it (see `one_step`).
+    let plan_run_id = match run.plan_run_id {
+        Some(p) => Some(p),
+        None if takosumi_store::apply_modes::get(&ctx.pool, run_id)
+            .await
+            .map_err(store_err)?
+            .as_deref()
+            == Some(takosumi_store::apply_modes::ONE_STEP) =>
+        {
+            None
+        }
+        None => return Err(StepError::Poison(format!("{run_id} has no plan"))),
+    };
 
+    // A Capsule that names a worker pool applies on that pool's relay workers (issue 8).
+    if takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id)
+        .await
+        .map_err(store_err)?
+        .is_some()
+    {
+        return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
+    }
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    if plan_run_id.is_none() {
+        takosumi_store::apply_modes::pin_current_generation(&mut tx, run_id)
+            .await
+            .map_err(store_err)?;
+    }
     let claim = runs::claim_apply(&mut tx, run_id, &ctx.owner, ctx.lease_secs)
         .await
         .map_err(store_err)?;
@@ -67,6 +94,17 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             .await
             .map_err(store_err)?;
         }
+        ApplyClaim::NeedsInspection { blocking } => {
+            events::append(
+                &mut *tx,
+                run_id,
+                "failed",
+                &actor,
+                serde_json::json!({ "code": FailureCode::CapsuleNeedsInspection, "unresolvedRunId": blocking, "toolStarted": false }),
+            )
+            .await
+            .map_err(store_err)?;
+        }
         ApplyClaim::CapsuleBusy | ApplyClaim::NotClaimable => {}
     }
     tx.commit().await.map_err(|e| store_err(e.into()))?;
@@ -78,15 +116,23 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         // The running apply wakes the oldest waiting one when it ends.
         ApplyClaim::CapsuleBusy => return Ok(Outcome::Deferred("another apply holds the Capsule")),
         ApplyClaim::NotClaimable => return Ok(Outcome::Skipped("not a released, queued apply")),
+        ApplyClaim::NeedsInspection { .. } => {
+            return Ok(Outcome::Failed(FailureCode::CapsuleNeedsInspection));
+        }
     }
 
     let lease = ctx.keep_lease(run_id);
     let cancel = lease.cancel_requested();
-    let result = apply(&ctx.interruptible(cancel.clone()), &run, plan_run_id).await;
+    // The tool's output is stored as it arrives, so the logs show a long apply.
+    let step_ctx = ctx.interruptible(cancel.clone()).streaming_logs(run_id);
+    let result = match plan_run_id {
+        Some(plan_run_id) => apply(&step_ctx, &run, plan_run_id).await,
+        None => one_step::apply(&step_ctx, &run).await,
+    };
     drop(lease);
     // Canceled before the apply recorded a result (an interrupted init, a refused start):
     // end `canceled`. An interrupted apply tool records its state and ends in `apply`.
-    if cancel.is_cancelled() && result.is_err() {
+    if cancel.is_cancelled() && matches!(result, Err(ApplyError::Fail(..) | ApplyError::Step(_))) {
         let detail = serde_json::json!({ "step": "apply" });
         return ctx
             .cancel_claimed(run_id, Some(run.capsule_id), detail)
@@ -94,6 +140,9 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     }
     match result {
         Ok(outcome) => Ok(outcome),
+        Err(ApplyError::AfterTool(message)) => {
+            unrecorded::end_unknown_outcome(ctx, run_id, run.capsule_id, &message).await
+        }
         Err(ApplyError::Fail(code, message)) => {
             ctx.fail_claimed(run_id, Some(run.capsule_id), code, &message)
                 .await
@@ -117,6 +166,9 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
 enum ApplyError {
     Fail(FailureCode, String),
     Step(StepError),
+    /// The tool ran (it may have changed infrastructure) but its result could not be
+    /// recorded: the apply ends `unknown_outcome` with this message, never `failed`.
+    AfterTool(String),
 }
 
 impl From<takosumi_runtime::inputs::EnvError> for ApplyError {
@@ -336,13 +388,88 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
             "the tool refused the saved plan as stale (the state changed after the plan); nothing was applied; submit the plan again and apply the new one",
         ));
     }
+    finish(
+        ctx,
+        run,
+        &capsule,
+        wd,
+        tool,
+        &env,
+        &applied,
+        restored,
+        generation,
+        Some(plan_run_id),
+    )
+    .await
+}
+
+/// Commits what an apply did, whichever path it took: a new StateVersion (generation
+/// compare-and-set) when the tool changed the state, even if it failed, then the Run's
+/// result and the next waiting apply's wake-up, in one transaction. A pinned apply's plan
+/// (`plan_run_id`) forgets its sealed plan and sensitive variables in the same commit.
+///
+/// The tool has run by now, so any fault here ends the apply `unknown_outcome`
+/// ([`ApplyError::AfterTool`]), never `failed` with "nothing was applied".
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    ctx: &Ctx,
+    run: &runs::Run,
+    capsule: &capsules::Capsule,
+    wd: Workdir,
+    tool: Tool,
+    env: &ToolEnv,
+    applied: &takosumi_runner::ToolOutput,
+    restored: Option<Vec<u8>>,
+    generation: i64,
+    plan_run_id: Option<RunId>,
+) -> Result<Outcome, ApplyError> {
+    let recorded = record_result(
+        ctx,
+        run,
+        capsule,
+        wd,
+        tool,
+        env,
+        applied,
+        restored,
+        generation,
+        plan_run_id,
+    )
+    .await;
+    recorded.map_err(|e| match e {
+        ApplyError::AfterTool(message) => ApplyError::AfterTool(message),
+        ApplyError::Fail(_, message) => ApplyError::AfterTool(format!(
+            "the tool ran, but its result could not be recorded: {message}. Inspect the provider side \
+             and the Capsule's current StateVersion, then resolve this Run"
+        )),
+        ApplyError::Step(e) => ApplyError::AfterTool(format!(
+            "the tool ran, but its result could not be recorded ({e}). Inspect the provider side \
+             and the Capsule's current StateVersion, then resolve this Run"
+        )),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn record_result(
+    ctx: &Ctx,
+    run: &runs::Run,
+    capsule: &capsules::Capsule,
+    wd: Workdir,
+    tool: Tool,
+    env: &ToolEnv,
+    applied: &takosumi_runner::ToolOutput,
+    restored: Option<Vec<u8>>,
+    generation: i64,
+    plan_run_id: Option<RunId>,
+) -> Result<Outcome, ApplyError> {
+    let run_id = run.id;
     // A failed apply can still have written state: record it so nothing committed is lost.
     let state = ctx.runner.read_state(&wd).map_err(runner_err)?;
     let changed_state = state.filter(|s| Some(s) != restored.as_ref());
     let outputs = if applied.success() {
         let out = ctx
             .runner
-            .output_json(&wd, tool, &env)
+            .output_json(&wd, tool, env)
             .await
             .map_err(|e| tool_failure(e, "reading outputs"))?;
         let mut public = serde_json::Value::Object(public_outputs(&out));
@@ -403,13 +530,15 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         .await
         .map_err(store_err)?;
     }
-    runs::clear_plan_object(&mut tx, plan_run_id)
-        .await
-        .map_err(store_err)?;
-    // The plan's sealed sensitive variables go with its plan file.
-    takosumi_store::bindings::forget_sensitive_vars(&mut *tx, plan_run_id)
-        .await
-        .map_err(store_err)?;
+    if let Some(plan_run_id) = plan_run_id {
+        runs::clear_plan_object(&mut tx, plan_run_id)
+            .await
+            .map_err(store_err)?;
+        // The plan's sealed sensitive variables go with its plan file.
+        takosumi_store::bindings::forget_sensitive_vars(&mut *tx, plan_run_id)
+            .await
+            .map_err(store_err)?;
+    }
     if applied.success() {
         if !runs::record_apply(
             &mut tx,
@@ -542,16 +671,22 @@ async fn check_modules(
             "the plan has no dependency snapshot (made by an older runner); nothing was applied; plan again",
         ));
     };
-    ctx.event(
-        run_id,
-        "tool_started",
-        serde_json::json!({ "command": "get" }),
-    )
-    .await;
-    let got = ctx.runner.get_modules(wd, tool, env).await;
-    log_result(ctx, env.masker(), run_id, "get", &got).await;
+    // As in the plan step: no module call, nothing to download, no `get`.
+    let got = if takosumi_runner::declares_module_calls(wd.config_dir()) {
+        ctx.event(
+            run_id,
+            "tool_started",
+            serde_json::json!({ "command": "get" }),
+        )
+        .await;
+        let got = ctx.runner.get_modules(wd, tool, env).await;
+        log_result(ctx, env.masker(), run_id, "get", &got).await;
+        got.map(|_| ())
+    } else {
+        Ok(())
+    };
     match got {
-        Ok(_) => {}
+        Ok(()) => {}
         Err(RunnerError::ToolFailed { .. }) => {
             return Err(fail(
                 FailureCode::DependencyChanged,
@@ -578,6 +713,8 @@ async fn check_modules(
     Ok(())
 }
 
+/// Seals and stores the state the tool wrote (retrying, else held in Postgres: see
+/// [`unrecorded::seal_and_store_state`]).
 async fn seal_state(
     ctx: &Ctx,
     capsule_id: CapsuleId,
@@ -585,25 +722,7 @@ async fn seal_state(
     generation: i64,
     bytes: &[u8],
 ) -> Result<(state_versions::StateVersion, i64), ApplyError> {
-    let id = StateVersionId::new();
-    let key = state_key(capsule_id, id);
-    let sealed = ctx
-        .sealer
-        .seal(Purpose::State, &id.to_string(), bytes)
-        .map_err(StepError::internal)?;
-    ctx.objects
-        .put_if_absent(&key, sealed)
-        .await
-        .map_err(object_err)?;
-    let sv = state_versions::StateVersion {
-        id,
-        capsule_id,
-        generation: generation + 1,
-        run_id,
-        object_key: key,
-        digest: takosumi_store::sha256_hex(bytes),
-    };
-    Ok((sv, i64::try_from(bytes.len()).unwrap_or(i64::MAX)))
+    unrecorded::seal_and_store_state(ctx, capsule_id, run_id, generation, bytes).await
 }
 
 async fn sqlx_state_version(

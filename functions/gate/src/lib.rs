@@ -5,7 +5,7 @@
 //! AI agent proposed are held with the reason and the findings its approvers are shown.
 //! The decision, the rule versions it used and the wake-up it causes commit together.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use takosumi_core::{
     ActorKind, Changes, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic,
 };
@@ -14,6 +14,8 @@ use takosumi_runtime::Ctx;
 use takosumi_runtime::step::{object_err, store_err};
 use takosumi_seal::Purpose;
 use takosumi_store::{activity, events, gates, outbox, runs};
+
+mod one_step;
 
 /// The largest sealed `show -json` the gate reads.
 const MAX_PLAN_JSON: u64 = 64 * 1024 * 1024;
@@ -25,6 +27,18 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
+    // An apply submission a rule covers was planned first: the plan proposes its apply
+    // (also after a person released it before planning, as an agent's is).
+    if run.kind == RunKind::Plan
+        && run.status == RunStatus::Planned
+        && takosumi_store::apply_modes::get(&ctx.pool, run_id)
+            .await
+            .map_err(store_err)?
+            .as_deref()
+            == Some(takosumi_store::apply_modes::PROPOSES_APPLY)
+    {
+        return one_step::propose_apply(ctx, &run, &format!("handler:{}", ctx.owner)).await;
+    }
     let expected = if run.kind == RunKind::Apply {
         RunStatus::Queued
     } else {
@@ -103,9 +117,10 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         return Ok(Outcome::Done);
     }
 
-    let plan_run_id = run
-        .plan_run_id
-        .ok_or_else(|| StepError::Poison(format!("{run_id} has no plan")))?;
+    let Some(plan_run_id) = run.plan_run_id else {
+        // No plan: the API found no rule covering it; decide whether it runs in one step.
+        return one_step::decide(ctx, &run, &actor).await;
+    };
     let ws_rules = gates::current_rules(&ctx.pool, run.workspace_id, None)
         .await
         .map_err(store_err)?;
@@ -144,6 +159,16 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         None
     };
     let changes: Changes = run.changes().unwrap_or_default();
+    // The cost estimate (only for a cost check) and the plan's dry-run scan: both go into
+    // the decision's record and what the approver is shown.
+    let cost = if rules.max_monthly_increase.is_some() || rules.plan_gate.is_some() {
+        one_step::cost_estimate(ctx, plan_run_id).await?
+    } else {
+        None
+    };
+    let scan = gates::scan_report(&ctx.pool, plan_run_id)
+        .await
+        .map_err(store_err)?;
     let input = GateInput {
         changes,
         plan_json: plan_json.as_ref(),
@@ -154,8 +179,29 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         require_approval,
         agent,
         auto_apply: run.auto_apply_requested,
+        cost: cost.as_ref(),
+    };
+    let cost_record = match (rules.max_monthly_increase, &cost) {
+        (Some(limit), Some(est)) => Some(takosumi_policy::cost_finding(limit, est)),
+        _ => None,
     };
     let decision = match takosumi_policy::decide(&rules, &input) {
+        Ok(Decision::Hold {
+            reason,
+            mut details,
+            approvals_required,
+            approver_roles,
+        }) => {
+            if let (Value::Object(m), Some(scan)) = (&mut details, &scan) {
+                m.insert("dryRunScan".into(), scan.clone());
+            }
+            Decision::Hold {
+                reason,
+                details,
+                approvals_required,
+                approver_roles,
+            }
+        }
         Ok(d) => d,
         Err(e) => {
             // A policy that fails at runtime holds the apply rather than letting it through.
@@ -182,7 +228,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 run_id,
                 "gate_decision",
                 &actor,
-                json!({ "decision": "released", "rules": checked, "ruleVersions": versions, "agentExemption": exemption, "planDigest": run.plan_digest }),
+                json!({ "decision": "released", "rules": checked, "ruleVersions": versions, "agentExemption": exemption, "planDigest": run.plan_digest, "cost": cost_record }),
             )
             .await
             .map_err(store_err)?;
@@ -208,7 +254,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 run_id,
                 "gate_decision",
                 &actor,
-                json!({ "decision": "held", "reason": reason, "details": details, "ruleVersions": versions, "approvalsRequired": required, "planDigest": run.plan_digest }),
+                json!({ "decision": "held", "reason": reason, "details": details, "ruleVersions": versions, "approvalsRequired": required, "planDigest": run.plan_digest, "cost": cost_record }),
             )
             .await
             .map_err(store_err)?;

@@ -19,6 +19,8 @@ use takosumi_runtime::step::{lockfile_key, object_err, plan_key, runner_err, sto
 use takosumi_seal::Purpose;
 use takosumi_store::{capsules, events, outbox, runs};
 
+mod dry_run;
+
 /// The largest plan file that may be relayed (DESIGN §3).
 pub const MAX_PLAN_BYTES: u64 = 19 * 1024 * 1024;
 
@@ -44,11 +46,23 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             "not queued: claimed elsewhere or already planned",
         ));
     }
-    if run.attempts >= ctx.max_attempts {
+    // A Capsule that names a worker pool plans on that pool's relay workers (issue 8).
+    if takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id)
+        .await
+        .map_err(store_err)?
+        .is_some()
+    {
+        return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
+    }
+    // Claims whose handler vanished; a claim handed back after a transient fault (an
+    // outage the handler rode out) does not count.
+    let lost = runs::lost_claims(&ctx.pool, run_id)
+        .await
+        .map_err(store_err)?;
+    if lost >= ctx.max_attempts {
         let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
         let msg = format!(
-            "planning was attempted {} times without finishing; check the logs and plan again",
-            run.attempts
+            "planning was attempted {lost} times without finishing; check the logs and plan again"
         );
         if runs::fail(&mut tx, run_id, None, FailureCode::AttemptsExhausted, &msg)
             .await
@@ -98,7 +112,8 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let lease = ctx.keep_lease(run_id);
     let cancel = lease.cancel_requested();
     let result = plan(
-        &ctx.interruptible(cancel.clone()),
+        // The tool's output is stored as it arrives, so the logs show a long plan.
+        &ctx.interruptible(cancel.clone()).streaming_logs(run_id),
         &run,
         attempt,
         &lease.lost(),
@@ -216,15 +231,19 @@ async fn plan(
 
     // Modules are downloaded once, here, into the private checkout (a committed
     // `.terraform` was removed by the checkout); init then resolves nothing again.
-    ctx.event(
-        run_id,
-        "tool_started",
-        serde_json::json!({ "command": "get" }),
-    )
-    .await;
-    let got = ctx.runner.get_modules(&wd, tool, &env).await;
-    log_result(ctx, env.masker(), run, "get", &got).await;
-    got.map_err(|e| tool_failure(e, "downloading modules failed"))?;
+    // A configuration that calls no module has nothing to download: `get` is skipped
+    // (one tool start less), and the apply skips it the same way, so the digests agree.
+    if takosumi_runner::declares_module_calls(wd.config_dir()) {
+        ctx.event(
+            run_id,
+            "tool_started",
+            serde_json::json!({ "command": "get" }),
+        )
+        .await;
+        let got = ctx.runner.get_modules(&wd, tool, &env).await;
+        log_result(ctx, env.masker(), run, "get", &got).await;
+        got.map_err(|e| tool_failure(e, "downloading modules failed"))?;
+    }
     let modules_digest = installed_modules_digest(&wd)
         .await
         .map_err(|e| tool_failure(e, "reading the installed modules"))?;
@@ -260,6 +279,11 @@ async fn plan(
                 named.join(", ")
             ),
         ));
+    }
+    // exclude_dry_run: under the approval rule a plan plans freely only when the scan is
+    // clean; otherwise it is held here, before init and plan run anything.
+    if let Some(outcome) = dry_run::check(ctx, run, &report, &source.commit).await? {
+        return Ok(outcome);
     }
 
     ctx.event(
@@ -377,8 +401,11 @@ async fn plan(
         .map_err(object_err)?
         == PutOutcome::AlreadyExists
     {
-        // Keys are unique per claim, so this is another writer's object: never trust it.
-        return Err(StepError::Internal(
+        // Keys are unique per claim, so the object is never trusted. It is most often this
+        // put's own earlier try, whose answer was lost when the storage server went away
+        // mid-request: a transient fault, so the plan is retried under a new claim (and
+        // a new key) instead of failing the Run.
+        return Err(StepError::Transient(
             format!("sealed plan for attempt {attempt} already exists").into(),
         )
         .into());

@@ -30,6 +30,24 @@ impl Client {
         self.execute(Method::POST, &path, rb).await
     }
 
+    /// `POST /api/v1/capsules/{cap}/apply`: apply the Capsule's branch as it is. When no
+    /// rule covers the apply this is one Apply Run that runs `apply -auto-approve`, nothing
+    /// saved in between (`applyMode: "one_step"`); when one does (or `require_approval`), it
+    /// is a plan Run (`applyMode: "proposes_apply"`) whose Apply Run the gate proposes, pinned
+    /// to its saved plan, once it is planned.
+    pub async fn apply_capsule(
+        &self,
+        cap: CapsuleId,
+        require_approval: bool,
+        idempotency_key: Option<&str>,
+    ) -> Result<Run, ClientError> {
+        let path = format!("/api/v1/capsules/{cap}/apply");
+        let rb = self
+            .submission(Method::POST, &path, idempotency_key)?
+            .json(&json!({ "requireApproval": require_approval }));
+        self.execute(Method::POST, &path, rb).await
+    }
+
     /// `PUT /api/v1/workspaces/{ws}/rules`: a new version of the Workspace's rules.
     pub async fn set_workspace_rules(
         &self,

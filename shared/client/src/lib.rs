@@ -25,6 +25,7 @@ use takosumi_core::Secret;
 mod bindings;
 mod dead_letters;
 mod gates;
+mod listing;
 mod records;
 
 pub use bindings::{

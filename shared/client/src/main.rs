@@ -4,6 +4,7 @@
 //! or a waited-for (watched, followed) Run ended `failed`/`canceled`/`unknown_outcome`, 2 on
 //! usage errors.
 
+mod config_cli;
 mod dead_letters_cli;
 mod gates_cli;
 mod records_cli;
@@ -34,9 +35,10 @@ const START_HINT: &str = "is the API running? start it with infra/local/quicksta
 #[derive(Parser)]
 #[command(name = "takosumi", version, propagate_version = true)]
 struct Cli {
-    /// Base URL of the Takosumi API.
-    #[arg(long, global = true, env = URL_ENV, default_value = DEFAULT_URL, value_name = "URL")]
-    url: String,
+    /// Base URL of the Takosumi API (default: the one `takosumi login` saved, else
+    /// http://127.0.0.1:8080).
+    #[arg(long, global = true, env = URL_ENV, value_name = "URL")]
+    url: Option<String>,
     /// API token (prefer the environment variable: a flag is visible to other local users).
     #[arg(long, global = true, env = TOKEN_ENV, hide_env_values = true, value_name = "TOKEN")]
     token: Option<String>,
@@ -49,6 +51,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Check a token against the API and save it with the URL for later commands (to
+    /// $TAKOSUMI_CONFIG, else ~/.config/takosumi/config.toml, mode 0600). The token is read
+    /// from stdin (`printf %s "$TOKEN" | takosumi login --url URL`) unless --token or
+    /// TAKOSUMI_DEPLOY_CONTROL_TOKEN gives it; it is never printed.
+    Login,
     /// Workspaces: groups of Capsules with shared rules and history.
     Workspace {
         #[command(subcommand)]
@@ -64,6 +71,13 @@ enum Command {
         /// The Capsule (`cap_…`).
         #[arg(value_name = "CAPSULE")]
         capsule: CapsuleId,
+        /// A variable for this Run only, `NAME=VALUE` (repeatable); a value that is a JSON
+        /// list or map (`zones=["a","b"]`, `tags={"env":"prod"}`) is passed as one.
+        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_plan_var)]
+        vars: Vec<Var>,
+        /// A variable for this Run only given as JSON, `NAME=JSON` (repeatable).
+        #[arg(long = "var-json", value_name = "NAME=JSON", value_parser = parse_var_json)]
+        var_json: Vec<Var>,
         #[command(flatten)]
         submit: SubmitArgs,
     },
@@ -80,6 +94,18 @@ enum Command {
         /// The planned Run (`run_…`).
         #[arg(value_name = "RUN")]
         run: RunId,
+        #[command(flatten)]
+        submit: SubmitArgs,
+    },
+    /// Apply a Capsule's branch as it is: in one step (`apply -auto-approve`) when no rule
+    /// covers it, else planned first and the apply proposed from the saved plan.
+    ApplyCapsule {
+        /// The Capsule (`cap_…`).
+        #[arg(value_name = "CAPSULE")]
+        capsule: CapsuleId,
+        /// Hold the apply for a person whatever the rules say (it is planned first).
+        #[arg(long)]
+        require_approval: bool,
         #[command(flatten)]
         submit: SubmitArgs,
     },
@@ -220,7 +246,8 @@ enum Command {
         #[arg(long)]
         limit: Option<u16>,
     },
-    /// Record that an unknown_outcome apply was inspected (admin tokens).
+    /// Resolve an unknown_outcome apply (admin tokens): record that it was inspected, or
+    /// also give the Capsule its state (the held one, or one pulled from the provider side).
     Resolve {
         /// The Run (`run_…`).
         #[arg(value_name = "RUN")]
@@ -228,6 +255,14 @@ enum Command {
         /// What was checked: the provider side, the Capsule's current StateVersion.
         #[arg(long)]
         note: String,
+        /// Make the state the apply wrote, held in the database because object storage
+        /// would not take it, the Capsule's next StateVersion.
+        #[arg(long, conflicts_with = "attach_state")]
+        restore_held_state: bool,
+        /// Make this state file (`terraform state pull` output, format version 4) the
+        /// Capsule's next StateVersion.
+        #[arg(long, value_name = "FILE")]
+        attach_state: Option<std::path::PathBuf>,
     },
     /// Print a Run's events in order.
     Events {
@@ -253,12 +288,20 @@ enum WorkspaceCommand {
         /// Its unique name.
         name: String,
     },
+    /// List the Workspaces this token can see.
+    List,
 }
 
 #[derive(Subcommand)]
 enum CapsuleCommand {
     /// Register a Capsule in a Workspace.
     Create(CapsuleCreateArgs),
+    /// List a Workspace's Capsules.
+    List {
+        /// The Workspace (`ws_…`).
+        #[arg(long, value_name = "WS")]
+        workspace: WorkspaceId,
+    },
     /// Show a Capsule.
     Show {
         /// The Capsule (`cap_…`).
@@ -353,6 +396,23 @@ fn parse_var(s: &str) -> Result<Var, String> {
     Ok(Var {
         key: key.to_owned(),
         value: Value::String(value.to_owned()),
+    })
+}
+
+/// `--var` of a plan: a string, or a list or map when the value is one in JSON.
+fn parse_plan_var(s: &str) -> Result<Var, String> {
+    let (key, value) = split_var(s)?;
+    let trimmed = value.trim_start();
+    let value = if trimmed.starts_with('[') || trimmed.starts_with('{') {
+        serde_json::from_str(value).map_err(|e| {
+            format!("the value of `{key}` looks like a JSON list or map but is not valid JSON ({e}); fix it, or pass a string with --var-json '{key}=\"…\"'")
+        })?
+    } else {
+        Value::String(value.to_owned())
+    };
+    Ok(Var {
+        key: key.to_owned(),
+        value,
     })
 }
 
@@ -566,7 +626,9 @@ fn render_error(err: &ClientError) -> (Vec<String>, u8) {
         } => {
             lines.push(format!("error: {message} ({code})"));
             match status {
-                401 => lines.push(format!("hint: check {TOKEN_ENV} (or --token)")),
+                401 => lines.push(format!(
+                    "hint: check {TOKEN_ENV} (or --token), or run `takosumi login` with a valid token"
+                )),
                 403 => lines.push("hint: this token's role does not allow that request".to_owned()),
                 _ => {}
             }
@@ -626,15 +688,34 @@ fn ended_badly(status: RunStatus) -> bool {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Some(token) = cli.token.as_deref().filter(|t| !t.is_empty()) else {
+    if let Command::Login = cli.command {
+        let url = cli.url.clone().unwrap_or_else(|| DEFAULT_URL.to_owned());
+        return ExitCode::from(config_cli::login(&url, cli.token.clone(), cli.json).await);
+    }
+    // Flags and the environment first, then what `takosumi login` saved.
+    let saved = if cli.token.as_deref().is_none_or(str::is_empty) || cli.url.is_none() {
+        match config_cli::path().map(|p| config_cli::load(&p)) {
+            Ok(Ok(saved)) => saved,
+            Ok(Err(message)) => Cli::command().error(ErrorKind::Io, message).exit(),
+            Err(_) => config_cli::Config::default(),
+        }
+    } else {
+        config_cli::Config::default()
+    };
+    let url = cli
+        .url
+        .clone()
+        .or(saved.url)
+        .unwrap_or_else(|| DEFAULT_URL.to_owned());
+    let Some(token) = cli.token.clone().filter(|t| !t.is_empty()).or(saved.token) else {
         Cli::command()
             .error(
                 ErrorKind::MissingRequiredArgument,
-                format!("no API token: set {TOKEN_ENV} (or pass --token)"),
+                format!("no API token: run `takosumi login`, or set {TOKEN_ENV} (or pass --token)"),
             )
             .exit();
     };
-    let client = match Client::new(&cli.url, token) {
+    let client = match Client::new(&url, &token) {
         Ok(client) => client,
         Err(err) => Cli::command()
             .error(ErrorKind::InvalidValue, err.to_string())
@@ -688,16 +769,67 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
             show_capsule(&capsule, json);
             Ok(0)
         }
+        Command::Login => Ok(EXIT_USAGE),
+        Command::Workspace {
+            command: WorkspaceCommand::List,
+        } => {
+            let list = client.list_workspaces().await?;
+            if json {
+                print_json(&list);
+            } else {
+                for w in &list {
+                    println!("{}  {}", w.id, w.name);
+                }
+            }
+            Ok(0)
+        }
+        Command::Capsule {
+            command: CapsuleCommand::List { workspace },
+        } => {
+            let list = client.list_capsules(workspace).await?;
+            if json {
+                print_json(&list);
+            } else {
+                for c in &list {
+                    println!(
+                        "{}  {}  {}  {}  {}#{}:{}",
+                        c.id, c.name, c.status, c.tool, c.source.repo, c.source.branch, c.dir
+                    );
+                }
+            }
+            Ok(0)
+        }
         Command::Capsule {
             command: CapsuleCommand::Show { capsule },
         } => {
             show_capsule(&client.get_capsule(capsule).await?, json);
             Ok(0)
         }
-        Command::Plan { capsule, submit } => {
-            let run = client
-                .plan(capsule, submit.idempotency_key.as_deref())
-                .await?;
+        Command::Plan {
+            capsule,
+            vars,
+            var_json,
+            submit,
+        } => {
+            let vars = match collect_vars(vars, var_json) {
+                Ok(vars) => vars,
+                Err(message) => Cli::command()
+                    .error(ErrorKind::ArgumentConflict, message)
+                    .exit(),
+            };
+            let run = if vars.is_empty() {
+                client
+                    .plan(capsule, submit.idempotency_key.as_deref())
+                    .await?
+            } else {
+                let req = takosumi_client::PlanRequest {
+                    vars,
+                    sensitive_vars: Map::new(),
+                };
+                client
+                    .plan_with(capsule, submit.idempotency_key.as_deref(), &req)
+                    .await?
+            };
             finish_submission(client, run, &submit, json).await
         }
         Command::Destroy { capsule, submit } => {
@@ -737,6 +869,22 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
             records_cli::cancel(client, run, reason.as_deref(), wait, json).await
         }
         Command::Cost { run } => records_cli::cost(client, run, json).await,
+        Command::ApplyCapsule {
+            capsule,
+            require_approval,
+            submit,
+        } => {
+            let run = client
+                .apply_capsule(capsule, require_approval, submit.idempotency_key.as_deref())
+                .await?;
+            if !json && run.kind != takosumi_client::RunKind::Apply {
+                eprintln!(
+                    "a rule covers this apply: {} plans first, and the gate proposes the apply from its saved plan (takosumi runs {} --capsule {capsule})",
+                    run.id, run.workspace_id
+                );
+            }
+            finish_submission(client, run, &submit, json).await
+        }
         Command::Approve {
             run,
             plan_digest,
@@ -802,7 +950,19 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
             )
             .await
         }
-        Command::Resolve { run, note } => records_cli::resolve(client, run, &note, json).await,
+        Command::Resolve {
+            run,
+            note,
+            restore_held_state,
+            attach_state,
+        } => {
+            let how = match (restore_held_state, attach_state) {
+                (true, _) => records_cli::Resolution::RestoreHeldState,
+                (false, Some(file)) => records_cli::Resolution::AttachState(file),
+                (false, None) => records_cli::Resolution::MarkResolved,
+            };
+            records_cli::resolve(client, run, &note, how, json).await
+        }
         Command::DeadLetters { limit } => dead_letters_cli::dead_letters(client, limit, json).await,
         Command::Events { run } => {
             let events = client.events(run).await?;
@@ -1004,7 +1164,10 @@ mod tests {
             "k1",
         ])
         .unwrap();
-        let Command::Plan { capsule, submit } = cli.command else {
+        let Command::Plan {
+            capsule, submit, ..
+        } = cli.command
+        else {
             panic!("wrong command")
         };
         assert_eq!(capsule, cap);

@@ -122,6 +122,51 @@ impl Client {
         self.execute(Method::POST, &path, rb).await
     }
 
+    /// `POST /api/v1/runs/{run}/resolve` with `restore_held_state`: the state the apply's
+    /// tool wrote, kept sealed in the database because object storage would not take it,
+    /// becomes the Capsule's next StateVersion (admin tokens only). Codes: `no_held_state`,
+    /// `state_generation_changed`, `already_resolved`.
+    pub async fn restore_held_state(&self, run: RunId, note: &str) -> Result<Run, ClientError> {
+        let path = format!("/api/v1/runs/{run}/resolve");
+        let body = serde_json::json!({ "action": "restore_held_state", "note": note });
+        let rb = self.request(Method::POST, &path).json(&body);
+        self.execute(Method::POST, &path, rb).await
+    }
+
+    /// `POST /api/v1/runs/{run}/resolve` with `attach_state`: `state` (the bytes of a
+    /// Terraform state file, format version 4, pulled from the provider side) becomes the
+    /// Capsule's next StateVersion (admin tokens only). The bytes are sent as they are;
+    /// bytes that are not JSON are refused here, without a request and without quoting
+    /// them. Codes: `invalid_state`, `state_lineage_mismatch`, `state_serial_older`,
+    /// `state_too_large`, `state_generation_changed`, `already_resolved`.
+    pub async fn attach_state(
+        &self,
+        run: RunId,
+        note: &str,
+        state: &[u8],
+    ) -> Result<Run, ClientError> {
+        let Ok(text) = std::str::from_utf8(state) else {
+            return Err(ClientError::Config(
+                "the state is not a JSON document (it is not UTF-8 text)".into(),
+            ));
+        };
+        if serde_json::from_str::<serde::de::IgnoredAny>(text).is_err() {
+            return Err(ClientError::Config(
+                "the state is not a JSON document; give the file `terraform state pull` wrote"
+                    .into(),
+            ));
+        }
+        let note = serde_json::to_string(note)
+            .map_err(|_| ClientError::Config("the note cannot be sent as JSON".into()))?;
+        let body = format!(r#"{{"action":"attach_state","note":{note},"state":{text}}}"#);
+        let path = format!("/api/v1/runs/{run}/resolve");
+        let rb = self
+            .request(Method::POST, &path)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        self.execute(Method::POST, &path, rb).await
+    }
+
     /// `GET /api/v1/workspaces/{ws}/runs`: one page of the Workspace's Runs, newest first.
     pub async fn list_runs(&self, ws: WorkspaceId, q: &RunQuery) -> Result<RunPage, ClientError> {
         let path = format!("/api/v1/workspaces/{ws}/runs");

@@ -388,15 +388,79 @@ pub(crate) async fn activity(
     Ok(0)
 }
 
-/// `takosumi resolve RUN --note …`.
+/// How `takosumi resolve` resolves the Run.
+pub(crate) enum Resolution {
+    /// Only record that it was inspected.
+    MarkResolved,
+    /// `--restore-held-state`.
+    RestoreHeldState,
+    /// `--attach-state FILE`.
+    AttachState(std::path::PathBuf),
+}
+
+/// The largest state file the CLI sends (the API's limit).
+const MAX_STATE_FILE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// `takosumi resolve RUN --note … [--restore-held-state | --attach-state FILE]`. The state
+/// file's content is never printed, only its size, and what the API recorded (digest,
+/// serial, lineage, the new StateVersion and generation).
 pub(crate) async fn resolve(
     client: &Client,
     run: RunId,
     note: &str,
+    how: Resolution,
     json: bool,
 ) -> Result<u8, ClientError> {
-    let now = client.resolve(run, note).await?;
+    let now = match how {
+        Resolution::MarkResolved => client.resolve(run, note).await?,
+        Resolution::RestoreHeldState => client.restore_held_state(run, note).await?,
+        Resolution::AttachState(file) => {
+            let size = std::fs::metadata(&file)
+                .map_err(|e| {
+                    ClientError::Config(format!(
+                        "cannot read the state file {}: {e}",
+                        file.display()
+                    ))
+                })?
+                .len();
+            if size > MAX_STATE_FILE_BYTES {
+                return Err(ClientError::Config(format!(
+                    "the state file {} is {size} bytes; the limit is {MAX_STATE_FILE_BYTES} bytes (8 MiB); nothing was sent",
+                    file.display()
+                )));
+            }
+            let mut bytes = std::fs::read(&file).map_err(|e| {
+                ClientError::Config(format!(
+                    "cannot read the state file {}: {e}",
+                    file.display()
+                ))
+            })?;
+            let sent = client.attach_state(run, note, &bytes).await;
+            bytes.iter_mut().for_each(|b| *b = 0);
+            sent.map_err(|e| match e {
+                ClientError::Config(m) => {
+                    ClientError::Config(format!("{m} ({}); nothing was sent", file.display()))
+                }
+                other => other,
+            })?
+        }
+    };
     show_run(&now, json);
+    if !json {
+        let action = now.extra["resolution"]["action"].as_str().unwrap_or("?");
+        match (action, now.state_version_id) {
+            ("mark_resolved", _) | (_, None) => eprintln!(
+                "resolved {}: recorded as inspected; the Capsule's state is unchanged",
+                now.id
+            ),
+            (how, Some(sv)) => eprintln!(
+                "resolved {} ({how}): StateVersion {sv} is now the Capsule's state (generation {}); plan again to see where the provider side stands",
+                now.id,
+                now.state_generation
+                    .map_or_else(|| "?".to_owned(), |g| g.to_string())
+            ),
+        }
+    }
     Ok(0)
 }
 

@@ -52,6 +52,10 @@ pub enum FailureCode {
     /// The Capsule's current StateVersion does not open or does not hash to its recorded
     /// digest (altered, replaced or removed in storage): nothing runs on top of it.
     StateIntegrity,
+    /// An earlier apply of the Capsule ended `unknown_outcome` and no operator has resolved
+    /// it yet: nothing else is applied until a person has inspected the provider side and
+    /// recorded it (`POST /runs/{id}/resolve`).
+    CapsuleNeedsInspection,
 }
 
 impl FailureCode {
@@ -77,6 +81,7 @@ impl FailureCode {
             Self::DryRunScanRefused => "dry_run_scan_refused",
             Self::CredentialFailed => "credential_failed",
             Self::StateIntegrity => "state_integrity",
+            Self::CapsuleNeedsInspection => "capsule_needs_inspection",
         }
     }
 }

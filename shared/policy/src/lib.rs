@@ -32,6 +32,19 @@ pub struct RuleSet {
     /// Token names of agents whose runs take the ordinary path (recorded when used).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agent_exemptions: Vec<String>,
+    /// The cost check: hold an apply whose estimated monthly cost increase (the plan's
+    /// `proposed - current`, in the price catalogue's currency) is over this amount.
+    /// Resources the catalogue cannot price are listed with the figures, never guessed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_monthly_increase: Option<f64>,
+    /// Whether plans (dry runs) are exempt from the approval rule. A plan runs provider
+    /// code and reads every data source with the run's credentials, so the exemption is
+    /// subject to the dry-run scan ([`scan`]): a plan whose configuration declares a data
+    /// source that acts, or cannot be read in full, is held as the real run it may be.
+    /// `false`: the approval rule holds every plan before it plans. Unset: `true` (an
+    /// approval rule is about applies), still subject to the scan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude_dry_run: Option<bool>,
 }
 
 /// N-of-M approval.
@@ -99,6 +112,13 @@ impl RuleSet {
         if let Some(p) = &self.plan_gate {
             compile(p)?;
         }
+        if let Some(m) = self.max_monthly_increase
+            && !(m.is_finite() && (0.0..1e9).contains(&m))
+        {
+            return Err(PolicyError::Invalid(
+                "maxMonthlyIncrease must be an amount from 0 up to 1e9 (the price catalogue's currency, per month)".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -113,12 +133,49 @@ impl RuleSet {
             } else {
                 self.agent_exemptions.clone()
             },
+            max_monthly_increase: self.max_monthly_increase.or(base.max_monthly_increase),
+            exclude_dry_run: self.exclude_dry_run.or(base.exclude_dry_run),
         }
     }
 
     /// Whether any rule could hold an apply.
     pub fn covers_applies(&self) -> bool {
-        self.max_destroy.is_some() || self.plan_gate.is_some() || self.approval.is_some()
+        !self.covering_rules().is_empty()
+    }
+
+    /// The rules that cover an apply (could hold it): an apply one of them covers is
+    /// planned first with `-out` and decided on its saved plan; an apply none covers runs
+    /// in one step (`apply -auto-approve`).
+    pub fn covering_rules(&self) -> Vec<&'static str> {
+        let mut rules = Vec::new();
+        if self.max_destroy.is_some() {
+            rules.push("max_destroy");
+        }
+        if self.plan_gate.is_some() {
+            rules.push("plan_gate");
+        }
+        if self.approval.is_some() {
+            rules.push("approval_rule");
+        }
+        if self.max_monthly_increase.is_some() {
+            rules.push("cost_check");
+        }
+        rules
+    }
+
+    /// How the rules treat a plan (dry run) before it plans, given its dry-run scan:
+    /// `None` when it plans freely, or the hold reason (`approval_rule` when the approval
+    /// rule covers dry runs, `dry_run_scan` when the exemption does not hold because the
+    /// scan found a data source that acts or something it could not read).
+    pub fn dry_run_hold(&self, scan_clean: bool) -> Option<&'static str> {
+        self.approval.as_ref()?;
+        if self.exclude_dry_run == Some(false) {
+            Some("approval_rule")
+        } else if !scan_clean {
+            Some("dry_run_scan")
+        } else {
+            None
+        }
     }
 }
 
@@ -179,6 +236,9 @@ pub struct GateInput<'a> {
     pub agent: bool,
     /// It continues a plan automatically (autoApplyRequested): deletions stop it.
     pub auto_apply: bool,
+    /// The plan's cost estimate (needed for the cost check; `None` when the plan kept no
+    /// resource summary, which holds an apply the cost check covers).
+    pub cost: Option<&'a takosumi_core::cost::CostEstimate>,
 }
 
 /// The gate's decision.
@@ -200,6 +260,50 @@ pub enum Decision {
         /// Roles whose approvals count.
         approver_roles: Vec<String>,
     },
+}
+
+/// What the cost check records: the limit, the estimate's figures, every resource the
+/// catalogue could not price (left out of the figures, never guessed), and a sentence naming
+/// them for the approver.
+pub fn cost_finding(limit: f64, est: &takosumi_core::cost::CostEstimate) -> Value {
+    let unpriced: Vec<Value> = est
+        .unpriced
+        .iter()
+        .map(|u| json!({ "address": u.address, "type": u.resource_type, "reason": u.reason }))
+        .collect();
+    let mut message = format!(
+        "the estimated monthly cost increase is {:.2} {cur} ({:.2} -> {:.2} {cur} per {}), over the limit of {limit:.2} {cur}",
+        est.total.delta,
+        est.total.current,
+        est.total.proposed,
+        est.period,
+        cur = est.currency
+    );
+    if !est.unpriced.is_empty() {
+        let names: Vec<String> = est
+            .unpriced
+            .iter()
+            .map(|u| format!("{} ({})", u.address, u.reason))
+            .collect();
+        message.push_str(&format!(
+            "; not priced, so left out of these figures: {}",
+            names.join(", ")
+        ));
+    }
+    if est.truncated {
+        message.push_str("; the plan has more resources than the estimate covers");
+    }
+    json!({
+        "limit": limit,
+        "increase": est.total.delta,
+        "current": est.total.current,
+        "proposed": est.total.proposed,
+        "currency": est.currency,
+        "period": est.period,
+        "complete": est.complete,
+        "unpriced": unpriced,
+        "message": message,
+    })
 }
 
 /// Decides on an apply.
@@ -226,11 +330,35 @@ pub fn decide(rules: &RuleSet, input: &GateInput<'_>) -> Result<Decision, Policy
                 "changes".into(),
                 serde_json::to_value(input.changes).unwrap_or_default(),
             );
+            // The plan's cost estimate, when the gate made one (`input.cost.total.delta`).
+            if let Some(cost) = input.cost {
+                m.insert(
+                    "cost".into(),
+                    serde_json::to_value(cost).unwrap_or_default(),
+                );
+            }
         }
         let denials = plan_gate_denials(policy, &gate_input)?;
         if !denials.is_empty() {
             reasons.push("plan_gate");
             findings.insert("planGate".into(), json!({ "deny": denials }));
+        }
+    }
+    if let Some(limit) = rules.max_monthly_increase {
+        checked.push("cost_check".to_owned());
+        match input.cost {
+            Some(est) if est.total.delta <= limit => {}
+            Some(est) => {
+                reasons.push("cost_check");
+                findings.insert("costCheck".into(), cost_finding(limit, est));
+            }
+            None => {
+                reasons.push("cost_check");
+                findings.insert(
+                    "costCheck".into(),
+                    json!({ "limit": limit, "message": "this plan kept no resource summary, so its cost cannot be estimated; plan again" }),
+                );
+            }
         }
     }
     if input.auto_apply && input.changes.destroy > 0 && !reasons.contains(&"max_destroy") {
@@ -289,6 +417,7 @@ mod tests {
             require_approval: false,
             agent: false,
             auto_apply: false,
+            cost: None,
         }
     }
 
@@ -431,6 +560,149 @@ deny contains msg if {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    fn estimate(delta: f64, unpriced: &[&str]) -> takosumi_core::cost::CostEstimate {
+        use takosumi_core::cost::{Amounts, CostEstimate, UnpricedResource};
+        CostEstimate {
+            currency: "USD".into(),
+            period: "month".into(),
+            catalogue_as_of: "test".into(),
+            catalogue_note: String::new(),
+            resources: vec![],
+            unpriced: unpriced
+                .iter()
+                .map(|a| UnpricedResource {
+                    address: (*a).into(),
+                    resource_type: "aws_thing".into(),
+                    actions: vec!["create".into()],
+                    reason: "the price catalogue has no price for aws_thing".into(),
+                })
+                .collect(),
+            total: Amounts {
+                current: 10.0,
+                proposed: 10.0 + delta,
+                delta,
+            },
+            complete: unpriced.is_empty(),
+            truncated: false,
+        }
+    }
+
+    /// The cost check holds only above the limit, names the figures, and lists every
+    /// unpriced resource by address and reason (left out of the figures, never guessed); a
+    /// plan with no summary is held rather than waved through.
+    #[test]
+    fn cost_check_holds_over_the_limit_and_lists_unpriced() {
+        let rules = RuleSet {
+            max_monthly_increase: Some(50.0),
+            ..RuleSet::default()
+        };
+        assert_eq!(rules.covering_rules(), vec!["cost_check"]);
+        let under = estimate(50.0, &["aws_thing.a"]);
+        let i = GateInput {
+            cost: Some(&under),
+            ..input(0)
+        };
+        assert!(matches!(
+            decide(&rules, &i).unwrap(),
+            Decision::Release { .. }
+        ));
+        let over = estimate(60.5, &["aws_thing.a", "module.m.aws_thing.b"]);
+        let i = GateInput {
+            cost: Some(&over),
+            ..input(0)
+        };
+        match decide(&rules, &i).unwrap() {
+            Decision::Hold {
+                reason, details, ..
+            } => {
+                assert_eq!(reason, "cost_check");
+                let c = &details["costCheck"];
+                assert_eq!(c["increase"], json!(60.5));
+                assert_eq!(c["limit"], json!(50.0));
+                assert_eq!(c["unpriced"].as_array().unwrap().len(), 2);
+                assert_eq!(
+                    c["message"],
+                    json!(
+                        "the estimated monthly cost increase is 60.50 USD (10.00 -> 70.50 USD per month), over the limit of 50.00 USD; not priced, so left out of these figures: aws_thing.a (the price catalogue has no price for aws_thing), module.m.aws_thing.b (the price catalogue has no price for aws_thing)"
+                    )
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decide(&rules, &input(0)).unwrap(),
+            Decision::Hold {
+                reason: "cost_check",
+                ..
+            }
+        ));
+        let bad = RuleSet {
+            max_monthly_increase: Some(f64::NAN),
+            ..RuleSet::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    /// A plan gate reads the cost estimate as `input.cost`.
+    #[test]
+    fn rego_reads_the_cost_estimate() {
+        let policy = "package takosumi\ndeny contains msg if {\n    input.cost.total.delta > 5\n    msg := sprintf(\"costs %v more a month\", [input.cost.total.delta])\n}\n";
+        let rules = RuleSet {
+            plan_gate: Some(policy.into()),
+            ..RuleSet::default()
+        };
+        rules.validate().unwrap();
+        let plan = json!({});
+        let est = estimate(7.5, &[]);
+        let i = GateInput {
+            plan_json: Some(&plan),
+            cost: Some(&est),
+            ..input(0)
+        };
+        match decide(&rules, &i).unwrap() {
+            Decision::Hold { details, .. } => {
+                assert_eq!(
+                    details["planGate"]["deny"],
+                    json!(["costs 7.5 more a month"])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let cheap = estimate(1.0, &[]);
+        let i = GateInput {
+            plan_json: Some(&plan),
+            cost: Some(&cheap),
+            ..input(0)
+        };
+        assert!(matches!(
+            decide(&rules, &i).unwrap(),
+            Decision::Release { .. }
+        ));
+    }
+
+    /// `excludeDryRun`: only an approval rule covers dry runs; exempt (the default) only
+    /// when the scan is clean, never with `excludeDryRun: false`.
+    #[test]
+    fn dry_runs_are_exempt_only_when_the_scan_is_clean() {
+        let approval = Some(ApprovalRule {
+            required: 1,
+            approver_roles: default_approver_roles(),
+        });
+        assert_eq!(RuleSet::default().dry_run_hold(false), None);
+        let rules = RuleSet {
+            approval: approval.clone(),
+            ..RuleSet::default()
+        };
+        assert_eq!(rules.dry_run_hold(true), None);
+        assert_eq!(rules.dry_run_hold(false), Some("dry_run_scan"));
+        let strict = RuleSet {
+            approval,
+            exclude_dry_run: Some(false),
+            ..RuleSet::default()
+        };
+        assert_eq!(strict.dry_run_hold(true), Some("approval_rule"));
     }
 
     #[test]

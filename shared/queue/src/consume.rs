@@ -4,11 +4,18 @@
 //! message is rejected into the dead-letter queue; a handler error that may pass is
 //! retried by re-publishing with a backoff, a bounded number of times, then dead-lettered
 //! with the reason so operators can see it.
+//!
+//! A retry or dead-letter is published through the [`Bus`], never on the connection the
+//! message came in on: after a broker restart that connection is dead, and a re-publish
+//! on it would be lost until the reaper's stuck-queue sweep noticed the Run. The bus
+//! hands out the live connection (reconnecting), and the publish is retried with backoff
+//! (`backon`) until the broker is back.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
@@ -19,7 +26,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Broker, QueueError};
+use crate::{Bus, QueueError};
 
 const RETRY_HEADER: &str = "x-takosumi-retries";
 
@@ -48,11 +55,11 @@ impl ConsumeConfig {
     }
 }
 
-/// Consumes `cfg.queue` until `shutdown` fires (then stops consuming, lets in-flight
-/// handlers finish, and returns `Ok`) or the broker connection fails (returns `Err`;
-/// the caller reconnects).
+/// Consumes `cfg.queue` on the bus's current connection until `shutdown` fires (then
+/// stops consuming, lets in-flight handlers finish, and returns `Ok`) or the broker
+/// connection fails (returns `Err`; the caller reconnects).
 pub async fn consume<H, Fut>(
-    broker: &Broker,
+    bus: &Arc<Bus>,
     cfg: &ConsumeConfig,
     handler: H,
     shutdown: CancellationToken,
@@ -61,6 +68,7 @@ where
     H: Fn(RunMessage) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Outcome, StepError>> + Send + 'static,
 {
+    let broker = bus.get().await?;
     let ch = broker.channel().await?;
     ch.basic_qos(cfg.concurrency, BasicQosOptions::default())
         .await?;
@@ -94,10 +102,10 @@ where
                     Ok(msg) => {
                         delivery.acker.ack(BasicAckOptions::default()).await?;
                         let retries = retries_of(&delivery.properties);
-                        let (broker, cfg, handler) = (broker.clone(), cfg.clone(), handler.clone());
+                        let (bus, cfg, handler) = (bus.clone(), cfg.clone(), handler.clone());
                         tasks.spawn(async move {
                             let _permit = permit;
-                            handle_one(&broker, &cfg, msg, retries, handler).await;
+                            handle_one(&bus, &cfg, msg, retries, handler).await;
                         });
                     }
                 }
@@ -127,7 +135,7 @@ fn retries_of(props: &lapin::BasicProperties) -> u32 {
 }
 
 async fn handle_one<H, Fut>(
-    broker: &Broker,
+    bus: &Bus,
     cfg: &ConsumeConfig,
     msg: RunMessage,
     retries: u32,
@@ -146,18 +154,60 @@ async fn handle_one<H, Fut>(
             tokio::time::sleep(delay).await;
             let mut headers = FieldTable::default();
             headers.insert(RETRY_HEADER.into(), AMQPValue::LongUInt(retries + 1));
-            if let Err(pe) = broker.publish(&cfg.queue, &body, None, headers).await {
+            let publish = || async {
+                bus.get()
+                    .await?
+                    .publish(&cfg.queue, &body, None, headers.clone())
+                    .await
+            };
+            if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
                 // The Run is still in Postgres: the reaper's stuck-queue sweep wakes it again.
                 tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not re-publish for retry");
             }
         }
         Err(e) => {
             tracing::error!(queue = %cfg.queue, %run_id, error = %e, retries, "handler failed for good; dead-lettering");
-            if let Err(pe) = broker.publish_dead(&cfg.queue, &body, &e.to_string()).await {
+            let reason = e.to_string();
+            let publish = || async {
+                bus.get()
+                    .await?
+                    .publish_dead(&cfg.queue, &body, &reason)
+                    .await
+            };
+            if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
                 tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not dead-letter");
             }
         }
     }
+}
+
+/// Retries a publish through the bus while the broker is away: exponential backoff with
+/// jitter from 200 ms up to 5 s between tries, for about a minute in all (a broker
+/// restart takes seconds). Each try asks the bus again, so it lands on a fresh
+/// connection once the broker is back.
+async fn with_broker_backoff<F, Fut>(
+    publish: F,
+    queue: &str,
+    run_id: takosumi_core::RunId,
+) -> Result<(), QueueError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), QueueError>>,
+{
+    publish
+        .retry(
+            ExponentialBuilder::default()
+                .with_jitter()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(5))
+                .with_max_times(16),
+        )
+        .sleep(tokio::time::sleep)
+        .when(QueueError::retryable)
+        .notify(|e: &QueueError, delay: Duration| {
+            tracing::warn!(%queue, %run_id, error = %e, ?delay, "broker unavailable for a re-publish; backing off");
+        })
+        .await
 }
 
 /// Exponential backoff with full jitter, capped at 30 s.

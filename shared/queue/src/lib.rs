@@ -22,6 +22,9 @@ pub use bus::Bus;
 mod dead;
 pub use dead::{DeadLetter, DeadQueue};
 
+/// How long a publish waits for the broker's confirm before it counts as failed.
+const CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A broker failure.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -142,20 +145,32 @@ impl Broker {
         if let Some(id) = message_id {
             props = props.with_message_id(id.into());
         }
-        let confirm = self
-            .publisher
-            .basic_publish(
-                exchange.to_owned().into(),
-                routing_key.to_owned().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body,
-                props,
-            )
-            .await?
-            .await?;
+        // A confirm that never comes (the broker went away between the publish and its
+        // answer) must not hold the caller forever: the relay keeps its outbox rows
+        // locked while it waits, and no other relay may take them.
+        let publish = async {
+            self.publisher
+                .basic_publish(
+                    exchange.to_owned().into(),
+                    routing_key.to_owned().into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..BasicPublishOptions::default()
+                    },
+                    body,
+                    props,
+                )
+                .await?
+                .await
+        };
+        let confirm = tokio::time::timeout(CONFIRM_TIMEOUT, publish)
+            .await
+            .map_err(|_| {
+                QueueError::Refused(format!(
+                    "{routing_key}: no publisher confirm within {} s",
+                    CONFIRM_TIMEOUT.as_secs()
+                ))
+            })??;
         match confirm {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) | Confirmation::Nack(_) | Confirmation::NotRequested => {

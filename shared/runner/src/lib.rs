@@ -29,6 +29,7 @@ mod credential;
 mod env;
 mod error;
 mod interrupt;
+mod live;
 pub mod mask;
 mod modules;
 mod plan_json;
@@ -39,8 +40,9 @@ mod workdir;
 
 pub use env::{Tool, ToolEnv, ToolOutput, check_env_name};
 pub use error::RunnerError;
+pub use live::LogTap;
 pub use mask::{MASK, MaskStream, Masker};
-pub use modules::{MODULES_DIR, module_tree_digest};
+pub use modules::{MODULES_DIR, declares_module_calls, module_tree_digest};
 pub use plan_json::{count_changes, is_stale_plan, public_outputs};
 pub use runner::{
     BACKEND_OVERRIDE_FILE, LOCKFILE_NAME, MAX_LOCKFILE_BYTES, Runner, RunnerConfig, SourceSnapshot,

@@ -79,6 +79,11 @@ enum Mode {
 struct Matcher {
     ac: AhoCorasick,
     longest: usize,
+    /// The longest registered form that contains a newline (0: none). Output that ends
+    /// with a newline can only have a match running past its end through such a form, so
+    /// a stream holds back this much less one instead of `longest` less one: a finished
+    /// line is passed on at once, which is what lets logs be read while the tool works.
+    longest_multiline: usize,
 }
 
 impl fmt::Debug for Masker {
@@ -256,10 +261,14 @@ impl MaskStream {
             None => None,
         };
         let longest = matcher.as_ref().map_or(1, |m| m.longest);
+        let hold = match &matcher {
+            Some(m) if self.buf.last() == Some(&b'\n') => m.longest_multiline.saturating_sub(1),
+            _ => longest - 1,
+        };
         let cut = if last {
             self.buf.len()
         } else {
-            let cut = self.buf.len().saturating_sub(longest - 1);
+            let cut = self.buf.len().saturating_sub(hold);
             char_boundary(&self.buf, cut, self.emitted)
         };
         if cut <= self.emitted {
@@ -362,11 +371,21 @@ fn char_boundary(buf: &[u8], cut: usize, floor: usize) -> usize {
 
 fn build(secrets: &BTreeSet<Vec<u8>>) -> Mode {
     let longest = secrets.iter().map(Vec::len).max().unwrap_or(1);
+    let longest_multiline = secrets
+        .iter()
+        .filter(|s| s.contains(&b'\n'))
+        .map(Vec::len)
+        .max()
+        .unwrap_or(0);
     match AhoCorasick::builder()
         .match_kind(MatchKind::Standard)
         .build(secrets.iter())
     {
-        Ok(ac) => Mode::Mask(Arc::new(Matcher { ac, longest })),
+        Ok(ac) => Mode::Mask(Arc::new(Matcher {
+            ac,
+            longest,
+            longest_multiline,
+        })),
         Err(e) => {
             tracing::error!(error = %e, patterns = secrets.len(), "the masker could not be built; tool output will be withheld");
             Mode::Withhold

@@ -204,6 +204,48 @@ fn walk_error(root: &Path, e: walkdir::Error) -> RunnerError {
     }
 }
 
+/// Whether the root module in `config_dir` calls any module, i.e. whether `get` has
+/// anything to download. Reads the files the tool loads from that directory (`*.tf`,
+/// `*.tofu` and their `.json` forms); only the root can introduce module calls, since every
+/// nested call lives inside a module the root calls.
+///
+/// Answers `true` whenever it cannot tell (a file it cannot read or parse): then `get`
+/// runs as before and reports the problem itself. Skipping `get` saves one tool start
+/// (~70 ms) on every plan and apply of a configuration without modules.
+pub fn declares_module_calls(config_dir: &Path) -> bool {
+    let Ok(entries) = fs::read_dir(config_dir) else {
+        return true;
+    };
+    for entry in entries {
+        let Ok(entry) = entry else { return true };
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let json = name.ends_with(".tf.json") || name.ends_with(".tofu.json");
+        let hcl = name.ends_with(".tf") || name.ends_with(".tofu");
+        if !json && !hcl {
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(entry.path()) else {
+            return true;
+        };
+        let calls = if json {
+            match serde_json::from_str::<serde_json::Value>(&text) {
+                Ok(v) => v.get("module").is_some(),
+                Err(_) => true,
+            }
+        } else {
+            match hcl::parse(&text) {
+                Ok(body) => body.blocks().any(|b| b.identifier() == "module"),
+                Err(_) => true,
+            }
+        };
+        if calls {
+            return true;
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::symlink;
@@ -214,6 +256,33 @@ mod tests {
         let p = root.join(rel);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
         fs::write(p, text).unwrap();
+    }
+
+    /// `get` is skipped only when no file of the root module calls a module; anything
+    /// unreadable counts as a call, so the tool still runs and reports it.
+    #[test]
+    fn module_calls_are_found_in_hcl_and_json_and_doubt_means_yes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        write(root, "main.tf", "resource \"null_resource\" \"a\" {}\n");
+        write(root, "README.md", "module \"not\" {}");
+        write(root, "sub/x.tf", "module \"nested\" { source = \"./y\" }");
+        assert!(!declares_module_calls(root));
+
+        write(root, "mods.tofu", "module \"m\" {\n  source = \"./m\"\n}\n");
+        assert!(declares_module_calls(root));
+        fs::remove_file(root.join("mods.tofu")).unwrap();
+
+        write(root, "x.tf.json", r#"{"module": {"m": {"source": "./m"}}}"#);
+        assert!(declares_module_calls(root));
+        write(root, "x.tf.json", r#"{"resource": {}}"#);
+        assert!(!declares_module_calls(root));
+
+        write(root, "broken.tf", "resource \"a\" {");
+        assert!(declares_module_calls(root));
+        fs::remove_file(root.join("broken.tf")).unwrap();
+        assert!(!declares_module_calls(root));
+        assert!(declares_module_calls(&root.join("missing")));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 
+use crate::live::TapState;
 use crate::{MaskStream, Masker, RunnerError};
 
 /// Combined output kept for people (larger output is truncated with a marker).
@@ -52,6 +53,8 @@ struct Sink {
     log_mask: Option<MaskStream>,
     /// Masks `stderr` alone.
     stderr_mask: Option<MaskStream>,
+    /// Gets what is appended to `output`, as it is (see [`crate::LogTap`]).
+    tap: Option<TapState>,
 }
 
 impl Sink {
@@ -115,6 +118,9 @@ impl Sink {
             self.output.push_str("\n[takosumi: output truncated]\n");
         } else {
             self.output.push_str(line);
+            if let Some(tap) = self.tap.as_mut() {
+                tap.feed(line);
+            }
         }
     }
 }
@@ -179,11 +185,24 @@ pub(crate) const INTERRUPTED_MARK: &str = "\n[takosumi: interrupted: the run was
 /// what it printed until it stopped is returned with its (non-zero) exit code. A token
 /// that fired before the start starts nothing: exit code 130 and only the mark.
 pub(crate) async fn run_interruptible(
+    cmd: Command,
+    program: &str,
+    mode: StdoutMode,
+    interrupt: Option<Interrupt>,
+    masker: &Masker,
+) -> Result<Captured, RunnerError> {
+    run_tapped(cmd, program, mode, interrupt, masker, None).await
+}
+
+/// Like [`run_interruptible`]; what is appended to the combined output is also handed to
+/// `tap` as it arrives (masked, an exact prefix of the final output).
+pub(crate) async fn run_tapped(
     mut cmd: Command,
     program: &str,
     mode: StdoutMode,
     interrupt: Option<Interrupt>,
     masker: &Masker,
+    tap: Option<TapState>,
 ) -> Result<Captured, RunnerError> {
     if let Some(i) = &interrupt
         && i.token.is_cancelled()
@@ -206,7 +225,9 @@ pub(crate) async fn run_interruptible(
         source,
     })?;
     let guard = GroupGuard(child.id());
-    let sink = Arc::new(Mutex::new(Sink::masked(masker)));
+    let mut sink = Sink::masked(masker);
+    sink.tap = tap;
+    let sink = Arc::new(Mutex::new(sink));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let readers = async {

@@ -66,8 +66,13 @@ pub struct SourceSnapshot {
 #[derive(Clone, Debug)]
 pub struct Runner {
     cfg: Arc<RunnerConfig>,
+    /// `version -json` by tool binary (path, size, mtime): every tool start costs ~70 ms
+    /// here, and the answer only changes when the binary does.
+    versions: Arc<std::sync::Mutex<std::collections::HashMap<BinaryKey, Value>>>,
     /// Fires when the run is canceled: see [`Runner::interruptible`].
     pub(crate) interrupt: Option<tokio_util::sync::CancellationToken>,
+    /// Receives logged steps' masked output live: see [`Runner::with_log_tap`].
+    pub(crate) tap: Option<Arc<dyn crate::LogTap>>,
 }
 
 impl Runner {
@@ -75,7 +80,9 @@ impl Runner {
     pub fn new(cfg: RunnerConfig) -> Self {
         Self {
             cfg: Arc::new(cfg),
+            versions: Arc::default(),
             interrupt: None,
+            tap: None,
         }
     }
 
@@ -288,7 +295,32 @@ impl Runner {
     }
 
     /// `<tool> version -json`, parsed; run in a throw-away HOME under `work_root`.
+    /// The answer is kept per binary (path, size, modification time), so a replaced binary
+    /// is asked again.
     pub async fn version(&self, tool: Tool, env: &ToolEnv) -> Result<Value, RunnerError> {
+        let key = BinaryKey::of(self.tool_bin(tool)?);
+        if let Some(known) = key.as_ref().and_then(|k| self.cached_version(k)) {
+            return Ok(known);
+        }
+        let value = self.ask_version(tool, env).await?;
+        if let Some(key) = key {
+            self.versions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(key, value.clone());
+        }
+        Ok(value)
+    }
+
+    fn cached_version(&self, key: &BinaryKey) -> Option<Value> {
+        self.versions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    async fn ask_version(&self, tool: Tool, env: &ToolEnv) -> Result<Value, RunnerError> {
         let root = &self.cfg.work_root;
         fs::create_dir_all(root)
             .map_err(|e| RunnerError::io(format!("creating {}", root.display()), e))?;
@@ -421,6 +453,22 @@ impl Runner {
         Ok(tool_output(captured))
     }
 
+    /// `apply -input=false -no-color -auto-approve`: plans and applies in one step with
+    /// nothing saved in between. Only for an apply no rule covers (a covered one carries
+    /// out exactly its saved plan with [`Self::apply`]). Returns the output whatever the
+    /// exit code.
+    pub async fn apply_auto_approve(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+    ) -> Result<ToolOutput, RunnerError> {
+        let args = ["apply", "-input=false", "-no-color", "-auto-approve"];
+        let cmd = self.wd_command(wd, tool, env, &args)?;
+        let captured = self.run_tool(cmd, tool, "apply", StdoutMode::Log).await?;
+        Ok(tool_output(captured))
+    }
+
     /// `output -json`, parsed (sensitive values included: see [`crate::public_outputs`]).
     pub async fn output_json(
         &self,
@@ -513,9 +561,15 @@ impl Runner {
         let program = self.tool_bin(tool)?.display().to_string();
         tracing::debug!(%tool, step, "starting the tool");
         let ToolCommand { cmd, masker } = cmd;
-        let captured =
-            process::run_interruptible(cmd, &program, mode, self.interrupt_for(step), &masker)
-                .await?;
+        let captured = process::run_tapped(
+            cmd,
+            &program,
+            mode,
+            self.interrupt_for(step),
+            &masker,
+            self.tap_for(step),
+        )
+        .await?;
         tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
         Ok(captured)
     }
@@ -728,6 +782,25 @@ fn hcl_escape(s: &str) -> String {
     out
 }
 
+/// Identifies one build of a tool binary without reading it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct BinaryKey {
+    path: PathBuf,
+    len: u64,
+    modified: std::time::SystemTime,
+}
+
+impl BinaryKey {
+    fn of(path: &Path) -> Option<Self> {
+        let meta = fs::metadata(path).ok()?;
+        Some(Self {
+            path: path.to_owned(),
+            len: meta.len(),
+            modified: meta.modified().ok()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use takosumi_core::Secret;
@@ -739,6 +812,43 @@ mod tests {
         let mut cfg = RunnerConfig::new("/opt/terraform", base.path().join("work"));
         cfg.cli_config_file = cli.map(PathBuf::from);
         (base, Runner::new(cfg))
+    }
+
+    /// `version -json` starts the tool once per binary; a replaced binary is asked again.
+    #[tokio::test]
+    async fn version_is_asked_once_per_binary() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let bin = base.path().join("terraform");
+        let count = base.path().join("count");
+        let script = |v: &str| {
+            format!(
+                "#!/bin/sh\necho x >> {}\necho '{{\"terraform_version\":\"{v}\"}}'\n",
+                count.display()
+            )
+        };
+        fs::write(&bin, script("1.0.3")).unwrap();
+        fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+        let runner = Runner::new(RunnerConfig::new(&bin, base.path().join("work")));
+        let env = ToolEnv::new();
+        let calls = || {
+            fs::read_to_string(&count)
+                .unwrap_or_default()
+                .lines()
+                .count()
+        };
+
+        for _ in 0..3 {
+            let v = runner.version(Tool::Terraform, &env).await.unwrap();
+            assert_eq!(v["terraform_version"], "1.0.3");
+        }
+        assert_eq!(calls(), 1);
+
+        // A new build (different size) is a different binary.
+        fs::write(&bin, script("1.0.30")).unwrap();
+        let v = runner.version(Tool::Terraform, &env).await.unwrap();
+        assert_eq!(v["terraform_version"], "1.0.30");
+        assert_eq!(calls(), 2);
     }
 
     #[test]

@@ -36,6 +36,11 @@ pub struct Ctx {
     pub max_attempts: i32,
     /// Wakes this process's outbox relay after a commit.
     pub relay_wake: Arc<Notify>,
+    /// The price catalogue the gate's cost check (`maxMonthlyIncrease`) estimates with:
+    /// `TAKOSUMI_PRICING_CATALOGUE` when set, else the built-in one.
+    pub pricing: Arc<takosumi_core::cost::Catalogue>,
+    /// Set by [`Ctx::streaming_logs`]: the run whose tool output is stored as it arrives.
+    pub live_log: Option<Arc<crate::live_log::LiveLog>>,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -67,6 +72,18 @@ impl Ctx {
         .await;
         objects.ensure_bucket().await?;
         let sealer = Sealer::from_base64(&settings.seal_key_id, &settings.seal_key)?;
+        let pricing = match &settings.pricing_catalogue {
+            None => takosumi_core::cost::Catalogue::embedded().clone(),
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| takosumi_core::cost::Catalogue::parse(&t).map_err(|e| e.to_string()))
+                .map_err(|e| crate::SettingsError {
+                    problems: vec![format!(
+                        "TAKOSUMI_PRICING_CATALOGUE ({}) is not a usable price catalogue: {e}",
+                        path.display()
+                    )],
+                })?,
+        };
         let runner = Runner::new(RunnerConfig {
             terraform_bin: settings.terraform_bin.clone(),
             tofu_bin: settings.tofu_bin.clone(),
@@ -88,6 +105,8 @@ impl Ctx {
             lease_secs: settings.lease_secs,
             max_attempts: settings.max_attempts,
             relay_wake: Arc::new(Notify::new()),
+            pricing: Arc::new(pricing),
+            live_log: None,
         })
     }
 
@@ -104,7 +123,9 @@ impl Ctx {
     /// [`takosumi_runner::ToolEnv::masker`]). The runner already masked the output while
     /// it was read; masking again here also covers values registered after the tool
     /// printed (the plan's sensitive values, found by `show -json` after `plan`), and makes
-    /// storing an unmasked log impossible to write by accident.
+    /// storing an unmasked log impossible to write by accident. In a
+    /// [`Ctx::streaming_logs`] context only the part that did not go live is stored here,
+    /// after the rest, and this returns once all of it is written.
     pub async fn log(
         &self,
         run_id: RunId,
@@ -112,6 +133,9 @@ impl Ctx {
         masker: &takosumi_runner::Masker,
         text: &str,
     ) {
+        if self.finish_live_log(run_id, step, masker, text).await {
+            return;
+        }
         if text.is_empty() {
             return;
         }

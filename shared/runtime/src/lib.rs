@@ -8,6 +8,7 @@ mod cancel;
 mod ctx;
 pub mod dependencies;
 pub mod inputs;
+pub mod live_log;
 mod reaper;
 mod settings;
 pub mod step;

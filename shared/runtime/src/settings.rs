@@ -57,6 +57,10 @@ pub struct Settings {
     pub reaper_interval_ms: u64,
     /// `TAKOSUMI_STUCK_QUEUED_SECS`: a queued Run untouched this long is woken again (default 60).
     pub stuck_queued_secs: i64,
+    /// `TAKOSUMI_PRICING_CATALOGUE`: a price catalogue file (the format of
+    /// `infra/pricing/catalogue.json`) the gate's cost check uses instead of the built-in
+    /// one, for a team's own negotiated prices. Unset: the built-in catalogue.
+    pub pricing_catalogue: Option<PathBuf>,
 }
 
 impl Settings {
@@ -130,6 +134,7 @@ impl Settings {
             concurrency,
             reaper_interval_ms,
             stuck_queued_secs,
+            pricing_catalogue: get("TAKOSUMI_PRICING_CATALOGUE").map(PathBuf::from),
         })
     }
 }

@@ -105,9 +105,11 @@ impl Ctx {
     }
 
     /// Hands a claimed Run back to the queue after a transient fault, so the retried
-    /// message can claim it at once instead of waiting for the lease to expire.
+    /// message can claim it at once instead of waiting for the lease to expire. The
+    /// hand-back is counted (`handbacks`) so that it does not use up the Run's attempts:
+    /// those bound handlers that vanished, not outages a handler rode out.
     pub async fn release_claim(&self, run_id: RunId) {
-        let result = sqlx::query("UPDATE runs SET status = CASE status WHEN 'planning' THEN 'queued'::run_status ELSE status END, lease_owner = NULL, lease_until = NULL, updated_at = now() WHERE id = $1 AND lease_owner = $2 AND status = 'planning'")
+        let result = sqlx::query("UPDATE runs SET status = CASE status WHEN 'planning' THEN 'queued'::run_status ELSE status END, lease_owner = NULL, lease_until = NULL, handbacks = handbacks + 1, updated_at = now() WHERE id = $1 AND lease_owner = $2 AND status = 'planning'")
             .bind(run_id.as_uuid())
             .bind(&self.owner)
             .execute(&self.pool)

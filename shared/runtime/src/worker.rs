@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use takosumi_core::{Outcome, RunMessage, StepError, Topic};
 use takosumi_queue::{ConsumeConfig, consume, run_relay};
 use tokio_util::sync::CancellationToken;
@@ -76,18 +77,28 @@ where
             async move { handler(ctx, msg).await }
         }
     };
-    let mut failures: u32 = 0;
+    // Reconnect delays grow (with jitter) while the broker stays away and start small
+    // again after a session that ran: a second outage an hour later is not met with the
+    // longest delay of the first.
+    let reconnect_backoff = || {
+        ExponentialBuilder::default()
+            .with_jitter()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(5))
+            .without_max_times()
+            .build()
+    };
+    let mut delays = reconnect_backoff();
     while !shutdown.is_cancelled() {
-        let result = match ctx.bus.get().await {
-            Ok(broker) => consume(&broker, &cfg, step.clone(), shutdown.clone()).await,
-            Err(e) => Err(e),
-        };
+        let session = tokio::time::Instant::now();
+        let result = consume(&ctx.bus, &cfg, step.clone(), shutdown.clone()).await;
         match result {
             Ok(()) => break,
             Err(e) => {
-                failures = failures.saturating_add(1);
-                let delay =
-                    Duration::from_millis(200u64 << failures.min(6)).min(Duration::from_secs(10));
+                if session.elapsed() > Duration::from_secs(10) {
+                    delays = reconnect_backoff();
+                }
+                let delay = delays.next().unwrap_or(Duration::from_secs(5));
                 tracing::warn!(error = %e, ?delay, "consumer stopped; reconnecting");
                 tokio::select! {
                     _ = shutdown.cancelled() => {}

@@ -243,14 +243,28 @@ pub async fn drop_kept_drift_plans(
     Ok(rows.into_iter().filter_map(|r| r.key).collect())
 }
 
-/// The latest finished drift check of each Capsule of a Workspace that found drift:
-/// `(capsule id, run id, resource changes summary)`.
+/// A Capsule whose latest finished drift check found drift.
+#[derive(Debug, Clone)]
+pub struct DriftedCapsule {
+    /// The Capsule.
+    pub capsule_id: CapsuleId,
+    /// Its latest finished drift check.
+    pub run_id: RunId,
+    /// The check's change counts (`{add, change, destroy}`).
+    pub changes: Option<serde_json::Value>,
+    /// The check's resource-change summary from `show -json` (see
+    /// `takosumi_core::cost::PlanResources`): what the Workspace view rolls up by.
+    pub resource_changes: Option<serde_json::Value>,
+}
+
+/// The latest finished drift check of each Capsule of a Workspace that found drift,
+/// oldest Capsule first.
 pub async fn drifted_capsules(
     pool: &sqlx::PgPool,
     ws: WorkspaceId,
-) -> Result<Vec<(CapsuleId, RunId, Option<serde_json::Value>)>, StoreError> {
+) -> Result<Vec<DriftedCapsule>, StoreError> {
     let rows = sqlx::query!(
-        r#"SELECT DISTINCT ON (capsule_id) capsule_id, id, drift, changes
+        r#"SELECT DISTINCT ON (capsule_id) capsule_id, id, drift, changes, resource_changes
              FROM runs WHERE workspace_id = $1 AND kind = 'drift_check' AND status = 'planned'
             ORDER BY capsule_id, created_at DESC"#,
         ws.as_uuid()
@@ -260,12 +274,11 @@ pub async fn drifted_capsules(
     Ok(rows
         .into_iter()
         .filter(|r| r.drift == Some(true))
-        .map(|r| {
-            (
-                CapsuleId::from_uuid(r.capsule_id),
-                RunId::from_uuid(r.id),
-                r.changes,
-            )
+        .map(|r| DriftedCapsule {
+            capsule_id: CapsuleId::from_uuid(r.capsule_id),
+            run_id: RunId::from_uuid(r.id),
+            changes: r.changes,
+            resource_changes: r.resource_changes,
         })
         .collect())
 }

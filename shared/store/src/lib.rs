@@ -5,17 +5,23 @@
 #![deny(missing_docs)]
 
 pub mod activity;
+pub mod apply_modes;
 pub mod bindings;
 pub mod capsules;
 pub mod detection;
+pub mod dry_runs;
 pub mod events;
 pub mod gates;
+pub mod listing;
 pub mod logs;
 pub mod outbox;
+pub mod pools;
 pub mod records;
+pub mod resolutions;
 pub mod runs;
 pub mod state_versions;
 pub mod tokens;
+pub mod unrecorded;
 pub mod workspaces;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};

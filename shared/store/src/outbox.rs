@@ -29,12 +29,22 @@ pub async fn enqueue_after(
     run_id: RunId,
     delay_ms: i64,
 ) -> Result<(), StoreError> {
+    // A Run of a Capsule that names a worker pool wakes the pool's queue
+    // (`run.plan.<pool>`, `run.apply.<pool>`, `run.drift.<pool>`), which the control
+    // node's own handlers never consume (issue 8); gate and approve stay on the control node.
     sqlx::query!(
         r#"INSERT INTO outbox (topic, payload, available_at)
-           VALUES ($1, $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0))"#,
+           SELECT CASE WHEN $1 IN ('run.plan', 'run.apply', 'run.drift') AND p.name IS NOT NULL
+                       THEN $1 || '.' || p.name ELSE $1 END,
+                  $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0)
+             FROM (SELECT 1) one
+             LEFT JOIN runs r ON r.id = $4
+             LEFT JOIN capsules c ON c.id = r.capsule_id
+             LEFT JOIN worker_pools p ON p.id = c.pool_id"#,
         topic.queue_name(),
         RunMessage { run_id }.to_json(),
-        delay_ms
+        delay_ms,
+        run_id.as_uuid()
     )
     .execute(&mut **tx)
     .await?;

@@ -161,7 +161,8 @@ pub struct RecordExtras {
     pub cancel_requested_at: Option<DateTime<Utc>>,
     /// Who requested it.
     pub cancel_requested_by: Option<String>,
-    /// `mark_resolved`, for a resolved `unknown_outcome` Run.
+    /// `mark_resolved`, `restore_held_state` or `attach_state`, for a resolved
+    /// `unknown_outcome` Run.
     pub resolution_action: Option<String>,
     /// The operator's note.
     pub resolution_note: Option<String>,

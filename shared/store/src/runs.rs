@@ -212,6 +212,19 @@ pub async fn live_apply_of<'e, E: sqlx::PgExecutor<'e>>(
     Ok(row.map(|r| RunId::from_uuid(r.id)))
 }
 
+/// Claims of a Run whose handler vanished (`attempts - handbacks`): what `max_attempts`
+/// bounds. Claims handed back after a transient fault are not counted.
+pub async fn lost_claims<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    id: RunId,
+) -> Result<i32, StoreError> {
+    let n: Option<i32> = sqlx::query_scalar("SELECT attempts - handbacks FROM runs WHERE id = $1")
+        .bind(id.as_uuid())
+        .fetch_optional(executor)
+        .await?;
+    Ok(n.unwrap_or(0))
+}
+
 /// Claims a Run for a step: `from` → `to`, with a lease. `None`: someone else has it or
 /// the step is done.
 pub async fn claim(
@@ -381,6 +394,12 @@ pub enum ApplyClaim {
     },
     /// Not a released, queued Apply Run (done, claimed elsewhere, or never released).
     NotClaimable,
+    /// An earlier apply of the Capsule (`blocking`) ended `unknown_outcome` and is not
+    /// resolved: the Run failed `capsule_needs_inspection`, the tool never ran.
+    NeedsInspection {
+        /// The unresolved `unknown_outcome` apply.
+        blocking: RunId,
+    },
 }
 
 /// Claims an Apply Run: in one transaction, takes the Run (`queued` → `applying`), takes
@@ -403,6 +422,15 @@ pub async fn claim_apply(
         return Ok(ApplyClaim::NotClaimable);
     };
     let capsule_id = CapsuleId::from_uuid(row.capsule_id);
+    // An unresolved unknown_outcome apply keeps the Capsule from any other apply until a
+    // person has inspected it: this apply is refused, the tool never starts.
+    if let Some(blocking) =
+        crate::unrecorded::unresolved_unknown_apply(&mut **tx, capsule_id).await?
+    {
+        let message = crate::unrecorded::needs_inspection_message(blocking);
+        fail(tx, id, None, FailureCode::CapsuleNeedsInspection, &message).await?;
+        return Ok(ApplyClaim::NeedsInspection { blocking });
+    }
     let Some(current) = crate::capsules::take_for_apply(tx, capsule_id, id).await? else {
         return Ok(ApplyClaim::CapsuleBusy);
     };
@@ -497,11 +525,13 @@ pub struct Reaped {
 }
 
 /// Takes back Runs whose handler vanished. A plan (which changes no infrastructure) is
-/// queued again, up to `max_attempts` claims; an apply becomes `unknown_outcome` and is
+/// queued again, up to `max_attempts` claims (claims a handler handed back itself after
+/// a transient fault do not count); an apply becomes `unknown_outcome` and is
 /// never re-applied automatically. Safe to run from many processes at once.
 pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>, StoreError> {
     let rows = sqlx::query!(
-        r#"SELECT id, kind as "kind: RunKind", status as "status: RunStatus", attempts, capsule_id
+        r#"SELECT id, kind as "kind: RunKind", status as "status: RunStatus",
+                  attempts - handbacks as "attempts!", capsule_id
              FROM runs
             WHERE status IN ('planning', 'applying') AND lease_until < now()
             ORDER BY lease_until

@@ -1,0 +1,51 @@
+//! Listings: `GET /workspaces` (the Workspaces the caller's token can see) and
+//! `GET /workspaces/{ws}/capsules`. Read-only; a token limited to one Workspace sees only
+//! that one, and another Workspace's Capsules answer 404 as an unknown id would.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use takosumi_core::WorkspaceId;
+use takosumi_store::{listing, workspaces};
+
+use crate::auth::{Action, Caller};
+use crate::{ApiError, AppState, views};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/workspaces", get(list_workspaces))
+        .route("/api/v1/workspaces/{ws}/capsules", get(list_capsules))
+}
+
+async fn list_workspaces(
+    State(st): State<AppState>,
+    caller: Caller,
+) -> Result<impl IntoResponse, ApiError> {
+    caller.require(Action::Read, None)?;
+    let list = listing::workspaces(&st.pool, caller.0.workspace_id).await?;
+    let items: Vec<_> = list
+        .iter()
+        .map(|w| json!({ "id": w.id, "name": w.name, "createdAt": w.created_at }))
+        .collect();
+    Ok(Json(json!({ "workspaces": items })))
+}
+
+async fn list_capsules(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws: WorkspaceId = ws.parse().map_err(|e: takosumi_core::IdParseError| {
+        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+    })?;
+    caller.require(Action::Read, Some(ws))?;
+    workspaces::get(&st.pool, ws)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    let list = listing::capsules(&st.pool, ws).await?;
+    let items: Vec<_> = list.iter().map(views::capsule).collect();
+    Ok(Json(json!({ "workspaceId": ws, "capsules": items })))
+}

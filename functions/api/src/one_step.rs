@@ -1,0 +1,193 @@
+//! `POST /api/v1/capsules/{cap}/apply`: apply a Capsule's branch as it is (CLI `takosumi
+//! apply-capsule CAP`). When no rule covers the apply (no `maxDestroy`, `planGate`,
+//! approval rule or `maxMonthlyIncrease`, no `requireApproval`, not an unexempted agent),
+//! it is one Apply Run that runs `apply -auto-approve`, with nothing saved in between, and
+//! its record says so (`applyMode: "one_step"`). When a rule covers it, it is planned first
+//! with `-out` (a plan Run, `applyMode: "proposes_apply"`); once planned, the gate proposes
+//! the Apply Run pinned to that saved plan and the rules decide on it, so an approval always
+//! binds the plan that runs. An agent's submission is held before anything plans.
+//! The gate checks the rules again when it decides (see the gate's `one_step`).
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use takosumi_core::{CapsuleId, RunKind, Topic};
+use takosumi_policy::RuleSet;
+use takosumi_store::{activity, apply_modes, capsules, events, gates, outbox, runs};
+
+use crate::auth::{Action, Caller};
+use crate::{ApiError, AppState};
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/v1/capsules/{cap}/apply", post(apply_capsule))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApplyCapsule {
+    /// Hold the apply for a person whatever the rules say (it is then planned first).
+    #[serde(default)]
+    require_approval: bool,
+}
+
+/// The Capsule's rules over its Workspace's.
+async fn effective_rules(st: &AppState, capsule: &capsules::Capsule) -> Result<RuleSet, ApiError> {
+    let parse = |r: Option<gates::StoredRules>| -> RuleSet {
+        r.and_then(|r| serde_json::from_value(r.rules).ok())
+            .unwrap_or_default()
+    };
+    let ws = parse(gates::current_rules(&st.pool, capsule.workspace_id, None).await?);
+    let cap = parse(gates::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?);
+    Ok(cap.over(&ws))
+}
+
+async fn apply_capsule(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(cap): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let id: CapsuleId = cap.parse().map_err(|e: takosumi_core::IdParseError| {
+        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+    })?;
+    let capsule = capsules::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
+    caller.require(Action::Read, Some(capsule.workspace_id))?;
+    caller.require(Action::Submit, Some(capsule.workspace_id))?;
+    let req: ApplyCapsule = if body.iter().all(u8::is_ascii_whitespace) {
+        ApplyCapsule::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
+    };
+    let key = crate::routes::idempotency_key(&headers)?;
+    if let Some(run) = replay(&st, &capsule, key.as_deref()).await? {
+        return Ok((StatusCode::ACCEPTED, Json(view(&st, &run).await?)));
+    }
+
+    let rules = effective_rules(&st, &capsule).await?;
+    let mut covered_by: Vec<&str> = rules.covering_rules();
+    if req.require_approval {
+        covered_by.push("require_approval");
+    }
+    let hold_agent = caller.0.role == "agent"
+        && !crate::gates::agent_exempt(&st, &capsule, &caller.0.name).await?;
+    if hold_agent {
+        covered_by.push("agent_run");
+    }
+    let one_step = covered_by.is_empty();
+    let new = runs::NewRun {
+        kind: if one_step {
+            RunKind::Apply
+        } else {
+            RunKind::Plan
+        },
+        workspace_id: capsule.workspace_id,
+        capsule_id: capsule.id,
+        run_group_id: None,
+        plan_run_id: None,
+        actor_kind: crate::routes::actor_kind(&caller),
+        actor_id: caller.0.id.to_string(),
+        auto_apply_requested: false,
+        idempotency_key: key.clone(),
+    };
+    let mut tx = st.pool.begin().await?;
+    let run_id = match runs::insert(&mut tx, &new).await {
+        Ok(id) => id,
+        Err(e) if e.is_unique_violation() && key.is_some() => {
+            drop(tx);
+            let run = replay(&st, &capsule, key.as_deref())
+                .await?
+                .ok_or_else(|| {
+                    ApiError::conflict(
+                        "conflict",
+                        "a concurrent request with this Idempotency-Key is in progress; retry",
+                    )
+                })?;
+            return Ok((StatusCode::ACCEPTED, Json(view(&st, &run).await?)));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mode = if one_step {
+        apply_modes::ONE_STEP
+    } else {
+        apply_modes::PROPOSES_APPLY
+    };
+    apply_modes::set(&mut tx, run_id, mode).await?;
+    if req.require_approval {
+        gates::set_require_approval(&mut tx, run_id).await?;
+    }
+    let kind = if one_step { "apply" } else { "plan" };
+    events::append(
+        &mut *tx,
+        run_id,
+        "queued",
+        &caller.actor(),
+        json!({ "kind": kind, "applyMode": mode, "coveredBy": covered_by }),
+    )
+    .await?;
+    activity::append(
+        &mut *tx,
+        capsule.workspace_id,
+        "run_started",
+        &run_id.to_string(),
+        &caller.actor(),
+        json!({ "kind": kind, "capsuleId": capsule.id, "applyMode": mode }),
+    )
+    .await?;
+    if one_step {
+        // The gate reads the rules again when it decides, and releases it to run in one step.
+        outbox::enqueue(&mut tx, Topic::Gate, run_id).await?;
+    } else if hold_agent {
+        crate::gates::hold_agent_plan(&mut tx, run_id, &caller).await?;
+    } else {
+        outbox::enqueue(&mut tx, Topic::Plan, run_id).await?;
+    }
+    let run = runs::get(&mut *tx, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the new Run"))?;
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    let mut body = view(&st, &run).await?;
+    body["coveredBy"] = json!(covered_by);
+    Ok((StatusCode::ACCEPTED, Json(body)))
+}
+
+async fn view(st: &AppState, run: &runs::Run) -> Result<serde_json::Value, ApiError> {
+    crate::records::run_view(st, run).await
+}
+
+/// The Run an earlier apply submission of this Capsule with the same key created.
+async fn replay(
+    st: &AppState,
+    capsule: &capsules::Capsule,
+    key: Option<&str>,
+) -> Result<Option<runs::Run>, ApiError> {
+    let Some(key) = key else { return Ok(None) };
+    let Some(id) = runs::find_by_idempotency_key(&st.pool, capsule.workspace_id, key).await? else {
+        return Ok(None);
+    };
+    let run = runs::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the idempotent Run"))?;
+    let mode = apply_modes::get(&st.pool, id).await?;
+    let same = run.capsule_id == capsule.id
+        && matches!(
+            mode.as_deref(),
+            Some(apply_modes::ONE_STEP | apply_modes::PROPOSES_APPLY | apply_modes::PROPOSED_APPLY)
+        );
+    if !same {
+        return Err(ApiError::invalid(
+            "idempotency_key_reused",
+            "this Idempotency-Key was already used for a different request",
+        ));
+    }
+    Ok(Some(run))
+}

@@ -1,0 +1,249 @@
+//! Worker pools (issue 8), the administration side: create a pool (admin; its token is
+//! shown once, only its SHA-256 is stored), rotate its delivery key (the previous key
+//! stays deliverable for a grace period), and set the pool a Capsule runs on. With no
+//! pool a Capsule runs on the control node's own queues, as before.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{post, put};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use takosumi_core::{CapsuleId, WorkspaceId};
+use takosumi_seal::delivery::DeliveryPublicKey;
+use takosumi_store::pools::{self, WorkerPool};
+use takosumi_store::{activity, capsules, workspaces};
+
+use crate::auth::{Action, Caller};
+use crate::{ApiError, AppState, views};
+
+/// The steps whose wake-ups a pool's queues carry.
+pub const POOL_STEPS: [&str; 3] = ["run.plan", "run.apply", "run.drift"];
+
+/// How long a rotated-out delivery key is still delivered to, unless the rotation says.
+pub const DEFAULT_GRACE_SECS: i64 = 24 * 3600;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/workspaces/{ws}/pools", post(create_pool))
+        .route("/api/v1/pools/{pool}/delivery-key", post(rotate_key))
+        .route("/api/v1/capsules/{cap}/pool", put(set_capsule_pool))
+}
+
+/// A pool as the API shows it: names and key ids, never the token or a key.
+pub fn view(p: &WorkerPool) -> Value {
+    json!({
+        "id": format!("pool_{}", p.id.simple()),
+        "name": p.name,
+        "workspaceId": p.workspace_id,
+        "deliveryKeyId": p.delivery_key_id,
+        "previousKeyId": p.previous_key_id,
+        "previousKeyUntil": p.previous_key_until,
+        "queues": POOL_STEPS.iter().map(|s| format!("{s}.{}", p.name)).collect::<Vec<_>>(),
+        "createdAt": p.created_at,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct KeyBody {
+    key_id: String,
+    /// The X25519 public key, standard base64 (32 bytes).
+    public_key: String,
+    #[serde(default)]
+    grace_secs: Option<i64>,
+}
+
+fn parse_key(k: &KeyBody) -> Result<DeliveryPublicKey, ApiError> {
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(k.public_key.trim())
+        .map_err(|_| ApiError::invalid("invalid_delivery_key", "publicKey must be base64"))?;
+    DeliveryPublicKey::new(&k.key_id, &raw)
+        .map_err(|e| ApiError::invalid("invalid_delivery_key", e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NewPool {
+    name: String,
+    #[serde(default)]
+    delivery_key: Option<KeyBody>,
+}
+
+/// Declares the pool's queues (and their dead-letter queues) so the outbox relay can
+/// publish its wake-ups (publishes are mandatory: an unroutable one is refused).
+async fn declare_queues(st: &AppState, name: &str) -> Result<(), ApiError> {
+    let unavailable = |e: takosumi_queue::QueueError| ApiError::Internal {
+        transient: true,
+        source: Box::new(e),
+    };
+    let broker = st.bus.get().await.map_err(unavailable)?;
+    let ch = broker.channel().await.map_err(unavailable)?;
+    for step in POOL_STEPS {
+        broker
+            .topology()
+            .declare_queue(&ch, &format!("{step}.{name}"))
+            .await
+            .map_err(|e| unavailable(e.into()))?;
+    }
+    let _ = ch.close(200, "pool queues declared".into()).await;
+    Ok(())
+}
+
+async fn create_pool(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws: WorkspaceId = crate::routes::parse_id(&ws)?;
+    caller.require(Action::Read, Some(ws))?;
+    workspaces::get(&st.pool, ws)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    caller.require(Action::Administer, Some(ws))?;
+    let req: NewPool = crate::routes::parse_body(&body)?;
+    if !crate::routes::valid_name(&req.name) || req.name.len() > 48 {
+        return Err(ApiError::invalid(
+            "invalid_name",
+            "a pool name is 1-48 letters, digits, '-', '_' or '.', starting with a letter or digit (it names the pool's queues)",
+        ));
+    }
+    let key = req.delivery_key.as_ref().map(parse_key).transpose()?;
+    // The queues first: a pool whose wake-ups cannot be published must not exist.
+    declare_queues(&st, &req.name).await?;
+    let token = crate::auth::new_token();
+    let mut tx = st.pool.begin().await?;
+    let pool = match pools::create(
+        &mut tx,
+        &req.name,
+        ws,
+        &token,
+        key.as_ref().map(|k| (k.key_id.as_str(), &k.public[..])),
+    )
+    .await
+    {
+        Ok(p) => p,
+        Err(e) if e.is_unique_violation() => {
+            return Err(ApiError::conflict(
+                "pool_exists",
+                format!("a worker pool named {:?} already exists", req.name),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    activity::append(
+        &mut *tx,
+        ws,
+        "pool_created",
+        &pool.name,
+        &caller.actor(),
+        json!({ "name": pool.name, "deliveryKeyId": pool.delivery_key_id }),
+    )
+    .await?;
+    tx.commit().await?;
+    let mut body = view(&pool);
+    // Shown once: only its hash is stored.
+    body["token"] = json!(token);
+    Ok((StatusCode::CREATED, Json(body)))
+}
+
+async fn rotate_key(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let pool = pools::by_name(&st.pool, &name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("worker pool {name:?}")))?;
+    caller.require(Action::Read, Some(pool.workspace_id))?;
+    caller.require(Action::Administer, Some(pool.workspace_id))?;
+    let req: KeyBody = crate::routes::parse_body(&body)?;
+    let key = parse_key(&req)?;
+    let grace = req.grace_secs.unwrap_or(DEFAULT_GRACE_SECS);
+    if !(0..=30 * 24 * 3600).contains(&grace) {
+        return Err(ApiError::invalid(
+            "invalid_grace",
+            "graceSecs is 0 to 2592000 (30 days)",
+        ));
+    }
+    let mut tx = st.pool.begin().await?;
+    let rotated =
+        match pools::rotate_delivery_key(&mut tx, pool.id, &key.key_id, &key.public, grace).await {
+            Ok(p) => p,
+            Err(takosumi_store::StoreError::Conflict(_)) => {
+                return Err(ApiError::conflict(
+                    "delivery_key_id_used",
+                    format!(
+                        "the pool uses (or last used) key id {:?}; give the new key a new id",
+                        key.key_id
+                    ),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+    activity::append(
+        &mut *tx,
+        pool.workspace_id,
+        "pool_delivery_key_rotated",
+        &pool.name,
+        &caller.actor(),
+        json!({ "deliveryKeyId": rotated.delivery_key_id, "previousKeyId": rotated.previous_key_id, "previousKeyUntil": rotated.previous_key_until }),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Json(view(&rotated)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetPool {
+    /// A pool name, or `null` for the control node's own queues.
+    pool: Option<String>,
+}
+
+async fn set_capsule_pool(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(cap): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let id: CapsuleId = crate::routes::parse_id(&cap)?;
+    let capsule = capsules::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
+    caller.require(Action::Read, Some(capsule.workspace_id))?;
+    caller.require(Action::Operate, Some(capsule.workspace_id))?;
+    let req: SetPool = crate::routes::parse_body(&body)?;
+    let pool = match &req.pool {
+        None => None,
+        Some(name) => {
+            let p = pools::by_name(&st.pool, name)
+                .await?
+                .filter(|p| p.workspace_id == capsule.workspace_id)
+                .ok_or_else(|| {
+                    ApiError::not_found(&format!("worker pool {name:?} in this Workspace"))
+                })?;
+            Some(p)
+        }
+    };
+    let mut tx = st.pool.begin().await?;
+    pools::set_capsule_pool(&mut tx, capsule.id, pool.as_ref().map(|p| p.id)).await?;
+    activity::append(
+        &mut *tx,
+        capsule.workspace_id,
+        "capsule_pool_set",
+        &capsule.id.to_string(),
+        &caller.actor(),
+        json!({ "pool": req.pool }),
+    )
+    .await?;
+    tx.commit().await?;
+    let mut body = views::capsule(&capsule);
+    body["pool"] = json!(req.pool);
+    Ok(Json(body))
+}

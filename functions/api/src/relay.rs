@@ -1,0 +1,1367 @@
+//! The relay protocol (issue 8): what a relay worker, authenticated with its pool's token,
+//! may do — and nothing else. A relay worker has no database URL and no object-store
+//! credentials; every row and object it needs goes through here.
+//!
+//! - `POST /api/v1/relay/claim` claims the pool's next job with the same conditional
+//!   updates the control node's handlers use (a plan-like Run `queued` → `planning`; an
+//!   Apply Run through `claim_apply`, which also takes the Capsule and checks the
+//!   generation) and answers with what the job needs: the source to check out, the
+//!   variables, and every secret input (credentials, sensitive variables, the state, the
+//!   plan file of an apply) sealed to the pool's delivery key. The lease owner is
+//!   `relay:<pool>:<random>`; every later call names it (`X-Takosumi-Claim`).
+//!   Why poll instead of consuming `run.*.<pool>` over AMQP: the worker must reach the
+//!   control plane only through the API, and Postgres decides who holds a Run anyway; the
+//!   pool's queues still receive each wake-up (so the control node's handlers never see
+//!   them) and the claim drains them, as a wake-up, before it looks in Postgres.
+//! - `POST …/runs/{run}/progress` stores masked logs and events, renews the lease, and
+//!   answers whether a cancel was requested.
+//! - `PUT …/runs/{run}/plan-file` takes the saved plan file; the control node seals it
+//!   with the server key. Over 19 MiB it is refused (413 `plan_too_large`, size and limit
+//!   stated) and the Run fails without proposing anything.
+//! - `POST …/runs/{run}/planned` records the plan like the plan step does and wakes the gate.
+//! - `POST …/runs/{run}/applied` seals the new state and moves the generation with the
+//!   compare-and-set, like the apply step.
+//! - `POST …/runs/{run}/fail` ends the Run with one of the tool's failure codes;
+//!   `POST …/runs/{run}/canceled` ends it `canceled` after a requested cancel stopped the tool.
+//!
+//! A worker of another pool gets 403 `wrong_pool` for a Run that is not its pool's.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{post, put};
+use axum::{Json, Router};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, StateVersionId, Topic};
+use takosumi_objects::PutOutcome;
+use takosumi_runtime::inputs::{CredentialSet, TOKEN_ENV, sensitive_vars_subject};
+use takosumi_runtime::step::{lockfile_key, plan_key, state_key};
+use takosumi_seal::Purpose;
+use takosumi_seal::delivery::DeliveryPublicKey;
+use takosumi_store::pools::{self, WorkerPool};
+use takosumi_store::runs::{self, ApplyClaim};
+use takosumi_store::{bindings, capsules, events, outbox, state_versions};
+use zeroize::Zeroize;
+
+use crate::{ApiError, AppState};
+
+/// The largest plan file that crosses the relay (DESIGN §3).
+pub const MAX_RELAY_PLAN_BYTES: u64 = 19 * 1024 * 1024;
+/// Claims of a plan-like Run by relay workers before it fails `attempts_exhausted`.
+pub const RELAY_MAX_ATTEMPTS: i32 = 3;
+/// A relay claim's lease; the worker renews it with `progress` well within it.
+pub const RELAY_LEASE_SECS: i64 = 60;
+/// Body limit of the upload endpoints: a bit over the plan limit so an oversized plan is
+/// measured and refused with its size rather than cut off.
+const UPLOAD_LIMIT: usize = 64 * 1024 * 1024;
+const MAX_STATE_BYTES: u64 = 256 * 1024 * 1024;
+const MAX_SEALED_PLAN: u64 = MAX_RELAY_PLAN_BYTES + 4096;
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/relay/claim", post(claim))
+        .route("/api/v1/relay/runs/{run}/progress", post(progress))
+        .route("/api/v1/relay/runs/{run}/plan-file", put(plan_file))
+        .route("/api/v1/relay/runs/{run}/planned", post(planned))
+        .route("/api/v1/relay/runs/{run}/applied", post(applied))
+        .route("/api/v1/relay/runs/{run}/fail", post(fail))
+        .route("/api/v1/relay/runs/{run}/canceled", post(canceled))
+        .layer(DefaultBodyLimit::max(UPLOAD_LIMIT))
+}
+
+/// A caller authenticated with a pool token.
+#[derive(Debug, Clone)]
+pub struct PoolCaller(pub WorkerPool);
+
+impl FromRequestParts<AppState> for PoolCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let unauthorized = |m: &str| ApiError::client(StatusCode::UNAUTHORIZED, "unauthorized", m);
+        let token = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| unauthorized("send `Authorization: Bearer <pool token>`"))?;
+        let pool = pools::find_by_token(&state.pool, token)
+            .await?
+            .ok_or_else(|| unauthorized("the token is not a worker pool's token"))?;
+        Ok(PoolCaller(pool))
+    }
+}
+
+fn internal(e: impl std::error::Error + Send + Sync + 'static) -> ApiError {
+    ApiError::Internal {
+        transient: false,
+        source: Box::new(e),
+    }
+}
+
+fn object_error(e: takosumi_objects::ObjectError) -> ApiError {
+    ApiError::Internal {
+        transient: e.retryable(),
+        source: Box::new(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ClaimRequest {
+    /// The delivery key ids this worker holds (current first).
+    #[serde(default)]
+    delivery_key_ids: Vec<String>,
+    /// Long-poll: how long to wait for a job (0 to 20 s).
+    #[serde(default)]
+    wait_secs: u64,
+}
+
+/// Which of the pool's keys to seal this worker's secrets to. `Ok(None)`: the pool has
+/// no delivery key. A worker that holds none of the pool's deliverable keys is refused
+/// before anything is claimed (it could open nothing it is sent).
+fn delivery_key_for(
+    pool: &WorkerPool,
+    held: &[String],
+) -> Result<Option<DeliveryPublicKey>, ApiError> {
+    let (Some(id), Some(public)) = (&pool.delivery_key_id, &pool.delivery_public_key) else {
+        return Ok(None);
+    };
+    let key = |id: &str, public: &[u8]| DeliveryPublicKey::new(id, public).map_err(internal);
+    if held.iter().any(|h| h == id) {
+        return Ok(Some(key(id, public)?));
+    }
+    if let (Some(prev), Some(prev_public)) = (&pool.previous_key_id, &pool.previous_public_key)
+        && held.iter().any(|h| h == prev)
+    {
+        if pool
+            .previous_key_until
+            .is_some_and(|until| until > chrono::Utc::now())
+        {
+            return Ok(Some(key(prev, prev_public)?));
+        }
+        return Err(ApiError::conflict(
+            "delivery_key_expired",
+            format!(
+                "this worker holds delivery key {prev:?}, rotated out of pool {:?} and past its grace; load the pool's current key {id:?} and claim again",
+                pool.name
+            ),
+        ));
+    }
+    Err(ApiError::conflict(
+        "delivery_key_unknown",
+        format!(
+            "this worker holds none of pool {:?}'s delivery keys (current {id:?}); load the current key and claim again",
+            pool.name
+        ),
+    ))
+}
+
+/// Drains the pool's queues: their messages are wake-ups, and the claim below looks in
+/// Postgres whatever they say. Best effort: a broker fault never stops a claim.
+async fn drain_wakeups(st: &AppState, pool: &WorkerPool) {
+    let Ok(broker) = st.bus.get().await else {
+        return;
+    };
+    let Ok(ch) = broker.channel().await else {
+        return;
+    };
+    for step in crate::pools::POOL_STEPS {
+        let queue = format!("{step}.{}", pool.name);
+        for _ in 0..100 {
+            let got = ch
+                .basic_get(
+                    queue.clone().into(),
+                    lapin::options::BasicGetOptions { no_ack: true },
+                )
+                .await;
+            if !matches!(got, Ok(Some(_))) {
+                break;
+            }
+        }
+    }
+    let _ = ch.close(200, "drained".into()).await;
+}
+
+async fn claim(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let pool = caller.0;
+    let req: ClaimRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        ClaimRequest::default()
+    } else {
+        crate::routes::parse_body(&body)?
+    };
+    let key = delivery_key_for(&pool, &req.delivery_key_ids)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(req.wait_secs.min(20));
+    loop {
+        drain_wakeups(&st, &pool).await;
+        if let Some(job) = claim_once(&st, &pool, key.as_ref()).await? {
+            return Ok(Json(json!({ "job": job })));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(Json(json!({ "job": null })));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn new_owner(pool: &WorkerPool) -> String {
+    format!(
+        "relay:{}:{}",
+        pool.name,
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// A claimed job, or why the Run failed at once instead.
+enum Prepared {
+    Job(Value),
+    Failed,
+}
+
+async fn claim_once(
+    st: &AppState,
+    pool: &WorkerPool,
+    key: Option<&DeliveryPublicKey>,
+) -> Result<Option<Value>, ApiError> {
+    // Applies first: a held Capsule waits for them.
+    for (run_id, has_plan) in pools::released_applies(&st.pool, pool.id).await? {
+        if !has_plan {
+            // A one-step apply plans and applies with nothing saved in between: there is
+            // no reviewed plan file to deliver, so a pool cannot run it.
+            let message = format!(
+                "an apply without a saved plan runs in one step, which worker pool {:?} cannot run (there is no reviewed plan file to deliver); plan the Capsule, then apply that plan",
+                pool.name
+            );
+            let mut tx = st.pool.begin().await?;
+            if pools::fail_with_code(&mut tx, run_id, None, "relay_needs_saved_plan", &message)
+                .await?
+            {
+                events::append(
+                    &mut *tx,
+                    run_id,
+                    "failed",
+                    &format!("relay:{}", pool.name),
+                    json!({ "code": "relay_needs_saved_plan", "message": message }),
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            continue;
+        }
+        if key.is_none() {
+            let mut tx = st.pool.begin().await?;
+            let message = format!(
+                "worker pool {:?} has no delivery key, so the saved plan cannot be delivered to it and a gated apply cannot run there; register a delivery key (POST /api/v1/pools/{}/delivery-key) and propose the apply again, or run the Capsule on the control node (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}})",
+                pool.name, pool.name
+            );
+            if pools::fail_with_code(&mut tx, run_id, None, "pool_has_no_delivery_key", &message)
+                .await?
+            {
+                events::append(
+                    &mut *tx,
+                    run_id,
+                    "failed",
+                    &format!("relay:{}", pool.name),
+                    json!({ "code": "pool_has_no_delivery_key", "message": message }),
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            continue;
+        }
+        let owner = new_owner(pool);
+        let mut tx = st.pool.begin().await?;
+        let claimed = runs::claim_apply(&mut tx, run_id, &owner, RELAY_LEASE_SECS).await?;
+        if let ApplyClaim::GenerationChanged { planned, current } = &claimed {
+            events::append(&mut *tx, run_id, "failed", &format!("relay:{}", pool.name),
+                json!({ "code": "state_generation_changed", "plannedGeneration": planned, "currentGeneration": current, "toolStarted": false })).await?;
+        }
+        if claimed == ApplyClaim::Claimed {
+            events::append(
+                &mut *tx,
+                run_id,
+                "claimed",
+                &format!("handler:{owner}"),
+                json!({ "step": "apply", "pool": pool.name }),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        if claimed != ApplyClaim::Claimed {
+            continue;
+        }
+        match apply_job(st, pool, key, run_id, &owner).await {
+            Ok(Prepared::Job(job)) => return Ok(Some(job)),
+            Ok(Prepared::Failed) => continue,
+            Err(e) => {
+                let _ = end_failed(
+                    st,
+                    run_id,
+                    &owner,
+                    "apply_failed",
+                    "the apply could not be prepared for the relay (a storage or internal fault; nothing was applied); submit the apply again",
+                )
+                .await;
+                return Err(e);
+            }
+        }
+    }
+    let owner = new_owner(pool);
+    let mut tx = st.pool.begin().await?;
+    let Some(run_id) = pools::claim_next_plan(&mut tx, pool.id, &owner, RELAY_LEASE_SECS).await?
+    else {
+        return Ok(None);
+    };
+    events::append(
+        &mut *tx,
+        run_id,
+        "claimed",
+        &format!("handler:{owner}"),
+        json!({ "step": "plan", "pool": pool.name }),
+    )
+    .await?;
+    tx.commit().await?;
+    match plan_job(st, pool, key, run_id, &owner).await {
+        Ok(Prepared::Job(job)) => Ok(Some(job)),
+        Ok(Prepared::Failed) => Ok(None),
+        Err(e) => {
+            // Hand it back: nothing ran.
+            let _ = sqlx::query("UPDATE runs SET status = 'queued', lease_owner = NULL, lease_until = NULL, updated_at = now() WHERE id = $1 AND lease_owner = $2 AND status = 'planning'")
+                .bind(run_id.as_uuid()).bind(&owner).execute(&st.pool).await;
+            Err(e)
+        }
+    }
+}
+
+/// The secret inputs of a step: credentials and sensitive variables, as `{env, sensitiveVars}`
+/// plaintext JSON, or `Err(message)` when they cannot be delivered to a relay.
+async fn secret_inputs(
+    st: &AppState,
+    inputs_of: &runs::Run,
+    capsule_id: CapsuleId,
+) -> Result<(Option<Vec<u8>>, Value, Vec<String>), ApiError> {
+    let mut env = Map::new();
+    let mut used = Vec::new();
+    let mut names = Vec::new();
+    for sealed in bindings::sealed_for_capsule(&st.pool, capsule_id).await? {
+        let b = &sealed.binding;
+        let mut plain = st
+            .sealer
+            .unseal(Purpose::Credential, &b.id.to_string(), &sealed.sealed)
+            .map_err(internal)?;
+        let parsed: Result<CredentialSet, _> = serde_json::from_slice(&plain);
+        plain.zeroize();
+        let set = parsed.map_err(internal)?;
+        match &set {
+            CredentialSet::Env { env: e } => {
+                for (k, v) in e {
+                    env.insert(k.clone(), json!(v));
+                    names.push(k.clone());
+                }
+            }
+            CredentialSet::Token { token } => {
+                env.insert(TOKEN_ENV.to_owned(), json!(token));
+                names.push(TOKEN_ENV.to_owned());
+            }
+            CredentialSet::Command { .. } => {
+                return Err(ApiError::conflict(
+                    "relay_command_credential",
+                    format!(
+                        "ProviderBinding {:?} is a command credential, which runs only on the control node's workers",
+                        b.name
+                    ),
+                ));
+            }
+        }
+        used.push(json!({ "id": b.id, "name": b.name, "kind": b.kind }));
+    }
+    let mut sensitive = Value::Null;
+    if let Some((sv_names, sealed)) = bindings::sensitive_vars(&st.pool, inputs_of.id).await? {
+        let mut plain = st
+            .sealer
+            .unseal(
+                Purpose::Credential,
+                &sensitive_vars_subject(inputs_of.id),
+                &sealed,
+            )
+            .map_err(internal)?;
+        let parsed: Result<Value, _> = serde_json::from_slice(&plain);
+        plain.zeroize();
+        sensitive = parsed.map_err(internal)?;
+        names.extend(sv_names.into_iter().map(|n| format!("TF_VAR_{n}")));
+    }
+    if env.is_empty() && sensitive.is_null() {
+        return Ok((None, Value::Array(used), names));
+    }
+    let plain =
+        serde_json::to_vec(&json!({ "env": env, "sensitiveVars": sensitive })).map_err(internal)?;
+    Ok((Some(plain), Value::Array(used), names))
+}
+
+fn no_key_message(pool: &WorkerPool, what: &str) -> String {
+    format!(
+        "worker pool {:?} has no delivery key, so {what} cannot be delivered to it; register a delivery key (POST /api/v1/pools/{}/delivery-key) or run the Capsule on the control node",
+        pool.name, pool.name
+    )
+}
+
+/// Seals `plain` to the delivery key, or fails the Run `pool_has_no_delivery_key`.
+fn seal_to(
+    key: Option<&DeliveryPublicKey>,
+    purpose: Purpose,
+    run_id: RunId,
+    plain: &[u8],
+) -> Result<Option<String>, ApiError> {
+    match key {
+        None => Ok(None),
+        Some(k) => Ok(Some(
+            B64.encode(
+                k.seal(purpose, &run_id.to_string(), plain)
+                    .map_err(internal)?,
+            ),
+        )),
+    }
+}
+
+/// The Capsule's current state, opened with the server key and checked against its digest.
+async fn current_state(
+    st: &AppState,
+    capsule: &capsules::Capsule,
+) -> Result<Option<Vec<u8>>, ApiError> {
+    let Some(sv_id) = capsule.current_state_version_id else {
+        return Ok(None);
+    };
+    let sv = state_versions::get(&st.pool, sv_id)
+        .await?
+        .ok_or_else(|| internal(takosumi_store::StoreError::NotFound("state version")))?;
+    let sealed = st
+        .objects
+        .get(&sv.object_key, MAX_STATE_BYTES)
+        .await
+        .map_err(object_error)?;
+    let state = st
+        .sealer
+        .unseal(Purpose::State, &sv_id.to_string(), &sealed)
+        .map_err(internal)?;
+    if takosumi_store::sha256_hex(&state) != sv.digest {
+        return Err(internal(takosumi_store::StoreError::Conflict(
+            "state object does not match its digest",
+        )));
+    }
+    Ok(Some(state))
+}
+
+async fn end_failed(
+    st: &AppState,
+    run_id: RunId,
+    owner: &str,
+    code: &str,
+    message: &str,
+) -> Result<bool, ApiError> {
+    let run = runs::get(&st.pool, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {run_id}")))?;
+    let mut tx = st.pool.begin().await?;
+    let done = pools::fail_with_code(&mut tx, run_id, Some(owner), code, message).await?;
+    if done {
+        if run.kind == RunKind::Apply {
+            capsules::release_apply(&mut tx, run.capsule_id, run_id).await?;
+            if let Some(next) = runs::next_waiting_apply(&mut tx, run.capsule_id).await? {
+                outbox::enqueue(&mut tx, Topic::Apply, next).await?;
+            }
+        }
+        events::append(
+            &mut *tx,
+            run_id,
+            "failed",
+            &format!("handler:{owner}"),
+            json!({ "code": code, "message": message }),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    Ok(done)
+}
+
+async fn plan_job(
+    st: &AppState,
+    pool: &WorkerPool,
+    key: Option<&DeliveryPublicKey>,
+    run_id: RunId,
+    owner: &str,
+) -> Result<Prepared, ApiError> {
+    let run = runs::get(&st.pool, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {run_id}")))?;
+    // A plan whose workers keep vanishing (the reaper hands it back each time) ends,
+    // like on the control node, after a bounded number of claims.
+    if run.attempts > RELAY_MAX_ATTEMPTS {
+        let message = format!(
+            "planning was attempted {} times on worker pool {:?} without finishing; check the relay workers' logs and plan again",
+            run.attempts - 1,
+            pool.name
+        );
+        end_failed(st, run_id, owner, "attempts_exhausted", &message).await?;
+        return Ok(Prepared::Failed);
+    }
+    let capsule = capsules::get(&st.pool, run.capsule_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
+    let (source_ref, pinned_commit, speculative) =
+        takosumi_store::detection::run_source(&st.pool, run_id).await?;
+    let (secrets, used, names) = match secret_inputs(st, &run, capsule.id).await {
+        Ok(s) => s,
+        Err(ApiError::Client { code, message, .. }) => {
+            end_failed(st, run_id, owner, code, &message).await?;
+            return Ok(Prepared::Failed);
+        }
+        Err(e) => return Err(e),
+    };
+    let state = current_state(st, &capsule).await?;
+    if key.is_none() && (secrets.is_some() || state.is_some()) {
+        let what = if state.is_some() {
+            "the Capsule's state"
+        } else {
+            "the Capsule's credentials"
+        };
+        end_failed(
+            st,
+            run_id,
+            owner,
+            "pool_has_no_delivery_key",
+            &no_key_message(pool, what),
+        )
+        .await?;
+        return Ok(Prepared::Failed);
+    }
+    let vars = run.vars.clone().unwrap_or_else(|| capsule.vars.clone());
+    bindings::record_run_env(&st.pool, run_id, owner, &used, &names, None).await?;
+    Ok(Prepared::Job(json!({
+        "runId": run_id,
+        "kind": run.kind,
+        "claim": owner,
+        "leaseSecs": RELAY_LEASE_SECS,
+        "attempt": run.attempts,
+        "source": {
+            "repo": capsule.repo,
+            "branch": source_ref.unwrap_or_else(|| capsule.branch.clone()),
+            "commit": pinned_commit,
+            "dir": capsule.dir,
+        },
+        "tool": capsule.tool,
+        "vars": vars,
+        "deliveryKeyId": key.map(|k| k.key_id.clone()),
+        "secrets": match &secrets { Some(s) => seal_to(key, Purpose::Credential, run_id, s)?, None => None },
+        "state": match &state { Some(s) => seal_to(key, Purpose::State, run_id, s)?, None => None },
+        "maxPlanBytes": MAX_RELAY_PLAN_BYTES,
+        // A pull request's plan: refused rather than run when the dry-run scan finds a
+        // data source that acts when planned (the worker scans before `plan`).
+        "speculative": speculative,
+    })))
+}
+
+async fn apply_job(
+    st: &AppState,
+    pool: &WorkerPool,
+    key: Option<&DeliveryPublicKey>,
+    run_id: RunId,
+    owner: &str,
+) -> Result<Prepared, ApiError> {
+    let Some(key) = key else {
+        end_failed(
+            st,
+            run_id,
+            owner,
+            "pool_has_no_delivery_key",
+            &no_key_message(pool, "the saved plan"),
+        )
+        .await?;
+        return Ok(Prepared::Failed);
+    };
+    let run = runs::get(&st.pool, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {run_id}")))?;
+    let Some(plan_run_id) = run.plan_run_id else {
+        end_failed(
+            st,
+            run_id,
+            owner,
+            "invalid_configuration",
+            "an apply without a saved plan cannot run on a worker pool; run it on the control node",
+        )
+        .await?;
+        return Ok(Prepared::Failed);
+    };
+    let plan_run = runs::get(&st.pool, plan_run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {plan_run_id}")))?;
+    let capsule = capsules::get(&st.pool, run.capsule_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
+    let (Some(plan_digest), Some(commit), Some(tree), Some(plan_key_s)) = (
+        plan_run.plan_digest.clone(),
+        plan_run.source_commit.clone(),
+        plan_run.tree_digest.clone(),
+        plan_run.plan_object_key.clone(),
+    ) else {
+        end_failed(st, run_id, owner, "stale_plan", "the saved plan was already used or wiped, or its record is incomplete; plan again and apply the new plan").await?;
+        return Ok(Prepared::Failed);
+    };
+    // Pin 1, on the control node: the sealed plan opens under the plan Run's id and hashes
+    // to the reviewed digest before it is re-sealed to the pool.
+    let sealed = match st.objects.get(&plan_key_s, MAX_SEALED_PLAN).await {
+        Ok(s) => s,
+        Err(takosumi_objects::ObjectError::NotFound) => {
+            end_failed(
+                st,
+                run_id,
+                owner,
+                "plan_digest_mismatch",
+                "the sealed plan file is missing from storage; plan again",
+            )
+            .await?;
+            return Ok(Prepared::Failed);
+        }
+        Err(e) => return Err(object_error(e)),
+    };
+    let Ok(mut plan_bytes) = st
+        .sealer
+        .unseal(Purpose::Plan, &plan_run_id.to_string(), &sealed)
+    else {
+        end_failed(st, run_id, owner, "plan_digest_mismatch", "the sealed plan file does not open for this plan (altered, or moved from another run); nothing was applied; plan again").await?;
+        return Ok(Prepared::Failed);
+    };
+    if takosumi_store::sha256_hex(&plan_bytes) != plan_digest {
+        plan_bytes.zeroize();
+        end_failed(st, run_id, owner, "plan_digest_mismatch", "the saved plan does not match the digest that was reviewed; nothing was applied; plan again").await?;
+        return Ok(Prepared::Failed);
+    }
+    let sealed_plan = seal_to(Some(key), Purpose::Plan, run_id, &plan_bytes)?;
+    plan_bytes.zeroize();
+    let lockfile = match plan_run.provider_lock_state.as_str() {
+        "present" => {
+            let Some(k) = plan_run.lockfile_object_key.as_deref() else {
+                end_failed(
+                    st,
+                    run_id,
+                    owner,
+                    "lockfile_missing",
+                    "the plan's lockfile record is incomplete; plan again",
+                )
+                .await?;
+                return Ok(Prepared::Failed);
+            };
+            let sealed = st
+                .objects
+                .get(k, 2 * 1024 * 1024)
+                .await
+                .map_err(object_error)?;
+            let bytes = st
+                .sealer
+                .unseal(Purpose::Lockfile, &plan_run_id.to_string(), &sealed)
+                .map_err(internal)?;
+            if Some(takosumi_store::sha256_hex(&bytes)) != plan_run.provider_lock_digest {
+                end_failed(
+                    st,
+                    run_id,
+                    owner,
+                    "lockfile_mismatch",
+                    "the plan's stored lockfile does not match its digest; plan again",
+                )
+                .await?;
+                return Ok(Prepared::Failed);
+            }
+            Some(B64.encode(bytes))
+        }
+        _ => None,
+    };
+    let (secrets, used, names) = match secret_inputs(st, &plan_run, capsule.id).await {
+        Ok(s) => s,
+        Err(ApiError::Client { code, message, .. }) => {
+            end_failed(st, run_id, owner, code, &message).await?;
+            return Ok(Prepared::Failed);
+        }
+        Err(e) => return Err(e),
+    };
+    let state = current_state(st, &capsule).await?;
+    let vars = plan_run
+        .vars
+        .clone()
+        .unwrap_or_else(|| capsule.vars.clone());
+    bindings::record_run_env(&st.pool, run_id, owner, &used, &names, Some(&vars)).await?;
+    events::append(
+        &st.pool,
+        run_id,
+        "pin_checked",
+        &format!("handler:{owner}"),
+        json!({ "pin": "planDigest", "planDigest": plan_digest, "deliveredTo": key.key_id }),
+    )
+    .await?;
+    Ok(Prepared::Job(json!({
+        "runId": run_id,
+        "kind": "apply",
+        "claim": owner,
+        "leaseSecs": RELAY_LEASE_SECS,
+        "planRunId": plan_run_id,
+        "planDigest": plan_digest,
+        "source": { "repo": capsule.repo, "branch": capsule.branch, "commit": commit, "treeDigest": tree, "dir": capsule.dir },
+        "tool": capsule.tool,
+        "vars": vars,
+        "dependencySnapshot": plan_run.dependency_snapshot,
+        "providerLockDigest": plan_run.provider_lock_digest,
+        "lockfile": lockfile,
+        "stateGeneration": plan_run.state_generation,
+        "deliveryKeyId": key.key_id,
+        "plan": sealed_plan,
+        "secrets": match &secrets { Some(s) => seal_to(Some(key), Purpose::Credential, run_id, s)?, None => None },
+        "state": match &state { Some(s) => seal_to(Some(key), Purpose::State, run_id, s)?, None => None },
+    })))
+}
+
+/// Loads the Run and checks it is the caller's pool's and held by `claim`.
+async fn held_run(
+    st: &AppState,
+    pool: &WorkerPool,
+    raw: &str,
+    headers: &HeaderMap,
+) -> Result<(runs::Run, String), ApiError> {
+    let id: RunId = crate::routes::parse_id(raw)?;
+    let run = runs::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
+    let run_pool = pools::of_capsule(&st.pool, run.capsule_id).await?;
+    if run_pool.as_ref().map(|p| p.id) != Some(pool.id) {
+        return Err(ApiError::forbidden_code(
+            "wrong_pool",
+            format!("{id} does not run on worker pool {:?}", pool.name),
+        ));
+    }
+    let claim = headers
+        .get("x-takosumi-claim")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    if claim.is_empty() || run.lease_owner.as_deref() != Some(claim.as_str()) {
+        return Err(ApiError::conflict(
+            "not_your_claim",
+            format!(
+                "{id} is not held by this claim (finished, canceled, or taken back after the lease ran out)"
+            ),
+        ));
+    }
+    Ok((run, claim))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Progress {
+    #[serde(default)]
+    events: Vec<ProgressEvent>,
+    #[serde(default)]
+    logs: Vec<ProgressLog>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgressEvent {
+    kind: String,
+    #[serde(default)]
+    data: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgressLog {
+    step: String,
+    text: String,
+}
+
+async fn progress(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
+    let req: Progress = if body.iter().all(u8::is_ascii_whitespace) {
+        Progress::default()
+    } else {
+        crate::routes::parse_body(&body)?
+    };
+    let actor = format!("handler:{claim}");
+    for e in &req.events {
+        if e.kind.is_empty() || e.kind.len() > 64 {
+            return Err(ApiError::invalid(
+                "invalid_event",
+                "an event kind is 1-64 characters",
+            ));
+        }
+        events::append(&st.pool, run.id, &e.kind, &actor, e.data.clone()).await?;
+    }
+    for l in &req.logs {
+        // The worker masked it with the run's secrets before sending.
+        takosumi_store::logs::append(&st.pool, run.id, &l.step, &l.text).await?;
+    }
+    let renewed = runs::renew_lease(&st.pool, run.id, &claim, RELAY_LEASE_SECS).await?;
+    let cancel = takosumi_store::records::cancel_requested(&st.pool, run.id, &claim).await?;
+    Ok(Json(
+        json!({ "leaseRenewed": renewed, "cancelRequested": cancel }),
+    ))
+}
+
+async fn plan_file(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
+    if !run.kind.is_plan_like() || run.status != RunStatus::Planning {
+        return Err(ApiError::conflict(
+            "not_planning",
+            format!("{} is not planning", run.id),
+        ));
+    }
+    // A worker that measured an oversized plan says so without sending it.
+    let declared: u64 = headers
+        .get("x-takosumi-plan-size")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let size = declared.max(body.len() as u64);
+    if size > MAX_RELAY_PLAN_BYTES {
+        let mib = MAX_RELAY_PLAN_BYTES / (1024 * 1024);
+        let message = if run.kind == RunKind::DriftCheck {
+            format!(
+                "the drift check's saved plan is {size} bytes, over the {MAX_RELAY_PLAN_BYTES}-byte ({mib} MiB) limit of a plan file crossing the relay; the check keeps no plan, so a reconcile cannot be proposed from it. Run it on a queue the control node executes (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}}) or split the configuration"
+            )
+        } else {
+            format!(
+                "the saved plan is {size} bytes, over the {MAX_RELAY_PLAN_BYTES}-byte ({mib} MiB) limit of a plan file crossing the relay; no apply can be proposed from it. Run it on a queue the control node executes (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}}) or split the configuration"
+            )
+        };
+        end_failed(&st, run.id, &claim, "plan_too_large", &message).await?;
+        return Err(ApiError::client(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "plan_too_large",
+            message,
+        ));
+    }
+    if body.is_empty() {
+        return Err(ApiError::invalid_json(
+            "send the saved plan file as the body",
+        ));
+    }
+    let sealed = st
+        .sealer
+        .seal(Purpose::Plan, &run.id.to_string(), &body)
+        .map_err(internal)?;
+    let digest = takosumi_store::sha256_hex(&body);
+    drop(body);
+    // One object per claim: a second upload in the same claim replaces nothing.
+    let key = plan_key(run.id, run.attempts);
+    if st
+        .objects
+        .put_if_absent(&key, sealed)
+        .await
+        .map_err(object_error)?
+        == PutOutcome::AlreadyExists
+    {
+        return Err(ApiError::conflict(
+            "plan_file_exists",
+            "the plan file of this claim was already uploaded",
+        ));
+    }
+    Ok(Json(json!({ "planDigest": digest, "size": size })))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Planned {
+    source_commit: String,
+    tree_digest: String,
+    tool_version: Value,
+    /// `show -json` of the saved plan.
+    show: Value,
+    /// The raw `.terraform.lock.hcl` (base64), `null` for a provider-free run.
+    lockfile: Option<String>,
+    modules_digest: String,
+    #[serde(default)]
+    scan_report: Option<Value>,
+}
+
+async fn planned(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
+    let req: Planned = crate::routes::parse_body(&body)?;
+    drop(body);
+    let run_id = run.id;
+    let key = plan_key(run_id, run.attempts);
+    let sealed = match st.objects.get(&key, MAX_SEALED_PLAN).await {
+        Ok(s) => s,
+        Err(takosumi_objects::ObjectError::NotFound) => {
+            return Err(ApiError::conflict(
+                "plan_file_missing",
+                "upload the plan file (PUT …/plan-file) first",
+            ));
+        }
+        Err(e) => return Err(object_error(e)),
+    };
+    let mut plan_bytes = st
+        .sealer
+        .unseal(Purpose::Plan, &run_id.to_string(), &sealed)
+        .map_err(internal)?;
+    let plan_digest = takosumi_store::sha256_hex(&plan_bytes);
+    plan_bytes.zeroize();
+    let capsule = capsules::get(&st.pool, run.capsule_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the Capsule"))?;
+    // Lockfile continuity: the raw bytes, sealed and digested here, or an explicit null.
+    let (lock_digest, lock_key) = match &req.lockfile {
+        None => (None, None),
+        Some(b64) => {
+            let bytes = B64
+                .decode(b64)
+                .map_err(|_| ApiError::invalid("invalid_lockfile", "lockfile must be base64"))?;
+            if bytes.len() as u64 > takosumi_runner::MAX_LOCKFILE_BYTES {
+                let message = format!(
+                    "the provider lockfile is {} bytes, over the {}-byte limit",
+                    bytes.len(),
+                    takosumi_runner::MAX_LOCKFILE_BYTES
+                );
+                end_failed(&st, run_id, &claim, "lockfile_too_large", &message).await?;
+                return Err(ApiError::invalid("lockfile_too_large", message));
+            }
+            let k = lockfile_key(run_id, run.attempts);
+            let sealed = st
+                .sealer
+                .seal(Purpose::Lockfile, &run_id.to_string(), &bytes)
+                .map_err(internal)?;
+            st.objects
+                .put_if_absent(&k, sealed)
+                .await
+                .map_err(object_error)?;
+            (Some(takosumi_store::sha256_hex(&bytes)), Some(k))
+        }
+    };
+    let changes = takosumi_runner::count_changes(&req.show);
+    let mut resources = serde_json::to_value(takosumi_core::cost::summarize(
+        &req.show,
+        takosumi_core::cost::Catalogue::embedded(),
+    ))
+    .map_err(internal)?;
+    // Values the plan marks sensitive never leave the sealed plan JSON.
+    let masker = takosumi_runner::Masker::new();
+    masker.add_plan_sensitive(&req.show);
+    masker.mask_json(&mut resources);
+    let show_key = format!("runs/{run_id}/show.{}.sealed", run.attempts);
+    let show_bytes = serde_json::to_vec(&req.show).map_err(internal)?;
+    let sealed_show = st
+        .sealer
+        .seal(Purpose::Plan, &format!("{run_id}:show"), &show_bytes)
+        .map_err(internal)?;
+    drop(show_bytes);
+    st.objects
+        .put_if_absent(&show_key, sealed_show)
+        .await
+        .map_err(object_error)?;
+    let drift = (run.kind == RunKind::DriftCheck).then(|| drift_found(&req.show));
+    let record = runs::PlanRecord {
+        source_commit: req.source_commit.clone(),
+        tree_digest: req.tree_digest.clone(),
+        tool_version: req.tool_version.clone(),
+        plan_digest: plan_digest.clone(),
+        plan_object_key: key.clone(),
+        lockfile_object_key: lock_key,
+        provider_lock_digest: lock_digest.clone(),
+        dependency_snapshot: takosumi_runtime::dependencies::dependency_snapshot(
+            &req.modules_digest,
+            lock_digest.as_deref(),
+        ),
+        state_generation: capsule.state_generation,
+        changes,
+        drift,
+        injected_env_names: run.injected_env_names.clone(),
+    };
+    let mut tx = st.pool.begin().await?;
+    if !runs::record_plan(&mut tx, run_id, &claim, &record).await? {
+        return Err(ApiError::conflict(
+            "not_your_claim",
+            "the lease was lost before the plan was recorded",
+        ));
+    }
+    if let Some(report) = &req.scan_report {
+        takosumi_store::gates::set_scan_report(&mut *tx, run_id, report).await?;
+    }
+    takosumi_store::records::set_resource_changes(&mut tx, run_id, &resources).await?;
+    events::append(
+        &mut *tx,
+        run_id,
+        "planned",
+        &format!("handler:{claim}"),
+        json!({ "changes": changes, "planDigest": plan_digest, "stateGeneration": capsule.state_generation, "pool": caller.0.name }),
+    )
+    .await?;
+    takosumi_store::gates::set_plan_json_key(&mut tx, run_id, &show_key).await?;
+    let mut dropped = Vec::new();
+    if run.kind == RunKind::DriftCheck {
+        dropped =
+            takosumi_store::detection::drop_kept_drift_plans(&mut tx, capsule.id, run_id).await?;
+        if drift != Some(true) {
+            runs::clear_plan_object(&mut tx, run_id).await?;
+            dropped.push(key);
+        }
+    }
+    outbox::enqueue(&mut tx, Topic::Gate, run_id).await?;
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    for k in dropped {
+        let _ = st.objects.delete(&k).await;
+    }
+    Ok(Json(
+        json!({ "runId": run_id, "status": "planned", "planDigest": plan_digest, "changes": changes }),
+    ))
+}
+
+/// Whether a saved plan would change anything (as the plan step counts it).
+fn drift_found(show: &Value) -> bool {
+    let resources = show["resource_changes"].as_array().is_some_and(|rcs| {
+        rcs.iter().any(|rc| {
+            rc["change"]["actions"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|x| !matches!(x.as_str(), Some("no-op") | Some("read")))
+            })
+        })
+    });
+    let outputs = show["output_changes"].as_object().is_some_and(|o| {
+        o.values().any(|c| {
+            c["actions"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x.as_str() != Some("no-op")))
+        })
+    });
+    resources || outputs
+}
+
+/// Failure codes a relay worker may end its Run with (the tool's and the pins').
+const WORKER_CODES: [&str; 14] = [
+    "dry_run_scan_refused",
+    "checkout_failed",
+    "init_failed",
+    "plan_failed",
+    "apply_failed",
+    "source_changed",
+    "dependency_changed",
+    "lockfile_mismatch",
+    "lockfile_too_large",
+    "invalid_configuration",
+    "credential_failed",
+    "stale_plan",
+    "delivery_key_unopenable",
+    "plan_too_large",
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fail {
+    code: String,
+    message: String,
+}
+
+async fn fail(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
+    let req: Fail = crate::routes::parse_body(&body)?;
+    let Some(code) = WORKER_CODES.iter().find(|c| **c == req.code) else {
+        return Err(ApiError::invalid(
+            "invalid_code",
+            format!("code must be one of {WORKER_CODES:?}"),
+        ));
+    };
+    let message: String = req.message.chars().take(2000).collect();
+    end_failed(&st, run.id, &claim, code, &message).await?;
+    Ok(Json(
+        json!({ "runId": run.id, "status": "failed", "code": code }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Applied {
+    success: bool,
+    #[serde(default)]
+    exit_code: Option<i32>,
+    /// The state after the tool (base64), when it differs from the delivered one.
+    state: Option<String>,
+    /// Published, masked outputs.
+    #[serde(default)]
+    outputs: Value,
+}
+
+async fn applied(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
+    if run.kind != RunKind::Apply || run.status != RunStatus::Applying {
+        return Err(ApiError::conflict(
+            "not_applying",
+            format!("{} is not applying", run.id),
+        ));
+    }
+    let req: Applied = crate::routes::parse_body(&body)?;
+    drop(body);
+    let run_id = run.id;
+    let plan_run_id = run
+        .plan_run_id
+        .ok_or_else(|| ApiError::conflict("not_applying", "no plan"))?;
+    let plan_run = runs::get(&st.pool, plan_run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the plan Run"))?;
+    let generation = plan_run.state_generation.unwrap_or_default();
+    let capsule_id = run.capsule_id;
+    let mut state = match &req.state {
+        None => None,
+        Some(b64) => Some(
+            B64.decode(b64)
+                .map_err(|_| ApiError::invalid("invalid_state", "state must be base64"))?,
+        ),
+    };
+    // Seal the new state before anything is committed.
+    let sv = match &state {
+        Some(bytes) => {
+            let id = StateVersionId::new();
+            let key = state_key(capsule_id, id);
+            let sealed = st
+                .sealer
+                .seal(Purpose::State, &id.to_string(), bytes)
+                .map_err(internal)?;
+            st.objects
+                .put_if_absent(&key, sealed)
+                .await
+                .map_err(object_error)?;
+            Some((
+                state_versions::StateVersion {
+                    id,
+                    capsule_id,
+                    generation: generation + 1,
+                    run_id,
+                    object_key: key,
+                    digest: takosumi_store::sha256_hex(bytes),
+                },
+                i64::try_from(bytes.len()).unwrap_or(i64::MAX),
+            ))
+        }
+        None => None,
+    };
+    if let Some(s) = state.as_mut() {
+        s.zeroize();
+    }
+    let actor = format!("handler:{claim}");
+    let mut tx = st.pool.begin().await?;
+    let new_generation = match &sv {
+        Some((sv, size)) => {
+            state_versions::insert(&mut tx, sv, *size).await?;
+            if !capsules::advance_generation(&mut tx, capsule_id, run_id, generation, sv.id).await?
+            {
+                return Err(internal(takosumi_store::StoreError::Conflict(
+                    "the Capsule's generation moved while this apply held it",
+                )));
+            }
+            events::append(
+                &mut *tx,
+                run_id,
+                "state_version_written",
+                &actor,
+                json!({ "stateVersionId": sv.id, "generation": generation + 1 }),
+            )
+            .await?;
+            takosumi_store::activity::append(
+                &mut *tx,
+                run.workspace_id,
+                "state_version_written",
+                &sv.id.to_string(),
+                &actor,
+                json!({ "capsuleId": capsule_id, "runId": run_id, "generation": generation + 1 }),
+            )
+            .await?;
+            generation + 1
+        }
+        None => {
+            capsules::release_apply(&mut tx, capsule_id, run_id).await?;
+            generation
+        }
+    };
+    runs::clear_plan_object(&mut tx, plan_run_id).await?;
+    bindings::forget_sensitive_vars(&mut *tx, plan_run_id).await?;
+    if req.success {
+        let mut outputs = req.outputs.clone();
+        if !outputs.is_object() {
+            outputs = json!({});
+        }
+        if !runs::record_apply(
+            &mut tx,
+            run_id,
+            &claim,
+            &outputs,
+            sv.as_ref().map(|(s, _)| s.id),
+            new_generation,
+        )
+        .await?
+        {
+            return Err(ApiError::conflict(
+                "not_your_claim",
+                "the lease was lost while applying",
+            ));
+        }
+        events::append(
+            &mut *tx,
+            run_id,
+            "applied",
+            &actor,
+            json!({ "generation": new_generation, "pool": caller.0.name }),
+        )
+        .await?;
+    } else {
+        let message = if sv.is_some() {
+            "apply failed after changing state; a new StateVersion was recorded. Check the logs and the provider side before planning again"
+        } else {
+            "apply failed; check the run's logs, then plan again"
+        };
+        pools::fail_with_code(&mut tx, run_id, Some(&claim), "apply_failed", message).await?;
+        if let Some((s, _)) = &sv {
+            runs::set_state_version(&mut tx, run_id, s.id).await?;
+        }
+        events::append(
+            &mut *tx,
+            run_id,
+            "failed",
+            &actor,
+            json!({ "code": "apply_failed", "exitCode": req.exit_code }),
+        )
+        .await?;
+    }
+    if let Some(next) = runs::next_waiting_apply(&mut tx, capsule_id).await? {
+        outbox::enqueue(&mut tx, Topic::Apply, next).await?;
+    }
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    // The plan file is a secret: once its apply ends, the sealed copies go too.
+    if let Some(k) = &plan_run.plan_object_key {
+        let _ = st.objects.delete(k).await;
+    }
+    if let Ok(Some((_, Some(show_key), _, _))) =
+        takosumi_store::gates::gate_fields(&st.pool, plan_run_id).await
+    {
+        let _ = st.objects.delete(&show_key).await;
+    }
+    Ok(Json(
+        json!({ "runId": run_id, "status": if req.success { "applied" } else { "failed" }, "stateGeneration": new_generation }),
+    ))
+}
+
+/// Fails a just-proposed Apply Run `pool_has_no_delivery_key` when its Capsule runs on a
+/// pool with no delivery key (the saved plan could never be delivered). `true`: it failed.
+pub(crate) async fn fail_if_pool_has_no_key(
+    tx: &mut takosumi_store::Tx,
+    run_id: RunId,
+    capsule_id: CapsuleId,
+) -> Result<bool, ApiError> {
+    let Some(pool) = pools::of_capsule(&mut **tx, capsule_id).await? else {
+        return Ok(false);
+    };
+    if pool.delivery_key_id.is_some() {
+        return Ok(false);
+    }
+    let message = format!(
+        "worker pool {:?} has no delivery key, so the saved plan cannot be delivered to it and a gated apply cannot run there; register a delivery key (POST /api/v1/pools/{}/delivery-key) and propose the apply again, or run the Capsule on a queue the control node executes (PUT /api/v1/capsules/{capsule_id}/pool {{\"pool\": null}})",
+        pool.name, pool.name
+    );
+    pools::fail_with_code(tx, run_id, None, "pool_has_no_delivery_key", &message).await?;
+    events::append(
+        &mut **tx,
+        run_id,
+        "failed",
+        "system:relay",
+        json!({ "code": "pool_has_no_delivery_key", "message": message }),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// The worker stopped the tool because a cancel was requested (`progress` said so): the
+/// Run ends `canceled` with who asked, as on the control node. An apply lets go of its
+/// Capsule and wakes the next waiting apply. Only a requested cancel can end this way.
+async fn canceled(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
+    let mut tx = st.pool.begin().await?;
+    let Some(done) = takosumi_store::records::cancel_claimed(&mut tx, run.id, &claim).await? else {
+        return Err(ApiError::conflict(
+            "no_cancel_requested",
+            format!("no cancel of {} was requested", run.id),
+        ));
+    };
+    if run.kind == RunKind::Apply {
+        capsules::release_apply(&mut tx, run.capsule_id, run.id).await?;
+        if let Some(next) = runs::next_waiting_apply(&mut tx, run.capsule_id).await? {
+            outbox::enqueue(&mut tx, Topic::Apply, next).await?;
+        }
+    }
+    let actor = format!("handler:{claim}");
+    events::append(
+        &mut *tx,
+        run.id,
+        "canceled",
+        &actor,
+        json!({ "canceledBy": done.by, "whileRunning": true, "pool": caller.0.name }),
+    )
+    .await?;
+    takosumi_store::activity::append(
+        &mut *tx,
+        done.workspace_id,
+        "run_canceled",
+        &run.id.to_string(),
+        &done.by,
+        json!({ "whileRunning": true }),
+    )
+    .await?;
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    Ok(Json(json!({ "runId": run.id, "status": "canceled" })))
+}

@@ -1,0 +1,210 @@
+//! The gate's decision on a one-step Apply Run (one with no plan: the API found no rule
+//! covering it). The rules are read again here, at the decision, with their versions: if
+//! none covers the apply it is released to run `apply -auto-approve`, recorded as a one-step
+//! release; if a rule now covers it (set after the submission), it fails without running
+//! anything and says to submit it again, when it is planned first. It is never held: a
+//! hold needs a saved plan for its approval to bind.
+
+use serde_json::json;
+use takosumi_core::{ActorKind, FailureCode, Outcome, StepError, Topic};
+use takosumi_policy::RuleSet;
+use takosumi_runtime::Ctx;
+use takosumi_runtime::step::store_err;
+use takosumi_store::{events, gates, outbox, runs};
+
+/// The Capsule's rules over its Workspace's, and the versions they came from.
+pub(crate) async fn effective_rules(
+    ctx: &Ctx,
+    run: &runs::Run,
+) -> Result<(RuleSet, serde_json::Value), StepError> {
+    let ws_rules = gates::current_rules(&ctx.pool, run.workspace_id, None)
+        .await
+        .map_err(store_err)?;
+    let cap_rules = gates::current_rules(&ctx.pool, run.workspace_id, Some(run.capsule_id))
+        .await
+        .map_err(store_err)?;
+    let parse = |s: &Option<gates::StoredRules>| -> Result<RuleSet, StepError> {
+        match s {
+            None => Ok(RuleSet::default()),
+            Some(s) => serde_json::from_value(s.rules.clone()).map_err(StepError::internal),
+        }
+    };
+    let rules = parse(&cap_rules)?.over(&parse(&ws_rules)?);
+    let versions = json!({
+        "workspace": ws_rules.as_ref().map(|r| r.version),
+        "capsule": cap_rules.as_ref().map(|r| r.version),
+    });
+    Ok((rules, versions))
+}
+
+pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Outcome, StepError> {
+    let run_id = run.id;
+    let (rules, versions) = effective_rules(ctx, run).await?;
+    let (require_approval, _, _, _) = gates::gate_fields(&ctx.pool, run_id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?;
+    let mut agent = run.actor_kind == ActorKind::Agent;
+    if agent {
+        let name = gates::token_name(&ctx.pool, &run.actor_id)
+            .await
+            .map_err(store_err)?;
+        agent = !name.is_some_and(|n| rules.agent_exemptions.contains(&n));
+    }
+    let mut covered_by: Vec<&str> = rules.covering_rules();
+    if require_approval {
+        covered_by.push("require_approval");
+    }
+    if agent {
+        covered_by.push("agent_run");
+    }
+    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    if covered_by.is_empty() {
+        if !runs::record_gate_release(&mut tx, run_id)
+            .await
+            .map_err(store_err)?
+        {
+            return Ok(Outcome::Skipped("decided by another handler"));
+        }
+        events::append(
+            &mut *tx,
+            run_id,
+            "gate_decision",
+            actor,
+            json!({ "decision": "released", "oneStep": true, "rules": [], "ruleVersions": versions,
+                    "reason": "no rule covers this apply: it runs apply -auto-approve, with nothing saved in between" }),
+        )
+        .await
+        .map_err(store_err)?;
+        outbox::enqueue(&mut tx, Topic::Apply, run_id)
+            .await
+            .map_err(store_err)?;
+    } else {
+        let message = format!(
+            "a rule now covers applies of this Capsule ({}), so it cannot run in one step; nothing was applied. Submit the apply again: it is planned first and the rules decide on the saved plan",
+            covered_by.join(", ")
+        );
+        if !runs::fail(&mut tx, run_id, None, FailureCode::StalePlan, &message)
+            .await
+            .map_err(store_err)?
+        {
+            return Ok(Outcome::Skipped("decided by another handler"));
+        }
+        events::append(
+            &mut *tx,
+            run_id,
+            "gate_decision",
+            actor,
+            json!({ "decision": "refused", "oneStep": true, "coveredBy": covered_by, "ruleVersions": versions }),
+        )
+        .await
+        .map_err(store_err)?;
+    }
+    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    ctx.relay_wake.notify_one();
+    Ok(Outcome::Done)
+}
+
+/// A plan an apply submission started (a rule covered the apply, so it was planned first
+/// with `-out`): once planned, it proposes its Apply Run, pinned to the saved plan, by the
+/// same actor (so an agent's proposal is held again and a requester cannot approve their
+/// own), carrying the submission's `requireApproval`; the gate then decides on that Apply
+/// Run like on any other. Happens once: the plan's mode moves to `proposed_apply` in the
+/// same transaction.
+pub(crate) async fn propose_apply(
+    ctx: &Ctx,
+    run: &runs::Run,
+    actor: &str,
+) -> Result<Outcome, StepError> {
+    use takosumi_store::{activity, apply_modes};
+    let run_id = run.id;
+    let (require_approval, _, _, _) = gates::gate_fields(&ctx.pool, run_id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?;
+    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    if !apply_modes::mark_proposed(&mut tx, run_id)
+        .await
+        .map_err(store_err)?
+    {
+        return Ok(Outcome::Skipped("the apply was already proposed"));
+    }
+    if run.gate_decision.is_none() {
+        runs::record_gate_release(&mut tx, run_id)
+            .await
+            .map_err(store_err)?;
+    }
+    events::append(
+        &mut *tx,
+        run_id,
+        "gate_decision",
+        actor,
+        json!({ "decision": "recorded", "reason": "an apply submission a rule covers was planned first; its Apply Run carries out this saved plan and is gated" }),
+    )
+    .await
+    .map_err(store_err)?;
+    if run.plan_object_key.is_some() {
+        let new = runs::NewRun {
+            kind: takosumi_core::RunKind::Apply,
+            workspace_id: run.workspace_id,
+            capsule_id: run.capsule_id,
+            run_group_id: run.run_group_id,
+            plan_run_id: Some(run_id),
+            actor_kind: run.actor_kind,
+            actor_id: run.actor_id.clone(),
+            auto_apply_requested: false,
+            idempotency_key: None,
+        };
+        let apply_id = runs::insert(&mut tx, &new).await.map_err(store_err)?;
+        if require_approval {
+            gates::set_require_approval(&mut tx, apply_id)
+                .await
+                .map_err(store_err)?;
+        }
+        events::append(
+            &mut *tx,
+            apply_id,
+            "queued",
+            actor,
+            json!({ "kind": "apply", "planRunId": run_id, "planDigest": run.plan_digest, "proposedBy": "apply_submission" }),
+        )
+        .await
+        .map_err(store_err)?;
+        activity::append(
+            &mut *tx,
+            run.workspace_id,
+            "run_started",
+            &apply_id.to_string(),
+            actor,
+            json!({ "kind": "apply", "planRunId": run_id }),
+        )
+        .await
+        .map_err(store_err)?;
+        outbox::enqueue(&mut tx, Topic::Gate, apply_id)
+            .await
+            .map_err(store_err)?;
+    }
+    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    ctx.relay_wake.notify_one();
+    Ok(Outcome::Done)
+}
+
+/// The cost estimate of a plan, from the resource summary the plan step kept (never the
+/// sealed plan) and the process's price catalogue. `None`: the plan kept no summary.
+pub(crate) async fn cost_estimate(
+    ctx: &Ctx,
+    plan_run_id: takosumi_core::RunId,
+) -> Result<Option<takosumi_core::cost::CostEstimate>, StepError> {
+    let Some(summary) = takosumi_store::records::resource_changes(&ctx.pool, plan_run_id)
+        .await
+        .map_err(store_err)?
+    else {
+        return Ok(None);
+    };
+    let resources: takosumi_core::cost::PlanResources =
+        serde_json::from_value(summary).map_err(StepError::internal)?;
+    Ok(Some(takosumi_core::cost::estimate(
+        &ctx.pricing,
+        &resources,
+    )))
+}

@@ -1,0 +1,134 @@
+//! `exclude_dry_run`: whether a plan (a dry run) plans freely under the approval rule.
+//! A plan runs provider code and reads every data source with the run's credentials, so
+//! its exemption is subject to the dry-run scan made just before: a plan whose
+//! configuration declares an `external`, `aws_lambda_invocation` or writing `http` data
+//! source, or that could not be read in full, is held as the real run it may be, before
+//! `init` and `plan` run anything, naming each finding by address; the approver sees the
+//! scan report in `hold.details`. With `excludeDryRun: false` the approval rule holds
+//! every plan. Once a person releases it, the plan runs on the commit they were shown; if
+//! the branch moved meanwhile it fails and says to plan again.
+
+use serde_json::json;
+use takosumi_core::{FailureCode, Outcome, RunKind};
+use takosumi_policy::RuleSet;
+use takosumi_policy::scan::ScanReport;
+use takosumi_runtime::Ctx;
+use takosumi_runtime::step::store_err;
+use takosumi_store::{activity, dry_runs, events, gates, runs};
+
+use crate::PlanError;
+
+pub(crate) async fn check(
+    ctx: &Ctx,
+    run: &runs::Run,
+    report: &ScanReport,
+    commit: &str,
+) -> Result<Option<Outcome>, PlanError> {
+    // Drift checks are the sweep's, and take their own path (drift step).
+    if !matches!(run.kind, RunKind::Plan | RunKind::Destroy) {
+        return Ok(None);
+    }
+    if run.gate_decision.as_deref() == Some("released") {
+        // A person released it before it planned: it runs the commit they were shown.
+        let shown = run
+            .hold_details
+            .as_ref()
+            .and_then(|d| d.get("commit"))
+            .and_then(|c| c.as_str());
+        if let Some(shown) = shown
+            && shown != commit
+        {
+            return Err(PlanError::Fail(
+                FailureCode::SourceChanged,
+                format!(
+                    "the branch moved from {shown} to {commit} after this plan was released; nothing was planned. Plan again, and the new commit is scanned and decided afresh"
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    let ws = gates::current_rules(&ctx.pool, run.workspace_id, None)
+        .await
+        .map_err(store_err)?;
+    let cap = gates::current_rules(&ctx.pool, run.workspace_id, Some(run.capsule_id))
+        .await
+        .map_err(store_err)?;
+    let parse = |s: &Option<gates::StoredRules>| -> RuleSet {
+        s.as_ref()
+            .and_then(|s| serde_json::from_value(s.rules.clone()).ok())
+            .unwrap_or_default()
+    };
+    let rules = parse(&cap).over(&parse(&ws));
+    let Some(reason) = rules.dry_run_hold(report.is_clean()) else {
+        return Ok(None);
+    };
+    let Some(approval) = &rules.approval else {
+        return Ok(None);
+    };
+    let findings: Vec<String> = report
+        .findings
+        .iter()
+        .map(ToString::to_string)
+        .chain(report.unreadable.iter().map(ToString::to_string))
+        .collect();
+    let why = if reason == "dry_run_scan" {
+        "the approval rule exempts plans (excludeDryRun) only when the dry-run scan finds nothing that acts when planned; this one is held as the real run it may be"
+    } else {
+        "the approval rule covers plans too (excludeDryRun: false)"
+    };
+    let details = json!({
+        "reasons": [reason],
+        "stage": "before_plan",
+        "dryRun": true,
+        "message": why,
+        "findings": findings,
+        "dryRunScan": report.to_json(),
+        "commit": commit,
+        "approvalRule": { "required": approval.required, "approverRoles": approval.approver_roles },
+        "excludeDryRun": rules.exclude_dry_run,
+        "ruleVersions": {
+            "workspace": ws.as_ref().map(|r| r.version),
+            "capsule": cap.as_ref().map(|r| r.version),
+        },
+    });
+    let required = i32::try_from(approval.required.max(1)).unwrap_or(1);
+    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    if !dry_runs::hold_claimed(
+        &mut tx,
+        run.id,
+        &ctx.owner,
+        reason,
+        &details,
+        required,
+        &approval.approver_roles,
+    )
+    .await
+    .map_err(store_err)?
+    {
+        return Ok(Some(Outcome::Skipped(
+            "lease lost before the hold; the reaper re-queued the run",
+        )));
+    }
+    let actor = format!("handler:{}", ctx.owner);
+    events::append(
+        &mut *tx,
+        run.id,
+        "held",
+        &actor,
+        json!({ "reason": reason, "stage": "before_plan", "findings": details["findings"], "commit": commit }),
+    )
+    .await
+    .map_err(store_err)?;
+    activity::append(
+        &mut *tx,
+        run.workspace_id,
+        "run_held",
+        &run.id.to_string(),
+        &actor,
+        json!({ "reason": reason }),
+    )
+    .await
+    .map_err(store_err)?;
+    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    Ok(Some(Outcome::Done))
+}

@@ -1,0 +1,806 @@
+//! The relay worker (issue 8): runs a worker pool's plans, drift checks and gated applies
+//! on the team's own machine, next to its clouds, and reaches the control plane **only**
+//! through the API, authenticated with the pool token. It has no database URL and no
+//! object-store credentials: it claims its pool's next job over HTTP, checks the source
+//! out itself (the repository is the team's; only its URL, branch and pinned commit come
+//! from the job), opens what the job carries sealed to the pool's delivery key (the state,
+//! credentials, sensitive variables, and for an apply the saved plan file) with the
+//! private key only its machine holds, runs the real tool through `takosumi-runner`,
+//! streams masked logs and events back, and hands back results: a plan's saved plan file
+//! (the control node seals it with the server key) and `show -json`; an apply's new state
+//! (the control node seals it and moves the generation with its compare-and-set).
+//!
+//! It must never log a secret, and never send one anywhere but the endpoint it belongs to.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+use takosumi_core::Secret;
+use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, ToolOutput, Workdir};
+use takosumi_seal::Purpose;
+use takosumi_seal::delivery::{DeliveryKeyPair, open_with_any};
+use tokio_util::sync::CancellationToken;
+use zeroize::Zeroize;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// What a relay worker is configured with.
+#[derive(Debug)]
+pub struct RelaySettings {
+    /// The API's base URL (`TAKOSUMI_DEPLOY_CONTROL_URL`).
+    pub api_url: String,
+    /// The pool token (`TAKOSUMI_POOL_TOKEN`).
+    pub token: Secret<String>,
+    /// The delivery key pairs this worker holds, current first (`TAKOSUMI_DELIVERY_KEYS`:
+    /// `id=<base64 private key>[,id=<…>]`).
+    pub keys: Vec<DeliveryKeyPair>,
+    /// Runs the tool (`TAKOSUMI_TERRAFORM_BIN`, `TAKOSUMI_TOFU_BIN`,
+    /// `TAKOSUMI_TF_CLI_CONFIG`, `TAKOSUMI_WORK_DIR`).
+    pub runner: Runner,
+}
+
+impl RelaySettings {
+    /// Reads the process environment. Refuses to start with a database URL or object-store
+    /// credentials in it: a relay worker must not need them, and must not hold them.
+    pub fn from_env() -> anyhow::Result<Self> {
+        for forbidden in [
+            "TAKOSUMI_DATABASE_URL",
+            "TAKOSUMI_S3_SECRET_KEY",
+            "TAKOSUMI_S3_ACCESS_KEY",
+            "TAKOSUMI_SEAL_KEY",
+        ] {
+            anyhow::ensure!(
+                std::env::var_os(forbidden).is_none(),
+                "{forbidden} is set: a relay worker talks only to the API; unset it"
+            );
+        }
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let api_url = get("TAKOSUMI_DEPLOY_CONTROL_URL")
+            .ok_or_else(|| anyhow::anyhow!("TAKOSUMI_DEPLOY_CONTROL_URL is not set"))?;
+        let token = Secret::new(
+            get("TAKOSUMI_POOL_TOKEN")
+                .ok_or_else(|| anyhow::anyhow!("TAKOSUMI_POOL_TOKEN is not set"))?,
+        );
+        let keys = match get("TAKOSUMI_DELIVERY_KEYS") {
+            None => Vec::new(),
+            Some(mut text) => {
+                let parsed = parse_keys(&text);
+                text.zeroize();
+                parsed?
+            }
+        };
+        let work = get("TAKOSUMI_WORK_DIR")
+            .ok_or_else(|| anyhow::anyhow!("TAKOSUMI_WORK_DIR is not set"))?;
+        let runner = Runner::new(takosumi_runner::RunnerConfig {
+            terraform_bin: get("TAKOSUMI_TERRAFORM_BIN")
+                .unwrap_or_else(|| "terraform".into())
+                .into(),
+            tofu_bin: get("TAKOSUMI_TOFU_BIN").map(Into::into),
+            cli_config_file: get("TAKOSUMI_TF_CLI_CONFIG").map(Into::into),
+            work_root: work.into(),
+            git_bin: "git".into(),
+        });
+        Ok(Self {
+            api_url: api_url.trim_end_matches('/').to_owned(),
+            token,
+            keys,
+            runner,
+        })
+    }
+}
+
+/// Parses `id=<base64 private key>[,id=<…>]`. Errors name the key id, never the key.
+pub fn parse_keys(text: &str) -> anyhow::Result<Vec<DeliveryKeyPair>> {
+    let mut keys = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, b64) = part
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("TAKOSUMI_DELIVERY_KEYS entries are id=<base64>"))?;
+        let mut raw = B64
+            .decode(b64.trim())
+            .map_err(|_| anyhow::anyhow!("delivery key {id:?} is not base64"))?;
+        let pair = DeliveryKeyPair::from_private(id.trim(), &raw);
+        raw.zeroize();
+        keys.push(pair.map_err(|e| anyhow::anyhow!("delivery key {id:?}: {e}"))?);
+    }
+    Ok(keys)
+}
+
+/// The API, as a pool sees it.
+#[derive(Clone)]
+pub struct Api {
+    http: reqwest::Client,
+    base: String,
+    token: Secret<String>,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Api").field("base", &self.base).finish()
+    }
+}
+
+/// An API answer that is not a success: the status and the `{code, message}` body.
+#[derive(Debug, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+pub struct ApiRefusal {
+    /// HTTP status.
+    pub status: u16,
+    /// The stable code.
+    pub code: String,
+    /// The message.
+    pub message: String,
+}
+
+impl Api {
+    /// A client for `base` with the pool token.
+    pub fn new(base: &str, token: Secret<String>) -> anyhow::Result<Self> {
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()?,
+            base: base.trim_end_matches('/').to_owned(),
+            token,
+        })
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let resp = req.bearer_auth(self.token.expose()).send().await?;
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        if status.is_success() {
+            return Ok(body);
+        }
+        Err(ApiRefusal {
+            status: status.as_u16(),
+            code: body["code"].as_str().unwrap_or("unknown").to_owned(),
+            message: body["message"].as_str().unwrap_or_default().to_owned(),
+        }
+        .into())
+    }
+
+    /// Claims the pool's next job, waiting up to `wait_secs` for one.
+    pub async fn claim(&self, key_ids: &[String], wait_secs: u64) -> anyhow::Result<Option<Value>> {
+        let body = self
+            .send(
+                self.http
+                    .post(format!("{}/api/v1/relay/claim", self.base))
+                    .json(&json!({ "deliveryKeyIds": key_ids, "waitSecs": wait_secs })),
+            )
+            .await?;
+        Ok(Some(body["job"].clone()).filter(|j| !j.is_null()))
+    }
+
+    fn run_url(&self, run: &str, what: &str) -> String {
+        format!("{}/api/v1/relay/runs/{run}/{what}", self.base)
+    }
+
+    /// Posts JSON to a Run's relay endpoint under `claim`.
+    pub async fn post(
+        &self,
+        run: &str,
+        claim: &str,
+        what: &str,
+        body: &Value,
+    ) -> anyhow::Result<Value> {
+        self.send(
+            self.http
+                .post(self.run_url(run, what))
+                .header("x-takosumi-claim", claim)
+                .json(body),
+        )
+        .await
+    }
+
+    /// Uploads the saved plan file; over `max` only its size is sent (the control node
+    /// refuses it and fails the Run with the size and the limit).
+    pub async fn put_plan(
+        &self,
+        run: &str,
+        claim: &str,
+        bytes: Vec<u8>,
+        max: u64,
+    ) -> anyhow::Result<Value> {
+        let size = bytes.len() as u64;
+        let req = self
+            .http
+            .put(self.run_url(run, "plan-file"))
+            .header("x-takosumi-claim", claim)
+            .header("x-takosumi-plan-size", size.to_string())
+            .header("content-type", "application/octet-stream");
+        let req = if size > max {
+            req.body(Vec::new())
+        } else {
+            req.body(bytes)
+        };
+        self.send(req).await
+    }
+}
+
+/// Why a job ended without a result: the code and message the Run fails with.
+#[derive(Debug)]
+struct JobFailure {
+    code: &'static str,
+    message: String,
+}
+
+fn failure(code: &'static str, message: impl Into<String>) -> JobFailure {
+    JobFailure {
+        code,
+        message: message.into(),
+    }
+}
+
+fn tool_failure(e: RunnerError, what: &str) -> JobFailure {
+    let code = match e.failure_code() {
+        Some(c) => match c.as_str() {
+            "checkout_failed" => "checkout_failed",
+            "init_failed" => "init_failed",
+            "plan_failed" => "plan_failed",
+            "apply_failed" => "apply_failed",
+            "source_changed" => "source_changed",
+            "credential_failed" => "credential_failed",
+            "lockfile_too_large" => "lockfile_too_large",
+            _ => "invalid_configuration",
+        },
+        None => "plan_failed",
+    };
+    failure(code, format!("{what}: {e}; see the run's logs"))
+}
+
+/// One claimed job being worked on.
+struct Job<'a> {
+    api: &'a Api,
+    run: String,
+    claim: String,
+}
+
+impl Job<'_> {
+    async fn event(&self, kind: &str, data: Value) {
+        let body = json!({ "events": [{ "kind": kind, "data": data }] });
+        if let Err(e) = self
+            .api
+            .post(&self.run, &self.claim, "progress", &body)
+            .await
+        {
+            tracing::warn!(run = %self.run, error = %e, "could not send an event");
+        }
+    }
+
+    async fn log(&self, step: &str, masker: &Masker, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let body = json!({ "logs": [{ "step": step, "text": masker.mask(text) }] });
+        if let Err(e) = self
+            .api
+            .post(&self.run, &self.claim, "progress", &body)
+            .await
+        {
+            tracing::warn!(run = %self.run, error = %e, "could not send a log");
+        }
+    }
+
+    async fn log_result(&self, step: &str, masker: &Masker, r: &Result<ToolOutput, RunnerError>) {
+        match r {
+            Ok(out) => self.log(step, masker, &out.output).await,
+            Err(RunnerError::ToolFailed { output, .. }) => self.log(step, masker, output).await,
+            Err(_) => {}
+        }
+    }
+
+    /// Renews the lease until aborted (every call to `progress` renews it); `lost` fires
+    /// when the control node says the claim is no longer this worker's (the tool is
+    /// interrupted then too), `cancel` when someone asked to cancel the Run.
+    fn keep_lease(
+        &self,
+        every: Duration,
+        cancel: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let (api, run, claim, token) = (
+            self.api.clone(),
+            self.run.clone(),
+            self.claim.clone(),
+            cancel,
+        );
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match api.post(&run, &claim, "progress", &json!({})).await {
+                    Ok(v) if v["leaseRenewed"] == json!(false) => {
+                        token.cancel();
+                        return;
+                    }
+                    Ok(v) if v["cancelRequested"] == json!(true) => {
+                        tracing::info!(%run, "cancel requested: interrupting the tool");
+                        token.cancel();
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        if e.downcast_ref::<ApiRefusal>().is_some() {
+                            token.cancel();
+                            return;
+                        }
+                        tracing::warn!(%run, error = %e, "lease renewal failed; will retry");
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Runs jobs until `shutdown`. Each claim long-polls; a broken connection backs off.
+pub async fn run(settings: RelaySettings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let api = Api::new(&settings.api_url, settings.token.clone())?;
+    let key_ids: Vec<String> = settings
+        .keys
+        .iter()
+        .map(|k| k.key_id().to_owned())
+        .collect();
+    let mut backoff = Duration::from_millis(250);
+    while !shutdown.is_cancelled() {
+        let claimed = tokio::select! {
+            c = api.claim(&key_ids, 5) => c,
+            () = shutdown.cancelled() => break,
+        };
+        match claimed {
+            Ok(Some(job)) => {
+                backoff = Duration::from_millis(250);
+                let run = job["runId"].as_str().unwrap_or_default().to_owned();
+                tracing::info!(%run, kind = %job["kind"], "claimed a job");
+                if let Err(e) = work(&api, &settings, &job).await {
+                    tracing::error!(%run, error = %e, "job ended with an error");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "claim failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Works one claimed job to its end: a result or a failure reported to the control node.
+pub async fn work(api: &Api, settings: &RelaySettings, job: &Value) -> anyhow::Result<()> {
+    let job_ref = Job {
+        api,
+        run: job["runId"].as_str().unwrap_or_default().to_owned(),
+        claim: job["claim"].as_str().unwrap_or_default().to_owned(),
+    };
+    // Every 2 s: renews the lease (60 s) and notices a cancel request about as fast as the
+    // control node's own handlers do (1 s).
+    let cancel = CancellationToken::new();
+    let keeper = job_ref.keep_lease(Duration::from_secs(2), cancel.clone());
+    let runner = settings.runner.interruptible(cancel.clone());
+    let wd = runner.workdir(&job_ref.run)?;
+    let result = if job["kind"] == json!("apply") {
+        apply(&job_ref, settings, &runner, job, &wd).await
+    } else {
+        plan(&job_ref, settings, &runner, job, &wd).await
+    };
+    keeper.abort();
+    let _ = wd.close();
+    if cancel.is_cancelled() && result.is_err() {
+        // The tool was interrupted (or never started): the Run ends `canceled` if a cancel
+        // was requested; a lost claim answers `not_your_claim` and there is nothing to do.
+        match api
+            .post(&job_ref.run, &job_ref.claim, "canceled", &json!({}))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(run = %job_ref.run, "job canceled");
+                return Ok(());
+            }
+            Err(e) => tracing::info!(run = %job_ref.run, error = %e, "not ended as canceled"),
+        }
+    }
+    match result {
+        Ok(()) => Ok(()),
+        Err(f) => {
+            tracing::info!(run = %job_ref.run, code = f.code, "job failed");
+            api.post(
+                &job_ref.run,
+                &job_ref.claim,
+                "fail",
+                &json!({ "code": f.code, "message": f.message }),
+            )
+            .await?;
+            Ok(())
+        }
+    }
+}
+
+/// Opens a base64 delivery envelope of the job with this worker's keys. A plan (or state,
+/// or credentials) sealed to a key the worker does not hold fails the Run with
+/// `delivery_key_unopenable`: never silently.
+fn open(
+    settings: &RelaySettings,
+    job: &Value,
+    field: &str,
+    purpose: Purpose,
+) -> Result<Option<Vec<u8>>, JobFailure> {
+    let Some(b64) = job[field].as_str() else {
+        return Ok(None);
+    };
+    let run = job["runId"].as_str().unwrap_or_default();
+    let sealed = B64.decode(b64).map_err(|_| {
+        failure(
+            "delivery_key_unopenable",
+            format!("the job's {field} is not base64"),
+        )
+    })?;
+    open_with_any(&settings.keys, purpose, run, &sealed)
+        .map(Some)
+        .map_err(|e| {
+            failure(
+                "delivery_key_unopenable",
+                format!("the job's {field} does not open on this worker ({e}); load the pool's current delivery key, then submit the run again"),
+            )
+        })
+}
+
+/// The tool environment: the job's variables, and the secrets it delivered sealed.
+fn tool_env(settings: &RelaySettings, job: &Value) -> Result<ToolEnv, JobFailure> {
+    let vars: Map<String, Value> = job["vars"].as_object().cloned().unwrap_or_default();
+    let mut env = ToolEnv::new()
+        .with_variables(&vars)
+        .map_err(|e| failure("invalid_configuration", e.to_string()))?;
+    if let Some(mut plain) = open(settings, job, "secrets", Purpose::Credential)? {
+        let parsed: Result<Value, _> = serde_json::from_slice(&plain);
+        plain.zeroize();
+        let secrets = parsed.map_err(|_| {
+            failure(
+                "credential_failed",
+                "the delivered credentials are not readable",
+            )
+        })?;
+        if let Some(sv) = secrets["sensitiveVars"].as_object() {
+            env = env
+                .with_sensitive_variables(sv)
+                .map_err(|e| failure("invalid_configuration", e.to_string()))?;
+        }
+        if let Some(vals) = secrets["env"].as_object() {
+            for (k, v) in vals {
+                env =
+                    env.with_secret_env(k, Secret::new(v.as_str().unwrap_or_default().to_owned()));
+            }
+        }
+    }
+    Ok(env)
+}
+
+fn tool_of(job: &Value) -> Result<Tool, JobFailure> {
+    job["tool"]
+        .as_str()
+        .unwrap_or_default()
+        .parse()
+        .map_err(|e: RunnerError| failure("invalid_configuration", e.to_string()))
+}
+
+fn internal(e: impl std::fmt::Display) -> JobFailure {
+    failure("plan_failed", format!("the relay worker failed: {e}"))
+}
+
+async fn plan(
+    job: &Job<'_>,
+    settings: &RelaySettings,
+    runner: &Runner,
+    spec: &Value,
+    wd: &Workdir,
+) -> Result<(), JobFailure> {
+    let tool = tool_of(spec)?;
+    let src = &spec["source"];
+    let (repo, branch, dir) = (
+        src["repo"].as_str().unwrap_or_default(),
+        src["branch"].as_str().unwrap_or_default(),
+        src["dir"].as_str().unwrap_or_default(),
+    );
+    job.event(
+        "checkout_started",
+        json!({ "branch": branch, "commit": src["commit"] }),
+    )
+    .await;
+    let source = runner
+        .checkout(wd, repo, branch, src["commit"].as_str(), dir)
+        .await
+        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
+    job.event(
+        "checked_out",
+        json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
+    )
+    .await;
+    if let Some(mut state) = open(settings, spec, "state", Purpose::State)? {
+        runner.restore_state(wd, &state).map_err(internal)?;
+        state.zeroize();
+    }
+    runner.write_backend_override(wd).map_err(internal)?;
+    let env = tool_env(settings, spec)?;
+    let masker = env.masker();
+    let tool_version = runner
+        .version(tool, &env)
+        .await
+        .map_err(|e| tool_failure(e, "reading the tool version"))?;
+    // As on the control node: a configuration that calls no module skips `get`, so a
+    // plan and its apply digest the same (empty) module tree wherever each ran.
+    if takosumi_runner::declares_module_calls(wd.config_dir()) {
+        job.event("tool_started", json!({ "command": "get" })).await;
+        let got = runner.get_modules(wd, tool, &env).await;
+        job.log_result("get", masker, &got).await;
+        got.map_err(|e| tool_failure(e, "downloading modules failed"))?;
+    }
+    let modules_digest = takosumi_runner::module_tree_digest(wd.config_dir()).map_err(internal)?;
+    let modules_dir = wd.config_dir().join(".terraform").join("modules");
+    let report = takosumi_policy::scan::scan_in_checkout(
+        wd.checkout(),
+        wd.config_dir(),
+        modules_dir.is_dir().then_some(modules_dir.as_path()),
+    );
+    let report_json = report.to_json();
+    job.event("dry_run_scan", report_json.clone()).await;
+    if spec["speculative"] == json!(true) && !report.is_clean() {
+        let named: Vec<String> = report
+            .findings
+            .iter()
+            .map(|f| f.address.clone())
+            .chain(report.unreadable.iter().map(|u| u.what.clone()))
+            .collect();
+        return Err(failure(
+            "dry_run_scan_refused",
+            format!(
+                "a pull request's plan is refused rather than run: {} may act when planned or could not be read; review it and plan it from the branch once merged",
+                named.join(", ")
+            ),
+        ));
+    }
+    job.event("tool_started", json!({ "command": "init" }))
+        .await;
+    let init = runner.init_without_get(wd, tool, &env).await;
+    job.log_result("init", masker, &init).await;
+    init.map_err(|e| tool_failure(e, "init failed"))?;
+    let lockfile = match runner.read_lockfile(wd) {
+        Ok(l) => l,
+        Err(e @ RunnerError::LockfileTooLarge { .. }) => {
+            return Err(failure("lockfile_too_large", e.to_string()));
+        }
+        Err(e) => return Err(internal(e)),
+    };
+    let destroy = spec["kind"] == json!("destroy");
+    job.event(
+        "tool_started",
+        json!({ "command": "plan", "destroy": destroy }),
+    )
+    .await;
+    let planned = runner.plan(wd, tool, &env, destroy).await;
+    if planned.is_err() {
+        job.log_result("plan", masker, &planned).await;
+    }
+    let planned = planned.map_err(|e| tool_failure(e, "plan failed"))?;
+    let show = runner.show_json(wd, tool, &env).await;
+    if let Ok(show) = &show {
+        masker.add_plan_sensitive(show);
+    }
+    job.log("plan", masker, &planned.output).await;
+    let show = show.map_err(|e| tool_failure(e, "reading the saved plan"))?;
+    let bytes = runner.read_plan_file(wd).map_err(internal)?;
+    let max = spec["maxPlanBytes"].as_u64().unwrap_or(19 * 1024 * 1024);
+    match job.api.put_plan(&job.run, &job.claim, bytes, max).await {
+        Ok(_) => {}
+        // The control node refused it and failed the Run itself (the size and the limit
+        // are in its message): nothing more to report.
+        Err(e)
+            if e.downcast_ref::<ApiRefusal>()
+                .is_some_and(|r| r.code == "plan_too_large") =>
+        {
+            tracing::info!(run = %job.run, "plan file over the relay limit: refused");
+            let _ = runner.wipe_plan_file(wd);
+            return Ok(());
+        }
+        Err(e) => return Err(internal(e)),
+    }
+    let _ = runner.wipe_plan_file(wd);
+    let body = json!({
+        "sourceCommit": source.commit,
+        "treeDigest": source.tree_digest,
+        "toolVersion": tool_version,
+        "show": show,
+        "lockfile": lockfile.map(|l| B64.encode(l)),
+        "modulesDigest": modules_digest,
+        "scanReport": report_json,
+    });
+    job.api
+        .post(&job.run, &job.claim, "planned", &body)
+        .await
+        .map_err(internal)?;
+    Ok(())
+}
+
+async fn apply(
+    job: &Job<'_>,
+    settings: &RelaySettings,
+    runner: &Runner,
+    spec: &Value,
+    wd: &Workdir,
+) -> Result<(), JobFailure> {
+    let tool = tool_of(spec)?;
+    // The saved plan, sealed to this pool's delivery key; it must hash to the reviewed digest.
+    let mut plan_bytes = open(settings, spec, "plan", Purpose::Plan)?
+        .ok_or_else(|| failure("delivery_key_unopenable", "the job carries no plan file"))?;
+    if sha256_hex(&plan_bytes) != spec["planDigest"].as_str().unwrap_or_default() {
+        plan_bytes.zeroize();
+        return Err(failure(
+            "stale_plan",
+            "the delivered plan does not match the reviewed digest; nothing was applied; plan again",
+        ));
+    }
+    let src = &spec["source"];
+    let commit = src["commit"].as_str().unwrap_or_default();
+    let source = match runner
+        .checkout(
+            wd,
+            src["repo"].as_str().unwrap_or_default(),
+            src["branch"].as_str().unwrap_or_default(),
+            Some(commit),
+            src["dir"].as_str().unwrap_or_default(),
+        )
+        .await
+    {
+        Ok(s) => s,
+        Err(e @ RunnerError::CommitNotFound(_)) => {
+            return Err(failure(
+                "source_changed",
+                format!("{e}; plan again from the current branch"),
+            ));
+        }
+        Err(e) => return Err(tool_failure(e, "checking out the planned commit failed")),
+    };
+    if source.commit != commit || Some(source.tree_digest.as_str()) != src["treeDigest"].as_str() {
+        return Err(failure(
+            "source_changed",
+            "the checked-out source differs from the plan's; plan again",
+        ));
+    }
+    job.event(
+        "pin_checked",
+        json!({ "pin": "sourceSnapshot", "commit": commit }),
+    )
+    .await;
+    let restored = open(settings, spec, "state", Purpose::State)?;
+    if let Some(state) = &restored {
+        runner.restore_state(wd, state).map_err(internal)?;
+    }
+    runner.write_backend_override(wd).map_err(internal)?;
+    let expected_lock = spec["providerLockDigest"].as_str().map(str::to_owned);
+    if let Some(b64) = spec["lockfile"].as_str() {
+        let bytes = B64.decode(b64).map_err(internal)?;
+        std::fs::write(wd.config_dir().join(".terraform.lock.hcl"), bytes).map_err(internal)?;
+    }
+    let env = tool_env(settings, spec)?;
+    let masker = env.masker();
+    let got = if takosumi_runner::declares_module_calls(wd.config_dir()) {
+        job.event("tool_started", json!({ "command": "get" })).await;
+        let got = runner.get_modules(wd, tool, &env).await;
+        job.log_result("get", masker, &got).await;
+        got.map(|_| ())
+    } else {
+        Ok(())
+    };
+    if got.is_err() {
+        return Err(failure(
+            "dependency_changed",
+            "the modules the plan used could not be downloaded again (see the run's logs); nothing was applied; plan again",
+        ));
+    }
+    let modules = takosumi_runner::module_tree_digest(wd.config_dir()).map_err(internal)?;
+    let snapshot =
+        takosumi_runtime::dependencies::dependency_snapshot(&modules, expected_lock.as_deref());
+    if Some(snapshot.as_str()) != spec["dependencySnapshot"].as_str() {
+        return Err(failure(
+            "dependency_changed",
+            "the modules downloaded for this apply differ from the ones the plan used; nothing was applied; plan again",
+        ));
+    }
+    job.event(
+        "pin_checked",
+        json!({ "pin": "dependencySnapshot", "dependencySnapshot": snapshot }),
+    )
+    .await;
+    job.event("tool_started", json!({ "command": "init" }))
+        .await;
+    let init = runner.init_without_get(wd, tool, &env).await;
+    job.log_result("init", masker, &init).await;
+    init.map_err(|e| tool_failure(e, "init failed"))?;
+    let lock_after = runner.read_lockfile(wd).map_err(internal)?;
+    if lock_after.as_deref().map(sha256_hex) != expected_lock {
+        return Err(failure(
+            "lockfile_mismatch",
+            "init changed the provider lockfile the plan recorded; plan again",
+        ));
+    }
+    runner.write_plan_file(wd, &plan_bytes).map_err(internal)?;
+    plan_bytes.zeroize();
+    let show = runner.show_json(wd, tool, &env).await.map_err(|e| {
+        failure("apply_failed", format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"))
+    })?;
+    masker.add_plan_sensitive(&show);
+    drop(show);
+    job.event("tool_started", json!({ "command": "apply" }))
+        .await;
+    let applied = runner.apply(wd, tool, &env).await;
+    let _ = runner.wipe_plan_file(wd);
+    let applied =
+        applied.map_err(|e| failure("apply_failed", format!("the tool could not be run: {e}")))?;
+    job.log("apply", masker, &applied.output).await;
+    if !applied.success() && takosumi_runner::is_stale_plan(&applied) {
+        return Err(failure(
+            "stale_plan",
+            "the tool refused the saved plan as stale (the state changed after the plan); nothing was applied; submit the plan again and apply the new one",
+        ));
+    }
+    let state = runner.read_state(wd).map_err(internal)?;
+    let changed = state.filter(|s| Some(s) != restored.as_ref());
+    let outputs = if applied.success() {
+        match runner.output_json(wd, tool, &env).await {
+            Ok(out) => {
+                let mut public = Value::Object(takosumi_runner::public_outputs(&out));
+                masker.mask_json(&mut public);
+                public
+            }
+            Err(_) => json!({}),
+        }
+    } else {
+        Value::Null
+    };
+    let body = json!({
+        "success": applied.success(),
+        "exitCode": applied.exit_code,
+        "state": changed.map(|s| B64.encode(s)),
+        "outputs": outputs,
+    });
+    job.api
+        .post(&job.run, &job.claim, "applied", &body)
+        .await
+        .map_err(|e| {
+            failure(
+                "apply_failed",
+                format!("the result could not be handed back: {e}"),
+            )
+        })?;
+    Ok(())
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The key list a worker is started with parses, keeps its order (current first), and
+    /// an error names the key id, never the key.
+    #[test]
+    fn delivery_keys_parse_and_errors_hide_the_key() {
+        let a = DeliveryKeyPair::generate("k1").unwrap();
+        let b = DeliveryKeyPair::generate("k0").unwrap();
+        let text = format!(
+            "k1={}, k0={}",
+            B64.encode(&a.private_bytes()[..]),
+            B64.encode(&b.private_bytes()[..])
+        );
+        let keys = parse_keys(&text).unwrap();
+        assert_eq!(
+            keys.iter().map(|k| k.key_id()).collect::<Vec<_>>(),
+            ["k1", "k0"]
+        );
+        assert_eq!(keys[0].public(), a.public());
+        let err = parse_keys("k2=c2VjcmV0LWNhbmFyeQ==")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("k2") && !err.contains("c2VjcmV0"), "{err}");
+    }
+}

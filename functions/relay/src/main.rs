@@ -1,0 +1,77 @@
+//! `takosumi-relay`: a worker pool's relay worker (see the library docs), or `keygen` to
+//! make a delivery key pair.
+
+use base64::Engine as _;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "takosumi-relay",
+    about = "A Takosumi worker pool's relay worker"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Claim and run the pool's jobs until SIGTERM (the default).
+    Run,
+    /// Make a delivery key pair: prints `TAKOSUMI_DELIVERY_KEYS=<id>=<private>` (keep it on
+    /// the worker) and the public key to register with `POST /api/v1/pools/{pool}/delivery-key`.
+    Keygen {
+        /// The key id (letters, digits, `.`, `_`, `-`).
+        #[arg(long)]
+        key_id: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Keygen { key_id } => {
+            let pair = takosumi_seal::delivery::DeliveryKeyPair::generate(&key_id)?;
+            let b64 = base64::engine::general_purpose::STANDARD;
+            println!(
+                "TAKOSUMI_DELIVERY_KEYS={}={}",
+                pair.key_id(),
+                b64.encode(&pair.private_bytes()[..])
+            );
+            println!(
+                "{{\"keyId\": \"{}\", \"publicKey\": \"{}\"}}",
+                pair.key_id(),
+                b64.encode(pair.public().public)
+            );
+        }
+        Command::Run => {
+            let settings = takosumi_relay::RelaySettings::from_env()?;
+            init_telemetry();
+            let shutdown = tokio_util::sync::CancellationToken::new();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                use tokio::signal::unix::{SignalKind, signal};
+                if let Ok(mut term) = signal(SignalKind::terminate()) {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                stop.cancel();
+            });
+            takosumi_relay::run(settings, shutdown).await?;
+        }
+    }
+    Ok(())
+}
+
+fn init_telemetry() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    tracing::info!(service = "relay", "starting");
+}

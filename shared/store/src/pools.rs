@@ -1,0 +1,260 @@
+//! Worker pools (issue 8): named sets of relay workers that execute a Capsule's plans,
+//! drift checks and applies away from the control node. A pool authenticates with its own
+//! token (only the SHA-256 is stored, like API tokens) and receives secrets sealed to its
+//! delivery key; the previous key stays deliverable until its grace ends.
+//!
+//! The queries here are checked at run time (`sqlx::query`), not by the `query!` macros, so
+//! this module adds nothing to the offline query cache.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use takosumi_core::{CapsuleId, RunId, WorkspaceId};
+use uuid::Uuid;
+
+use crate::{StoreError, Tx};
+
+/// A worker pool row (the token hash stays here).
+#[derive(Debug, Clone)]
+pub struct WorkerPool {
+    /// Its id.
+    pub id: Uuid,
+    /// Its name: unique, it names the pool's queues.
+    pub name: String,
+    /// The Workspace whose Capsules may use it.
+    pub workspace_id: WorkspaceId,
+    /// The current delivery key id, if a key was registered.
+    pub delivery_key_id: Option<String>,
+    /// The current delivery public key (32 bytes).
+    pub delivery_public_key: Option<Vec<u8>>,
+    /// The key before the last rotation.
+    pub previous_key_id: Option<String>,
+    /// Its public key.
+    pub previous_public_key: Option<Vec<u8>>,
+    /// Until when the previous key is still delivered to.
+    pub previous_key_until: Option<DateTime<Utc>>,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, name, workspace_id, delivery_key_id, delivery_public_key, previous_key_id, previous_public_key, previous_key_until, created_at";
+
+fn from_row(r: &sqlx::postgres::PgRow) -> Result<WorkerPool, sqlx::Error> {
+    Ok(WorkerPool {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        workspace_id: WorkspaceId::from_uuid(r.try_get("workspace_id")?),
+        delivery_key_id: r.try_get("delivery_key_id")?,
+        delivery_public_key: r.try_get("delivery_public_key")?,
+        previous_key_id: r.try_get("previous_key_id")?,
+        previous_public_key: r.try_get("previous_public_key")?,
+        previous_key_until: r.try_get("previous_key_until")?,
+        created_at: r.try_get("created_at")?,
+    })
+}
+
+/// Creates a pool whose token hashes to `token_hash(token)`.
+pub async fn create(
+    tx: &mut Tx,
+    name: &str,
+    workspace_id: WorkspaceId,
+    token: &str,
+    delivery_key: Option<(&str, &[u8])>,
+) -> Result<WorkerPool, StoreError> {
+    let row = sqlx::query(&format!(
+        "INSERT INTO worker_pools (id, name, workspace_id, token_hash, delivery_key_id, delivery_public_key)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(name)
+    .bind(workspace_id.as_uuid())
+    .bind(crate::tokens::hash_token(token))
+    .bind(delivery_key.map(|k| k.0))
+    .bind(delivery_key.map(|k| k.1))
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(from_row(&row)?)
+}
+
+/// The pool a presented pool token belongs to.
+pub async fn find_by_token(
+    pool: &sqlx::PgPool,
+    token: &str,
+) -> Result<Option<WorkerPool>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM worker_pools WHERE token_hash = $1"
+    ))
+    .bind(crate::tokens::hash_token(token))
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.as_ref().map(from_row).transpose()?)
+}
+
+/// A pool by name.
+pub async fn by_name<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    name: &str,
+) -> Result<Option<WorkerPool>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM worker_pools WHERE name = $1"
+    ))
+    .bind(name)
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.as_ref().map(from_row).transpose()?)
+}
+
+/// The pool a Capsule names, if any.
+pub async fn of_capsule<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    capsule_id: CapsuleId,
+) -> Result<Option<WorkerPool>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {} FROM worker_pools p JOIN capsules c ON c.pool_id = p.id WHERE c.id = $1",
+        COLUMNS
+            .split(", ")
+            .map(|c| format!("p.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+    .bind(capsule_id.as_uuid())
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.as_ref().map(from_row).transpose()?)
+}
+
+/// Rotates the pool's delivery key: the current key becomes the previous one, delivered
+/// to for `grace_secs` more; a pool without a key just gets one. Refuses (`Conflict`) a
+/// key id the pool uses now or used last, so an envelope's key id always names one key.
+pub async fn rotate_delivery_key(
+    tx: &mut Tx,
+    id: Uuid,
+    key_id: &str,
+    public: &[u8],
+    grace_secs: i64,
+) -> Result<WorkerPool, StoreError> {
+    let row = sqlx::query(&format!(
+        "UPDATE worker_pools
+            SET previous_key_id = delivery_key_id, previous_public_key = delivery_public_key,
+                previous_key_until = CASE WHEN delivery_key_id IS NULL THEN NULL
+                                          ELSE now() + make_interval(secs => $4::bigint::double precision) END,
+                delivery_key_id = $2, delivery_public_key = $3, updated_at = now()
+          WHERE id = $1
+            AND delivery_key_id IS DISTINCT FROM $2 AND previous_key_id IS DISTINCT FROM $2
+        RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(key_id)
+    .bind(public)
+    .bind(grace_secs)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match row {
+        Some(r) => Ok(from_row(&r)?),
+        None => Err(StoreError::Conflict(
+            "delivery key id already used by this pool",
+        )),
+    }
+}
+
+/// Sets (or clears) the pool a Capsule's runs execute on.
+pub async fn set_capsule_pool(
+    tx: &mut Tx,
+    capsule_id: CapsuleId,
+    pool_id: Option<Uuid>,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query("UPDATE capsules SET pool_id = $2, updated_at = now() WHERE id = $1")
+        .bind(capsule_id.as_uuid())
+        .bind(pool_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Claims the pool's oldest queued plan, destroy or drift-check Run for a relay worker
+/// (`queued` → `planning` with a lease owned by `owner`). `SKIP LOCKED` and the status
+/// condition let exactly one of several concurrent claimers win each Run.
+pub async fn claim_next_plan(
+    tx: &mut Tx,
+    pool_id: Uuid,
+    owner: &str,
+    lease_secs: i64,
+) -> Result<Option<RunId>, StoreError> {
+    let row = sqlx::query(
+        "UPDATE runs SET status = 'planning', lease_owner = $2,
+                lease_until = now() + make_interval(secs => $3::bigint::double precision),
+                attempts = attempts + 1, updated_at = now()
+          WHERE id = (SELECT r.id FROM runs r JOIN capsules c ON c.id = r.capsule_id
+                       WHERE c.pool_id = $1 AND r.status = 'queued'
+                         AND r.kind IN ('plan', 'destroy', 'drift_check')
+                       ORDER BY r.created_at LIMIT 1 FOR UPDATE OF r SKIP LOCKED)
+            AND status = 'queued'
+        RETURNING id",
+    )
+    .bind(pool_id)
+    .bind(owner)
+    .bind(lease_secs)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.map(|r| RunId::from_uuid(r.get("id"))))
+}
+
+/// The pool's released, queued Apply Runs, oldest first (claimed one by one with
+/// [`crate::runs::claim_apply`], which also takes the Capsule), each with whether it
+/// carries out a saved plan (a one-step apply has none).
+pub async fn released_applies<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    pool_id: Uuid,
+) -> Result<Vec<(RunId, bool)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT r.id, r.plan_run_id IS NOT NULL AS has_plan
+           FROM runs r JOIN capsules c ON c.id = r.capsule_id
+          WHERE c.pool_id = $1 AND r.kind = 'apply' AND r.status = 'queued'
+            AND r.gate_decision = 'released'
+          ORDER BY r.created_at LIMIT 10",
+    )
+    .bind(pool_id)
+    .fetch_all(executor)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (RunId::from_uuid(r.get("id")), r.get("has_plan")))
+        .collect())
+}
+
+/// Ends a Run `failed` with a pool-specific `code` (text: these codes are the relay's,
+/// e.g. `pool_has_no_delivery_key`). With `owner`, only the lease holder may; without,
+/// only a Run no step holds.
+pub async fn fail_with_code(
+    tx: &mut Tx,
+    id: RunId,
+    owner: Option<&str>,
+    code: &str,
+    message: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "UPDATE runs SET status = 'failed', error_code = $3, error_message = $4,
+                lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
+          WHERE id = $1
+            AND CASE WHEN $2::text IS NULL THEN status IN ('queued', 'held')
+                     ELSE status IN ('planning', 'applying') AND lease_owner = $2 END",
+    )
+    .bind(id.as_uuid())
+    .bind(owner)
+    .bind(code)
+    .bind(message)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The lease owner of a Run, if a step holds it.
+pub async fn lease_owner<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: RunId,
+) -> Result<Option<String>, StoreError> {
+    let row = sqlx::query("SELECT lease_owner FROM runs WHERE id = $1")
+        .bind(id.as_uuid())
+        .fetch_optional(executor)
+        .await?;
+    Ok(row.and_then(|r| r.get("lease_owner")))
+}

@@ -1,0 +1,706 @@
+//! End-to-end: worker pools and relay workers (issue 8), through the real API, RabbitMQ,
+//! Postgres, the S3 server and terraform 1.0.3. The relay worker is the real
+//! `takosumi-relay` binary, started as a process whose environment holds no database URL,
+//! no S3 setting and no server key: only the API's URL, its pool token and its delivery
+//! keys. The control node's own plan, gate and apply handlers run beside it the whole time.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Map, Value, json};
+use takosumi_client::{Capsule, NewCapsule, Source};
+use takosumi_core::{RunId, RunStatus};
+use takosumi_seal::delivery::DeliveryKeyPair;
+use takosumi_tests::{GitRepo, Stack, binary};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+const NULL_CONFIG: &str = r#"
+variable "region" { type = string }
+resource "null_resource" "net" {
+  triggers = { region = var.region }
+}
+output "vpc" { value = "vpc-${var.region}" }
+"#;
+
+fn uniq(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+struct Admin<'a> {
+    stack: &'a Stack,
+    http: reqwest::Client,
+}
+
+impl<'a> Admin<'a> {
+    fn new(stack: &'a Stack) -> Self {
+        Self {
+            stack,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> (u16, Value) {
+        let resp = self
+            .http
+            .request(method, format!("{}{path}", self.stack.api_url))
+            .bearer_auth(&self.stack.admin_token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Creates a pool (with the public half of `key`, if any); returns its token.
+    async fn pool(&self, ws: &str, name: &str, key: Option<&DeliveryKeyPair>) -> String {
+        let mut body = json!({ "name": name });
+        if let Some(k) = key {
+            body["deliveryKey"] =
+                json!({ "keyId": k.key_id(), "publicKey": B64.encode(k.public().public) });
+        }
+        let (status, v) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/v1/workspaces/{ws}/pools"),
+                body,
+            )
+            .await;
+        assert_eq!(status, 201, "{v}");
+        assert!(v.get("deliveryPublicKey").is_none());
+        v["token"].as_str().unwrap().to_owned()
+    }
+
+    async fn rotate(&self, pool: &str, key: &DeliveryKeyPair, grace_secs: i64) -> Value {
+        let (status, v) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/v1/pools/{pool}/delivery-key"),
+                json!({ "keyId": key.key_id(), "publicKey": B64.encode(key.public().public), "graceSecs": grace_secs }),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    async fn set_pool(&self, cap: &Capsule, pool: Option<&str>) {
+        let (status, v) = self
+            .call(
+                reqwest::Method::PUT,
+                &format!("/api/v1/capsules/{}/pool", cap.id),
+                json!({ "pool": pool }),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["pool"], json!(pool));
+    }
+}
+
+async fn capsule(stack: &Stack, files: &[(&str, &str)]) -> anyhow::Result<(GitRepo, Capsule)> {
+    let repo = GitRepo::new(files)?;
+    let ws = stack.client.create_workspace(&uniq("ws")).await?;
+    let mut vars = Map::new();
+    vars.insert("region".into(), json!("eu"));
+    let cap = stack
+        .client
+        .create_capsule(
+            ws.id,
+            &NewCapsule {
+                name: "net".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra".into(),
+                tool: "terraform".into(),
+                vars,
+            },
+        )
+        .await?;
+    Ok((repo, cap))
+}
+
+fn keys_env(keys: &[&DeliveryKeyPair]) -> String {
+    keys.iter()
+        .map(|k| format!("{}={}", k.key_id(), B64.encode(&k.private_bytes()[..])))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A relay worker process: the API's URL, the pool token, the delivery keys and the tool.
+/// Nothing else: no database URL, no S3 setting, no server key.
+fn spawn_relay(
+    stack: &Stack,
+    token: &str,
+    keys: &str,
+    work: &Path,
+) -> anyhow::Result<tokio::process::Child> {
+    let env = stack.env_vars();
+    Ok(tokio::process::Command::new(binary("takosumi-relay")?)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info")
+        .env("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url)
+        .env("TAKOSUMI_POOL_TOKEN", token)
+        .env("TAKOSUMI_DELIVERY_KEYS", keys)
+        .env("TAKOSUMI_TERRAFORM_BIN", &env["TAKOSUMI_TERRAFORM_BIN"])
+        .env("TAKOSUMI_TF_CLI_CONFIG", &env["TAKOSUMI_TF_CLI_CONFIG"])
+        .env("TAKOSUMI_WORK_DIR", work)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+async fn claimers(stack: &Stack, run: RunId) -> Vec<String> {
+    stack
+        .client
+        .events(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "claimed")
+        .map(|e| e.actor)
+        .collect()
+}
+
+async fn outbox_topics(stack: &Stack) -> Vec<String> {
+    sqlx::query_scalar::<_, String>("SELECT DISTINCT topic FROM outbox ORDER BY 1")
+        .fetch_all(&stack.ctx.pool)
+        .await
+        .unwrap()
+}
+
+/// A Capsule on a pool is planned and applied by the pool's relay worker process (no
+/// database or S3 settings), never by the control node's handlers running beside it: its
+/// wake-ups go to `run.plan.<pool>` / `run.apply.<pool>`; the plan file the worker hands
+/// back is sealed by the control node; the apply receives it sealed to the pool's delivery
+/// key and hands back the state, which moves the generation 0 → 1; the next plan gets that
+/// state (sealed to the pool) and proposes no change; a drift check runs there as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_worker_plans_and_applies_a_pool_capsule() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let pool = uniq("edge");
+    let token = admin
+        .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
+        .await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    // A credential: delivered sealed to the pool, injected, never shown.
+    let canary = format!("relay-canary-{}", uuid::Uuid::new_v4().simple());
+    let (status, b) = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/workspaces/{}/provider-bindings", cap.workspace_id),
+            json!({ "name": "cloud", "kind": "env", "env": { "CLOUD_SECRET": canary } }),
+        )
+        .await;
+    assert_eq!(status, 201, "{b}");
+    let (status, v) = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/capsules/{}/provider-bindings", cap.id),
+            json!({ "bindingId": b["id"] }),
+        )
+        .await;
+    assert!(status < 300, "{v}");
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+
+    let plan = stack.client.plan(cap.id, None).await?;
+    let plan = stack.wait(plan.id).await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    assert_eq!(plan.changes.map(|c| c.add), Some(1));
+    assert!(
+        plan.injected_env_names.contains(&"CLOUD_SECRET".to_owned()),
+        "{plan:?}"
+    );
+    assert!(
+        plan.provider_lock_digest.clone().flatten().is_some(),
+        "the lockfile crossed the relay"
+    );
+    let by = claimers(&stack, plan.id).await;
+    assert_eq!(by.len(), 1, "{by:?}");
+    assert!(
+        by[0].starts_with(&format!("handler:relay:{pool}:")),
+        "{by:?}"
+    );
+
+    let apply = stack.client.apply(plan.id, None).await?;
+    let apply = stack.wait(apply.id).await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    assert_eq!(apply.outputs, Some(json!({ "vpc": "vpc-eu" })));
+    assert_eq!(apply.state_generation, Some(1));
+    let by = claimers(&stack, apply.id).await;
+    assert!(
+        by.len() == 1 && by[0].starts_with("handler:relay:"),
+        "{by:?}"
+    );
+    let capsule = stack.client.get_capsule(cap.id).await?;
+    assert_eq!(capsule.state_generation, 1);
+    assert_eq!(capsule.current_state_version_id, apply.state_version_id);
+
+    // The next plan sees the applied state: it was delivered to the worker.
+    let again = stack.client.plan(cap.id, None).await?;
+    let again = stack.wait(again.id).await?;
+    assert_eq!(again.status, RunStatus::Planned, "{again:?}");
+    assert_eq!(
+        again.changes.map(|c| (c.add, c.change, c.destroy)),
+        Some((0, 0, 0))
+    );
+    assert_eq!(again.state_generation, Some(1));
+
+    // A drift check runs on the pool too (its wake-up on `run.drift.<pool>`).
+    let check = stack.client.drift_check(cap.id).await?;
+    let check = stack.wait(check.id).await?;
+    assert_eq!(check.status, RunStatus::Planned, "{check:?}");
+    assert_eq!(check.drift, Some(false));
+    let by = claimers(&stack, check.id).await;
+    assert!(
+        by.len() == 1 && by[0].starts_with("handler:relay:"),
+        "{by:?}"
+    );
+    let (_, shown) = admin
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/v1/capsules/{}", cap.id),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(shown["pool"], json!(pool));
+
+    let topics = outbox_topics(&stack).await;
+    assert!(topics.contains(&format!("run.drift.{pool}")), "{topics:?}");
+    assert!(topics.contains(&format!("run.plan.{pool}")), "{topics:?}");
+    assert!(topics.contains(&format!("run.apply.{pool}")), "{topics:?}");
+    assert!(
+        !topics.iter().any(|t| t == "run.plan" || t == "run.apply"),
+        "{topics:?}"
+    );
+    for run in [plan.id, apply.id, again.id, check.id] {
+        let record = serde_json::to_string(&stack.client.get_run(run).await?.extra)?;
+        assert!(!stack.client.logs(run).await?.contains(&canary));
+        assert!(!record.contains(&canary));
+    }
+    // The worker's private directories are gone.
+    let left: Vec<_> = std::fs::read_dir(work.path())?.collect();
+    assert!(left.is_empty(), "{left:?}");
+    worker.kill().await?;
+    stack.stop().await
+}
+
+/// A pool with no delivery key plans (nothing secret crosses), but the apply proposed from
+/// that plan fails at once with `pool_has_no_delivery_key`; the tool never applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_without_a_delivery_key_cannot_run_a_gated_apply() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let pool = uniq("nokey");
+    let token = admin.pool(&cap.workspace_id.to_string(), &pool, None).await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, "", work.path())?;
+
+    let plan = stack.client.plan(cap.id, None).await?;
+    let plan = stack.wait(plan.id).await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let apply = stack.client.apply(plan.id, None).await?;
+    assert_eq!(apply.status, RunStatus::Failed, "failed at once: {apply:?}");
+    let error = apply.error.clone().expect("error");
+    assert_eq!(error.code, "pool_has_no_delivery_key");
+    assert!(error.message.contains(&pool), "{}", error.message);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(stack.tool_count("apply"), 0);
+    assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
+    worker.kill().await?;
+    stack.stop().await
+}
+
+/// A plan file over 19 MiB does not cross the relay: a real plan that large fails
+/// `plan_too_large` with its size and the limit in the message and proposes nothing, a
+/// drift check of it keeps no plan and says no reconcile can be proposed;
+/// at the boundary the control node takes exactly 19 MiB and refuses 19 MiB + 1 byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_over_19_mib_is_refused_at_the_relay() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    // Incompressible text in the configuration (the plan file carries the configuration).
+    let mut big = String::from("# filler: the saved plan carries the configuration\n");
+    let mut block = [0u8; 32];
+    let mut line = Vec::with_capacity(96 * 48);
+    use sha2::Digest;
+    // 22 MiB of random bytes, base64: the plan file (deflate) keeps ~3/4 of the text,
+    // about 22 MiB (measured: 8,204,000 bytes of such text gave a 6,187,492-byte plan).
+    for i in 0u64..(22 * 1024 * 1024 / 32) {
+        block = sha2::Sha256::digest([&block[..], &i.to_le_bytes()].concat()).into();
+        line.extend_from_slice(&block);
+        if line.len() >= 48 * 32 {
+            big.push_str("# ");
+            big.push_str(&B64.encode(&line));
+            big.push('\n');
+            line.clear();
+        }
+    }
+    let (_repo, cap) = capsule(
+        &stack,
+        &[("infra/main.tf", NULL_CONFIG), ("infra/filler.tf", &big)],
+    )
+    .await?;
+    drop(big);
+    let key = DeliveryKeyPair::generate("k1")?;
+    let pool = uniq("big");
+    let token = admin
+        .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
+        .await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+    let plan = stack.client.plan(cap.id, None).await?;
+    let plan = stack.wait(plan.id).await?;
+    assert_eq!(plan.status, RunStatus::Failed, "{plan:?}");
+    let error = plan.error.clone().expect("error");
+    assert_eq!(error.code, "plan_too_large");
+    assert!(
+        error.message.contains("19922944-byte (19 MiB) limit"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("split the configuration"),
+        "{}",
+        error.message
+    );
+    let size: u64 = error
+        .message
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .expect("the size is stated");
+    assert!(size > 19 * 1024 * 1024, "{size}");
+    eprintln!("measured plan file: {size} bytes");
+    assert!(plan.plan_digest.is_none());
+    let (status, v) = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/runs/{}/apply", plan.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 409, "no apply is proposed from it: {v}");
+    // A drift check of it keeps no plan and says a reconcile cannot be proposed.
+    let check = stack.client.drift_check(cap.id).await?;
+    let check = stack.wait(check.id).await?;
+    assert_eq!(check.status, RunStatus::Failed, "{check:?}");
+    let error = check.error.clone().expect("error");
+    assert_eq!(error.code, "plan_too_large");
+    assert!(
+        error
+            .message
+            .contains("keeps no plan, so a reconcile cannot be proposed"),
+        "{}",
+        error.message
+    );
+    let kept: Option<String> = sqlx::query_scalar("SELECT plan_object_key FROM runs WHERE id = $1")
+        .bind(check.id.as_uuid())
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    assert!(kept.is_none());
+    worker.kill().await?;
+
+    // The boundary, measured by the control node itself: a worker (this test, with the
+    // pool token over plain HTTP) hands over exactly 19 MiB, then 19 MiB + 1 byte.
+    let http = reqwest::Client::new();
+    for (extra, expect) in [(0usize, 200u16), (1, 413)] {
+        let p = stack.client.plan(cap.id, None).await?;
+        let job = claim(&http, &stack, &token, &["k1"]).await;
+        assert_eq!(job["runId"], json!(p.id.to_string()), "{job}");
+        let resp = http
+            .put(format!(
+                "{}/api/v1/relay/runs/{}/plan-file",
+                stack.api_url, p.id
+            ))
+            .bearer_auth(&token)
+            .header("x-takosumi-claim", job["claim"].as_str().unwrap())
+            .body(vec![7u8; 19 * 1024 * 1024 + extra])
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await?;
+        assert_eq!(status, expect, "{body}");
+        if expect == 413 {
+            assert_eq!(body["code"], "plan_too_large");
+            assert!(
+                body["message"].as_str().unwrap().contains("19922945 bytes"),
+                "{body}"
+            );
+            let r = stack.client.get_run(p.id).await?;
+            assert_eq!(r.status, RunStatus::Failed);
+        } else {
+            // Let the claim lapse into a failure so the next claim gets the next plan.
+            http.post(format!("{}/api/v1/relay/runs/{}/fail", stack.api_url, p.id))
+                .bearer_auth(&token)
+                .header("x-takosumi-claim", job["claim"].as_str().unwrap())
+                .json(&json!({ "code": "plan_failed", "message": "test" }))
+                .send()
+                .await?
+                .error_for_status()?;
+        }
+    }
+    stack.stop().await
+}
+
+async fn claim(http: &reqwest::Client, stack: &Stack, token: &str, keys: &[&str]) -> Value {
+    let resp = http
+        .post(format!("{}/api/v1/relay/claim", stack.api_url))
+        .bearer_auth(token)
+        .json(&json!({ "deliveryKeyIds": keys, "waitSecs": 10 }))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    if status != 200 {
+        return json!({ "status": status, "body": body });
+    }
+    body["job"].clone()
+}
+
+/// Delivery-key rotation: during the grace a worker still holding only the old key gets
+/// its apply sealed to that key and applies; once the grace is over, a worker holding
+/// only a rotated-out key is refused with `delivery_key_expired` before anything is
+/// claimed (nothing silent), a worker whose key does not open what is sealed to the
+/// pool fails the Run `delivery_key_unopenable`, and a worker with the current key plans
+/// on the delivered state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rotating_the_delivery_key_keeps_a_grace_then_refuses_with_a_code() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let (k1, k2, k3) = (
+        DeliveryKeyPair::generate("k1")?,
+        DeliveryKeyPair::generate("k2")?,
+        DeliveryKeyPair::generate("k3")?,
+    );
+    let pool = uniq("rot");
+    let token = admin
+        .pool(&cap.workspace_id.to_string(), &pool, Some(&k1))
+        .await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    let work = tempfile::tempdir()?;
+
+    // Grace: rotated to k2, a worker with only k1 still plans and applies.
+    let v = admin.rotate(&pool, &k2, 600).await;
+    assert_eq!(v["deliveryKeyId"], "k2");
+    assert_eq!(v["previousKeyId"], "k1");
+    let mut old = spawn_relay(&stack, &token, &keys_env(&[&k1]), work.path())?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    let delivered: Vec<Value> = stack
+        .client
+        .events(apply.id)
+        .await?
+        .into_iter()
+        .filter(|e| e.kind == "pin_checked")
+        .map(|e| e.data)
+        .collect();
+    assert!(
+        delivered.iter().any(|d| d["deliveredTo"] == "k1"),
+        "{delivered:?}"
+    );
+    old.kill().await?;
+
+    // No grace: rotated to k3 with graceSecs 0, k2 is past its grace at once.
+    admin.rotate(&pool, &k3, 0).await;
+    let (status, v) = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/pools/{pool}/delivery-key"),
+            json!({ "keyId": "k3", "publicKey": B64.encode(k3.public().public) }),
+        )
+        .await;
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (409, Some("delivery_key_id_used")),
+        "{v}"
+    );
+    let http = reqwest::Client::new();
+    let refused = claim(&http, &stack, &token, &["k2"]).await;
+    assert_eq!(refused["status"], 409, "{refused}");
+    assert_eq!(refused["body"]["code"], "delivery_key_expired", "{refused}");
+    let unknown = claim(&http, &stack, &token, &["k1"]).await;
+    assert_eq!(unknown["body"]["code"], "delivery_key_unknown", "{unknown}");
+
+    // A worker whose "k3" is not the pool's k3 cannot open the state sealed to it: the
+    // Run fails `delivery_key_unopenable`, it never plans on nothing.
+    let impostor = DeliveryKeyPair::generate("k3")?;
+    let mut wrong = spawn_relay(&stack, &token, &keys_env(&[&impostor]), work.path())?;
+    let failed = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(failed.status, RunStatus::Failed, "{failed:?}");
+    assert_eq!(
+        failed.error.map(|e| e.code).as_deref(),
+        Some("delivery_key_unopenable")
+    );
+    wrong.kill().await?;
+
+    let mut current = spawn_relay(&stack, &token, &keys_env(&[&k3]), work.path())?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    assert_eq!(
+        plan.state_generation,
+        Some(1),
+        "the state was delivered and opened"
+    );
+    current.kill().await?;
+    stack.stop().await
+}
+
+/// A worker of another pool cannot take or touch a pool's job: its claims never return
+/// it, and every call on the Run answers 403 `wrong_pool` and changes nothing; an API
+/// token is not a pool token (401), and a pool token is not an API token (401).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_of_another_pool_cannot_fetch_or_touch_the_job() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let ws = cap.workspace_id.to_string();
+    let (ka, kb) = (
+        DeliveryKeyPair::generate("a1")?,
+        DeliveryKeyPair::generate("b1")?,
+    );
+    let (pa, pb) = (uniq("pa"), uniq("pb"));
+    let token_a = admin.pool(&ws, &pa, Some(&ka)).await;
+    let token_b = admin.pool(&ws, &pb, Some(&kb)).await;
+    admin.set_pool(&cap, Some(&pa)).await;
+    let http = reqwest::Client::new();
+
+    let plan = stack.client.plan(cap.id, None).await?;
+    let none = claim(&http, &stack, &token_b, &["b1"]).await;
+    assert!(none.is_null(), "pool B got A's job: {none}");
+    let job = claim(&http, &stack, &token_a, &["a1"]).await;
+    assert_eq!(job["runId"], json!(plan.id.to_string()));
+    let claim_a = job["claim"].as_str().unwrap().to_owned();
+    for (method, what, body) in [
+        (
+            reqwest::Method::POST,
+            "progress",
+            json!({ "logs": [{ "step": "plan", "text": "injected" }] }),
+        ),
+        (
+            reqwest::Method::POST,
+            "fail",
+            json!({ "code": "plan_failed", "message": "x" }),
+        ),
+        (reqwest::Method::POST, "planned", json!({})),
+    ] {
+        let resp = http
+            .request(
+                method,
+                format!("{}/api/v1/relay/runs/{}/{what}", stack.api_url, plan.id),
+            )
+            .bearer_auth(&token_b)
+            .header("x-takosumi-claim", &claim_a)
+            .json(&body)
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let v: Value = resp.json().await?;
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (403, Some("wrong_pool")),
+            "{what}: {v}"
+        );
+    }
+    let run = stack.client.get_run(plan.id).await?;
+    assert_eq!(run.status, RunStatus::Planning);
+    assert!(stack.client.logs(plan.id).await?.is_empty());
+    // Tokens do not cross over.
+    let r = http
+        .post(format!("{}/api/v1/relay/claim", stack.api_url))
+        .bearer_auth(&stack.admin_token)
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 401);
+    let r = http
+        .get(format!("{}/api/v1/runs/{}", stack.api_url, plan.id))
+        .bearer_auth(&token_a)
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 401);
+    stack.stop().await
+}
+
+/// A cancel of a Run a relay worker is planning reaches the worker (its lease renewals
+/// answer `cancelRequested`): it interrupts the tool and the Run ends `canceled` with who
+/// asked, within seconds; the worker then plans the next Run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn canceling_a_relayed_plan_interrupts_the_workers_tool() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let pool = uniq("cx");
+    let token = admin
+        .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
+        .await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+    stack.pause_plans(true)?;
+    let plan = stack.client.plan(cap.id, None).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !stack.tool_invocations().iter().any(|l| l == "paused") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the plan never started"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, body) = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/runs/{}/cancel", plan.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let started = std::time::Instant::now();
+    let done = stack.wait(plan.id).await?;
+    assert_eq!(done.status, RunStatus::Canceled, "{done:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        done.extra["canceledBy"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("user:")
+    );
+    stack.pause_plans(false)?;
+    let next = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(next.status, RunStatus::Planned, "{next:?}");
+    worker.kill().await?;
+    stack.stop().await
+}
