@@ -466,6 +466,40 @@ impl Stack {
             .await
     }
 
+    /// [`Stack::request`] with `token` and `body` sent as JSON (`Null` too).
+    pub async fn call_as(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        self.request(method, path, Some(token), Some(&body.to_string()))
+            .await
+    }
+
+    /// `POST /runs/{run}/approve` as `token`.
+    pub async fn approve_as(
+        &self,
+        run: RunId,
+        token: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<(u16, serde_json::Value)> {
+        self.call_as("POST", &format!("/api/v1/runs/{run}/approve"), token, body)
+            .await
+    }
+
+    /// A new API token named `name` with `role` (no Workspace scope), and a client using it.
+    pub async fn token(&self, name: &str, role: &str) -> anyhow::Result<(String, Client)> {
+        let token = format!(
+            "tks_{name}_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..10]
+        );
+        takosumi_store::tokens::upsert(&self.ctx.pool, &token, name, role, None).await?;
+        let client = Client::new(&self.api_url, &token)?;
+        Ok((token, client))
+    }
+
     /// Polls a Run until it is terminal (or held).
     pub async fn wait(&self, run: RunId) -> anyhow::Result<takosumi_client::Run> {
         Ok(self.client.wait(run, Duration::from_secs(90)).await?)

@@ -2,50 +2,10 @@
 //! null provider). Rules hold applies, approvals bind the plan digest, requesters cannot
 //! approve themselves, and agent runs need a person twice.
 
-use serde_json::{Value, json};
-use takosumi_client::{Capsule, Client, NewCapsule, Source};
+use serde_json::json;
+use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, RunStatus};
 use takosumi_tests::{GitRepo, Stack};
-
-struct Api<'a> {
-    stack: &'a Stack,
-    http: reqwest::Client,
-}
-
-impl Api<'_> {
-    async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        token: &str,
-        body: Value,
-    ) -> anyhow::Result<(u16, Value)> {
-        let url = format!("{}{path}", self.stack.api_url);
-        let req = match method {
-            "PUT" => self.http.put(url),
-            "GET" => self.http.get(url),
-            _ => self.http.post(url),
-        };
-        let resp = req.bearer_auth(token).json(&body).send().await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.json().await.unwrap_or(Value::Null)))
-    }
-
-    async fn token(&self, name: &str, role: &str) -> anyhow::Result<(String, Client)> {
-        let token = format!(
-            "tks_{name}_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..10]
-        );
-        takosumi_store::tokens::upsert(&self.stack.ctx.pool, &token, name, role, None).await?;
-        let client = Client::new(&self.stack.api_url, &token)?;
-        Ok((token, client))
-    }
-
-    async fn approve(&self, run: RunId, token: &str, body: Value) -> anyhow::Result<(u16, Value)> {
-        self.call("POST", &format!("/api/v1/runs/{run}/approve"), token, body)
-            .await
-    }
-}
 
 async fn null_capsule(stack: &Stack, repo: &GitRepo) -> anyhow::Result<Capsule> {
     let ws = stack
@@ -89,10 +49,7 @@ fn bump_revision(repo: &GitRepo, to: &str) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_destroy_holds_over_the_limit_and_releases_under_it() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let api = Api {
-        stack: &stack,
-        http: reqwest::Client::new(),
-    };
+    let api = &stack;
     let repo = GitRepo::with_example("null")?;
     let capsule = null_capsule(&stack, &repo).await?;
     let first = stack
@@ -107,7 +64,7 @@ async fn max_destroy_holds_over_the_limit_and_releases_under_it() -> anyhow::Res
     );
 
     let (s, body) = api
-        .call(
+        .call_as(
             "PUT",
             &format!("/api/v1/capsules/{}/rules", capsule.id),
             &stack.admin_token,
@@ -136,7 +93,7 @@ async fn max_destroy_holds_over_the_limit_and_releases_under_it() -> anyhow::Res
     let _ = approver;
     let (atoken, _) = api.token("bob", "approver").await?;
     let (s, body) = api
-        .approve(held.id, &atoken, json!({ "planDigest": plan.plan_digest }))
+        .approve_as(held.id, &atoken, json!({ "planDigest": plan.plan_digest }))
         .await?;
     assert_eq!(s, 200, "{body}");
     let applied = stack.wait_released(held.id).await?;
@@ -145,7 +102,7 @@ async fn max_destroy_holds_over_the_limit_and_releases_under_it() -> anyhow::Res
     assert!(events.iter().any(|e| e.kind == "approved"));
 
     // Under the limit: released straight away.
-    api.call(
+    api.call_as(
         "PUT",
         &format!("/api/v1/capsules/{}/rules", capsule.id),
         &stack.admin_token,
@@ -177,15 +134,12 @@ deny contains msg if {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rego_plan_gate_denies_and_allows() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let api = Api {
-        stack: &stack,
-        http: reqwest::Client::new(),
-    };
+    let api = &stack;
     let repo = GitRepo::with_example("null")?;
     let capsule = null_capsule(&stack, &repo).await?;
     let ws_rules = format!("/api/v1/workspaces/{}/rules", capsule.workspace_id);
     let (s, body) = api
-        .call(
+        .call_as(
             "PUT",
             &ws_rules,
             &stack.admin_token,
@@ -198,7 +152,7 @@ async fn rego_plan_gate_denies_and_allows() -> anyhow::Result<()> {
         "{body}"
     );
     let (s, body) = api
-        .call(
+        .call_as(
             "PUT",
             &ws_rules,
             &stack.admin_token,
@@ -257,13 +211,10 @@ async fn rego_plan_gate_denies_and_allows() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_of_m_approvals_bound_to_the_plan_digest() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let api = Api {
-        stack: &stack,
-        http: reqwest::Client::new(),
-    };
+    let api = &stack;
     let repo = GitRepo::with_example("null")?;
     let capsule = null_capsule(&stack, &repo).await?;
-    api.call(
+    api.call_as(
         "PUT",
         &format!("/api/v1/capsules/{}/rules", capsule.id),
         &stack.admin_token,
@@ -282,12 +233,12 @@ async fn two_of_m_approvals_bound_to_the_plan_digest() -> anyhow::Result<()> {
     assert_eq!(held.status, RunStatus::Held);
     assert_eq!(held.hold.as_ref().unwrap().reason, "approval_rule");
 
-    let (s, b) = api.approve(held.id, &op_token, json!({})).await?;
+    let (s, b) = api.approve_as(held.id, &op_token, json!({})).await?;
     assert_eq!((s, b["code"].as_str()), (403, Some("self_approval")), "{b}");
-    let (s, b) = api.approve(held.id, &viewer, json!({})).await?;
+    let (s, b) = api.approve_as(held.id, &viewer, json!({})).await?;
     assert_eq!(s, 403, "{b}");
     let (s, b) = api
-        .approve(held.id, &a1, json!({ "planDigest": other.plan_digest }))
+        .approve_as(held.id, &a1, json!({ "planDigest": other.plan_digest }))
         .await?;
     assert_eq!(
         (s, b["code"].as_str()),
@@ -295,19 +246,19 @@ async fn two_of_m_approvals_bound_to_the_plan_digest() -> anyhow::Result<()> {
         "{b}"
     );
     let (s, b) = api
-        .approve(held.id, &a1, json!({ "planDigest": plan.plan_digest }))
+        .approve_as(held.id, &a1, json!({ "planDigest": plan.plan_digest }))
         .await?;
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["status"], json!("held"));
     assert_eq!(b["approvals"], json!({ "given": 1, "required": 2 }));
-    let (s, b) = api.approve(held.id, &a1, json!({})).await?;
+    let (s, b) = api.approve_as(held.id, &a1, json!({})).await?;
     assert_eq!(
         (s, b["code"].as_str()),
         (409, Some("already_approved")),
         "{b}"
     );
     assert_eq!(stack.client.get_run(held.id).await?.status, RunStatus::Held);
-    let (s, b) = api.approve(held.id, &a2, json!({})).await?;
+    let (s, b) = api.approve_as(held.id, &a2, json!({})).await?;
     assert_eq!(s, 200, "{b}");
     let done = stack.wait_released(held.id).await?;
     assert_eq!(done.status, RunStatus::Applied, "{done:?}");
@@ -316,8 +267,8 @@ async fn two_of_m_approvals_bound_to_the_plan_digest() -> anyhow::Result<()> {
     // without running the tool and says to plan again.
     let stale = stack.wait(op.apply(other.id, None).await?.id).await?;
     assert_eq!(stale.status, RunStatus::Held);
-    api.approve(stale.id, &a1, json!({})).await?;
-    api.approve(stale.id, &a2, json!({})).await?;
+    api.approve_as(stale.id, &a1, json!({})).await?;
+    api.approve_as(stale.id, &a2, json!({})).await?;
     let failed = stack.wait_released(stale.id).await?;
     assert_eq!(failed.status, RunStatus::Failed);
     assert_eq!(failed.error.unwrap().code, "state_generation_changed");
@@ -329,17 +280,14 @@ async fn two_of_m_approvals_bound_to_the_plan_digest() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn require_approval_holds_an_uncovered_apply() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let api = Api {
-        stack: &stack,
-        http: reqwest::Client::new(),
-    };
+    let api = &stack;
     let repo = GitRepo::with_example("null")?;
     let capsule = null_capsule(&stack, &repo).await?;
     let plan = stack
         .wait(stack.client.plan(capsule.id, None).await?.id)
         .await?;
     let (s, b) = api
-        .call(
+        .call_as(
             "POST",
             &format!("/api/v1/runs/{}/apply", plan.id),
             &stack.admin_token,
@@ -352,7 +300,7 @@ async fn require_approval_holds_an_uncovered_apply() -> anyhow::Result<()> {
     assert_eq!(held.status, RunStatus::Held);
     assert_eq!(held.hold.unwrap().reason, "require_approval");
     let (a, _) = api.token("approver", "approver").await?;
-    api.approve(id, &a, json!({})).await?;
+    api.approve_as(id, &a, json!({})).await?;
     assert_eq!(stack.wait_released(id).await?.status, RunStatus::Applied);
     stack.stop().await
 }
@@ -362,10 +310,7 @@ async fn require_approval_holds_an_uncovered_apply() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn agent_runs_need_two_approvals_unless_exempt() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let api = Api {
-        stack: &stack,
-        http: reqwest::Client::new(),
-    };
+    let api = &stack;
     let repo = GitRepo::with_example("null")?;
     let capsule = null_capsule(&stack, &repo).await?;
     let (_, agent) = api.token("copilot", "agent").await?;
@@ -381,7 +326,7 @@ async fn agent_runs_need_two_approvals_unless_exempt() -> anyhow::Result<()> {
         0,
         "an agent's plan ran before a person released it"
     );
-    assert_eq!(api.approve(plan.id, &approver, json!({})).await?.0, 200);
+    assert_eq!(api.approve_as(plan.id, &approver, json!({})).await?.0, 200);
     let planned = stack.wait_released(plan.id).await?;
     assert_eq!(planned.status, RunStatus::Planned, "{planned:?}");
 
@@ -390,7 +335,7 @@ async fn agent_runs_need_two_approvals_unless_exempt() -> anyhow::Result<()> {
     assert_eq!(apply.hold.as_ref().unwrap().reason, "agent_run");
     assert_eq!(stack.tool_count("apply"), 0);
     assert_eq!(
-        api.approve(
+        api.approve_as(
             apply.id,
             &approver,
             json!({ "planDigest": planned.plan_digest })
@@ -405,7 +350,7 @@ async fn agent_runs_need_two_approvals_unless_exempt() -> anyhow::Result<()> {
     );
 
     // Exempt by name: the ordinary path, recorded.
-    api.call(
+    api.call_as(
         "PUT",
         &format!("/api/v1/workspaces/{}/rules", capsule.workspace_id),
         &stack.admin_token,

@@ -10,21 +10,18 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use takosumi_client::RunQuery;
-use takosumi_client::{Capsule, Client, NewCapsule, Source};
+use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, RunKind, RunStatus};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack};
 
+/// The rule and Run calls these tests repeat, over [`Stack::call_as`].
 struct Api<'a> {
     stack: &'a Stack,
-    http: reqwest::Client,
 }
 
 impl Api<'_> {
     fn new(stack: &Stack) -> Api<'_> {
-        Api {
-            stack,
-            http: reqwest::Client::new(),
-        }
+        Api { stack }
     }
 
     async fn call(
@@ -34,30 +31,7 @@ impl Api<'_> {
         token: &str,
         body: Value,
     ) -> anyhow::Result<(u16, Value)> {
-        let url = format!("{}{path}", self.stack.api_url);
-        let req = match method {
-            "PUT" => self.http.put(url),
-            "GET" => self.http.get(url),
-            _ => self.http.post(url),
-        };
-        let resp = req.bearer_auth(token).json(&body).send().await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.json().await.unwrap_or(Value::Null)))
-    }
-
-    async fn token(&self, name: &str, role: &str) -> anyhow::Result<(String, Client)> {
-        let token = format!(
-            "tks_{name}_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..10]
-        );
-        takosumi_store::tokens::upsert(&self.stack.ctx.pool, &token, name, role, None).await?;
-        let client = Client::new(&self.stack.api_url, &token)?;
-        Ok((token, client))
-    }
-
-    async fn approve(&self, run: RunId, token: &str, body: Value) -> anyhow::Result<(u16, Value)> {
-        self.call("POST", &format!("/api/v1/runs/{run}/approve"), token, body)
-            .await
+        self.stack.call_as(method, path, token, body).await
     }
 
     async fn rules(&self, path: &str, rules: Value) -> anyhow::Result<Value> {
@@ -270,9 +244,10 @@ async fn an_uncovered_apply_runs_in_one_step_and_a_covered_one_is_planned_first(
     assert_eq!(held.hold.as_ref().unwrap().reason, "max_destroy");
     assert_eq!(held.plan_digest, plan.plan_digest);
     assert_eq!(stack.tool_count("apply"), 1, "a held apply must not run");
-    let (approver, _) = api.token("approver", "approver").await?;
+    let (approver, _) = api.stack.token("approver", "approver").await?;
     let (s, b) = api
-        .approve(apply, &approver, json!({ "planDigest": plan.plan_digest }))
+        .stack
+        .approve_as(apply, &approver, json!({ "planDigest": plan.plan_digest }))
         .await?;
     assert_eq!(s, 200, "{b}");
     let applied = stack.wait_released(apply).await?;
@@ -558,8 +533,8 @@ async fn exclude_dry_run_exempts_plans_only_when_the_scan_is_clean() -> anyhow::
         "{view}"
     );
 
-    let (approver, _) = api.token("approver", "approver").await?;
-    let (s, b) = api.approve(held.id, &approver, json!({})).await?;
+    let (approver, _) = api.stack.token("approver", "approver").await?;
+    let (s, b) = api.stack.approve_as(held.id, &approver, json!({})).await?;
     assert_eq!(s, 200, "{b}");
     let after = stack.wait_released(held.id).await?;
     assert_eq!(after.status, RunStatus::Failed, "{after:?}");
@@ -585,7 +560,7 @@ async fn exclude_dry_run_exempts_plans_only_when_the_scan_is_clean() -> anyhow::
         held.hold.as_ref().unwrap().details["dryRunScan"]["clean"],
         json!(true)
     );
-    let (s, b) = api.approve(held.id, &approver, json!({})).await?;
+    let (s, b) = api.stack.approve_as(held.id, &approver, json!({})).await?;
     assert_eq!(s, 200, "{b}");
     assert_eq!(
         stack.wait_released(held.id).await?.status,
@@ -609,8 +584,8 @@ async fn a_stale_proposal_fails_without_changing_anything() -> anyhow::Result<()
         json!({ "approval": { "required": 1 } }),
     )
     .await?;
-    let (op_token, _) = api.token("requester", "operator").await?;
-    let (approver, _) = api.token("approver", "approver").await?;
+    let (op_token, _) = api.stack.token("requester", "operator").await?;
+    let (approver, _) = api.stack.token("approver", "approver").await?;
 
     let mut proposals = Vec::new();
     for _ in 0..2 {
@@ -625,16 +600,23 @@ async fn a_stale_proposal_fails_without_changing_anything() -> anyhow::Result<()
         assert_eq!(held.hold.as_ref().unwrap().reason, "approval_rule");
         proposals.push(held);
     }
-    let (s, b) = api.approve(proposals[0].id, &op_token, json!({})).await?;
+    let (s, b) = api
+        .stack
+        .approve_as(proposals[0].id, &op_token, json!({}))
+        .await?;
     assert_eq!((s, b["code"].as_str()), (403, Some("self_approval")), "{b}");
 
-    api.approve(proposals[1].id, &approver, json!({})).await?;
+    api.stack
+        .approve_as(proposals[1].id, &approver, json!({}))
+        .await?;
     let applied = stack.wait_released(proposals[1].id).await?;
     assert_eq!(applied.status, RunStatus::Applied, "{applied:?}");
     let sv = applied.state_version_id;
     assert!(sv.is_some());
 
-    api.approve(proposals[0].id, &approver, json!({})).await?;
+    api.stack
+        .approve_as(proposals[0].id, &approver, json!({}))
+        .await?;
     let stale = stack.wait_released(proposals[0].id).await?;
     assert_eq!(stale.status, RunStatus::Failed, "{stale:?}");
     let error = stale.error.clone().expect("error");
@@ -676,8 +658,8 @@ async fn agent_and_require_approval_submissions_are_planned_first_and_held() -> 
     let api = Api::new(&stack);
     let repo = GitRepo::with_example("null")?;
     let capsule = capsule_of(&stack, &repo, None).await?;
-    let (agent, _) = api.token("copilot", "agent").await?;
-    let (approver, _) = api.token("human", "approver").await?;
+    let (agent, _) = api.stack.token("copilot", "agent").await?;
+    let (approver, _) = api.stack.token("human", "approver").await?;
 
     let (s, body) = api.apply_capsule(&capsule, &agent, json!({})).await?;
     assert_eq!(s, 202, "{body}");
@@ -693,7 +675,7 @@ async fn agent_and_require_approval_submissions_are_planned_first_and_held() -> 
         0,
         "an agent's plan ran before a release"
     );
-    let (s, b) = api.approve(plan_id, &approver, json!({})).await?;
+    let (s, b) = api.stack.approve_as(plan_id, &approver, json!({})).await?;
     assert_eq!(s, 200, "{b}");
     let planned = stack.wait_released(plan_id).await?;
     assert_eq!(planned.status, RunStatus::Planned, "{planned:?}");
@@ -703,7 +685,8 @@ async fn agent_and_require_approval_submissions_are_planned_first_and_held() -> 
     assert_eq!(held.hold.as_ref().unwrap().reason, "agent_run");
     assert_eq!(stack.tool_count("apply"), 0);
     let (s, b) = api
-        .approve(
+        .stack
+        .approve_as(
             apply,
             &approver,
             json!({ "planDigest": planned.plan_digest }),
@@ -729,7 +712,7 @@ async fn agent_and_require_approval_submissions_are_planned_first_and_held() -> 
     let held = stack.wait(apply).await?;
     assert_eq!(held.status, RunStatus::Held, "{held:?}");
     assert_eq!(held.hold.as_ref().unwrap().reason, "require_approval");
-    api.approve(apply, &approver, json!({})).await?;
+    api.stack.approve_as(apply, &approver, json!({})).await?;
     assert_eq!(stack.wait_released(apply).await?.status, RunStatus::Applied);
     // Bad input changes nothing.
     let (s, b) = api

@@ -293,14 +293,8 @@ pub async fn agent_exempt(
     capsule: &capsules::Capsule,
     token_name: &str,
 ) -> Result<bool, ApiError> {
-    let parse = |r: Option<gates::StoredRules>| -> RuleSet {
-        r.and_then(|r| serde_json::from_value(r.rules).ok())
-            .unwrap_or_default()
-    };
-    let ws = parse(gates::current_rules(&st.pool, capsule.workspace_id, None).await?);
-    let cap = parse(gates::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?);
-    Ok(cap
-        .over(&ws)
+    Ok(crate::one_step::effective_rules(st, capsule)
+        .await?
         .agent_exemptions
         .iter()
         .any(|n| n == token_name))

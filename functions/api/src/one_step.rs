@@ -36,14 +36,19 @@ struct ApplyCapsule {
 }
 
 /// The Capsule's rules over its Workspace's.
-async fn effective_rules(st: &AppState, capsule: &capsules::Capsule) -> Result<RuleSet, ApiError> {
-    let parse = |r: Option<gates::StoredRules>| -> RuleSet {
-        r.and_then(|r| serde_json::from_value(r.rules).ok())
-            .unwrap_or_default()
-    };
-    let ws = parse(gates::current_rules(&st.pool, capsule.workspace_id, None).await?);
-    let cap = parse(gates::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?);
-    Ok(cap.over(&ws))
+pub(crate) async fn effective_rules(
+    st: &AppState,
+    capsule: &capsules::Capsule,
+) -> Result<RuleSet, ApiError> {
+    let (ws, cap) = gates::rules_in_force(&st.pool, capsule.workspace_id, capsule.id).await?;
+    RuleSet::layered(
+        cap.as_ref().map(|r| &r.rules),
+        ws.as_ref().map(|r| &r.rules),
+    )
+    .map_err(|e| ApiError::Internal {
+        transient: false,
+        source: Box::new(e),
+    })
 }
 
 async fn apply_capsule(

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use takosumi_core::{
     ActorKind, Changes, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic,
 };
-use takosumi_policy::{Decision, GateInput, RuleSet};
+use takosumi_policy::{Decision, GateInput};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::{object_err, store_err};
 use takosumi_seal::Purpose;
@@ -121,23 +121,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         // No plan: the API found no rule covering it; decide whether it runs in one step.
         return one_step::decide(ctx, &run, &actor).await;
     };
-    let ws_rules = gates::current_rules(&ctx.pool, run.workspace_id, None)
-        .await
-        .map_err(store_err)?;
-    let cap_rules = gates::current_rules(&ctx.pool, run.workspace_id, Some(run.capsule_id))
-        .await
-        .map_err(store_err)?;
-    let parse = |s: &Option<gates::StoredRules>| -> Result<RuleSet, StepError> {
-        match s {
-            None => Ok(RuleSet::default()),
-            Some(s) => serde_json::from_value(s.rules.clone()).map_err(StepError::internal),
-        }
-    };
-    let rules = parse(&cap_rules)?.over(&parse(&ws_rules)?);
-    let versions = json!({
-        "workspace": ws_rules.as_ref().map(|r| r.version),
-        "capsule": cap_rules.as_ref().map(|r| r.version),
-    });
+    let (rules, versions) = one_step::effective_rules(ctx, &run).await?;
     let (require_approval, _, _, _) = gates::gate_fields(&ctx.pool, run_id)
         .await
         .map_err(store_err)?

@@ -17,19 +17,14 @@ pub(crate) async fn effective_rules(
     ctx: &Ctx,
     run: &runs::Run,
 ) -> Result<(RuleSet, serde_json::Value), StepError> {
-    let ws_rules = gates::current_rules(&ctx.pool, run.workspace_id, None)
+    let (ws_rules, cap_rules) = gates::rules_in_force(&ctx.pool, run.workspace_id, run.capsule_id)
         .await
         .map_err(store_err)?;
-    let cap_rules = gates::current_rules(&ctx.pool, run.workspace_id, Some(run.capsule_id))
-        .await
-        .map_err(store_err)?;
-    let parse = |s: &Option<gates::StoredRules>| -> Result<RuleSet, StepError> {
-        match s {
-            None => Ok(RuleSet::default()),
-            Some(s) => serde_json::from_value(s.rules.clone()).map_err(StepError::internal),
-        }
-    };
-    let rules = parse(&cap_rules)?.over(&parse(&ws_rules)?);
+    let rules = RuleSet::layered(
+        cap_rules.as_ref().map(|r| &r.rules),
+        ws_rules.as_ref().map(|r| &r.rules),
+    )
+    .map_err(StepError::internal)?;
     let versions = json!({
         "workspace": ws_rules.as_ref().map(|r| r.version),
         "capsule": cap_rules.as_ref().map(|r| r.version),

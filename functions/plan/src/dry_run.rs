@@ -47,18 +47,14 @@ pub(crate) async fn check(
         }
         return Ok(None);
     }
-    let ws = gates::current_rules(&ctx.pool, run.workspace_id, None)
+    let (ws, cap) = gates::rules_in_force(&ctx.pool, run.workspace_id, run.capsule_id)
         .await
         .map_err(store_err)?;
-    let cap = gates::current_rules(&ctx.pool, run.workspace_id, Some(run.capsule_id))
-        .await
-        .map_err(store_err)?;
-    let parse = |s: &Option<gates::StoredRules>| -> RuleSet {
-        s.as_ref()
-            .and_then(|s| serde_json::from_value(s.rules.clone()).ok())
-            .unwrap_or_default()
-    };
-    let rules = parse(&cap).over(&parse(&ws));
+    let rules = RuleSet::layered(
+        cap.as_ref().map(|r| &r.rules),
+        ws.as_ref().map(|r| &r.rules),
+    )
+    .map_err(|e| PlanError::Step(takosumi_core::StepError::internal(e)))?;
     let Some(reason) = rules.dry_run_hold(report.is_clean()) else {
         return Ok(None);
     };

@@ -122,6 +122,24 @@ impl RuleSet {
         Ok(())
     }
 
+    /// The rules in force for a Capsule from their stored JSON: the Capsule's own over its
+    /// Workspace's. A stored set that no longer reads is an error, never "no rules": reading
+    /// it as empty would release what a rule holds.
+    pub fn layered(
+        capsule: Option<&Value>,
+        workspace: Option<&Value>,
+    ) -> Result<RuleSet, PolicyError> {
+        let read = |v: Option<&Value>| -> Result<RuleSet, PolicyError> {
+            v.map(|v| {
+                serde_json::from_value(v.clone())
+                    .map_err(|e| PolicyError::Invalid(format!("stored rules do not read: {e}")))
+            })
+            .transpose()
+            .map(Option::unwrap_or_default)
+        };
+        Ok(read(capsule)?.over(&read(workspace)?))
+    }
+
     /// This rule set over `base`: each field set here wins.
     pub fn over(&self, base: &RuleSet) -> RuleSet {
         RuleSet {
@@ -404,6 +422,21 @@ pub fn decide(rules: &RuleSet, input: &GateInput<'_>) -> Result<Decision, Policy
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Capsule's stored rules win field by field over the Workspace's; a stored set
+    /// that no longer reads is an error, never an empty (releasing) rule set.
+    #[test]
+    fn layered_rules_prefer_the_capsule_and_refuse_unreadable_sets() {
+        let ws = json!({"maxDestroy": 5, "maxMonthlyIncrease": 100.0});
+        let cap = json!({"maxDestroy": 1});
+        let r = RuleSet::layered(Some(&cap), Some(&ws)).unwrap();
+        assert_eq!(r.max_destroy, Some(1));
+        assert_eq!(r.max_monthly_increase, Some(100.0));
+        assert_eq!(RuleSet::layered(None, None).unwrap().max_destroy, None);
+        let bad = json!({"maxDestroy": "many"});
+        assert!(RuleSet::layered(Some(&bad), Some(&ws)).is_err());
+        assert!(RuleSet::layered(None, Some(&json!({"unknownRule": 1}))).is_err());
+    }
 
     fn input(destroy: i64) -> GateInput<'static> {
         GateInput {

@@ -39,6 +39,18 @@ pub async fn set_rules(
     Ok(row.version)
 }
 
+/// The rules in force for a Capsule, each scope's latest version: (Workspace's, Capsule's).
+pub async fn rules_in_force(
+    pool: &sqlx::PgPool,
+    workspace_id: WorkspaceId,
+    capsule_id: CapsuleId,
+) -> Result<(Option<StoredRules>, Option<StoredRules>), StoreError> {
+    Ok((
+        current_rules(pool, workspace_id, None).await?,
+        current_rules(pool, workspace_id, Some(capsule_id)).await?,
+    ))
+}
+
 /// The current rules of a scope.
 pub async fn current_rules<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
