@@ -54,6 +54,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v1/run-groups/{rg}"),
     ("POST", "/api/v1/run-groups/{rg}/approve"),
     ("POST", "/api/v1/run-groups/{rg}/apply"),
+    ("POST", "/api/v1/workspaces/{ws}/pools"),
+    ("PUT", "/api/v1/capsules/{cap}/pool"),
+    ("POST", "/api/v1/relay/claim"),
+    ("POST", "/api/v1/relay/runs/{run}/fail"),
 ];
 
 /// How a path id is filled in.
@@ -235,6 +239,9 @@ impl Fixture {
             "/api/v1/capsules/{cap}/settings" => json!({ "autoUpdate": false }),
             "/api/v1/workspaces/{ws}/settings" => json!({}),
             "/api/v1/workspaces/{ws}/plan-update" => json!({ "onlyStale": true }),
+            "/api/v1/workspaces/{ws}/pools" => json!({ "name": "fuzz-pool" }),
+            "/api/v1/capsules/{cap}/pool" => json!({ "pool": null }),
+            "/api/v1/relay/runs/{run}/fail" => json!({ "code": "plan_failed", "message": "m" }),
             _ => json!({}),
         }
     }

@@ -89,6 +89,8 @@ enum Need {
     Approve,
     /// A batch approval: 200 for every reader, but only approvers change anything.
     ApproveBatch,
+    /// A relay worker's call: only a worker pool's token, never an API token of any role.
+    PoolToken,
 }
 
 /// A caller of the matrix.
@@ -103,6 +105,9 @@ struct Who {
 
 impl Who {
     fn allowed(&self, need: Need) -> bool {
+        if need == Need::PoolToken {
+            return false;
+        }
         let Some(role) = self.role else {
             return matches!(need, Need::Public);
         };
@@ -116,6 +121,7 @@ impl Who {
             Need::Submit => matches!(role, "admin" | "operator" | "agent"),
             Need::Admin | Need::InstanceAdmin => role == "admin",
             Need::Approve => matches!(role, "admin" | "approver"),
+            Need::PoolToken => false,
         }
     }
 
@@ -123,6 +129,9 @@ impl Who {
     fn refusal(&self, need: Need) -> (u16, Option<&'static str>) {
         if need == Need::Webhook {
             return (401, Some("invalid_signature"));
+        }
+        if need == Need::PoolToken {
+            return (401, Some("unauthorized"));
         }
         if self.role.is_none() {
             return (401, Some("unauthorized"));
@@ -283,6 +292,16 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
     .await?;
     assert_eq!(binding.status, 201, "{}", binding.text);
     let pb = binding.json["id"].as_str().unwrap().to_owned();
+    let worker_pool = probe::call(
+        &stack,
+        "POST",
+        &format!("/api/v1/workspaces/{ws}/pools"),
+        Some(&stack.admin_token),
+        &[],
+        Some(br#"{"name":"matrix-pool"}"#),
+    )
+    .await?;
+    assert_eq!(worker_pool.status, 201, "{}", worker_pool.text);
     let attach_body = format!(r#"{{"bindingId":"{pb}"}}"#);
     let attach = probe::call(
         &stack,
@@ -516,6 +535,39 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
             format!("/api/v1/run-groups/{group}/apply"),
             None,
             Need::Submit,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/workspaces/{ws}/pools"),
+            Some(r#"{"name":"matrix-pool-2"}"#),
+            Need::Admin,
+        ),
+        e(
+            "POST",
+            "/api/v1/pools/matrix-pool/delivery-key".into(),
+            Some(
+                r#"{"keyId":"matrix-k1","publicKey":"AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA="}"#,
+            ),
+            Need::Admin,
+        ),
+        e(
+            "PUT",
+            format!("/api/v1/capsules/{cap}/pool"),
+            Some(r#"{"pool":null}"#),
+            Need::Operate,
+        ),
+        e("POST", "/api/v1/relay/claim".into(), None, Need::PoolToken),
+        e(
+            "POST",
+            format!("/api/v1/relay/runs/{planned}/progress"),
+            Some("{}"),
+            Need::PoolToken,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/relay/runs/{planned}/fail"),
+            Some(r#"{"code":"plan_failed","message":"x"}"#),
+            Need::PoolToken,
         ),
     ];
 
