@@ -215,3 +215,197 @@ async fn login_lists_and_plans_with_variables() -> anyhow::Result<()> {
     );
     stack.stop().await
 }
+
+/// 32 random bytes in standard base64: an X25519 public key as far as the API can tell.
+fn random_public_key() -> String {
+    use base64::Engine as _;
+    let mut raw = uuid::Uuid::new_v4().as_bytes().to_vec();
+    raw.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(raw)
+}
+
+/// The promise: `pool create` prints the pool and its token once (saying it is shown only
+/// now; with `--json` the token is in the JSON), and that token is the one the API stored
+/// for the pool; `capsule set-pool CAP POOL` moves the Capsule onto the pool and `--none`
+/// back to the control node (as `GET /capsules/{id}` shows); `pool rotate-key` makes the new
+/// key current and keeps the old one as previous; a bad public key exits 1 with the API's
+/// code and a hint on stderr and changes nothing; `set-pool` with neither a pool nor
+/// `--none` is a usage error (exit 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pools_are_created_assigned_and_rotated() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let home = tempfile::tempdir()?;
+    let home_s = home.path().display().to_string();
+    let env: [(&str, &str); 3] = [
+        ("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url),
+        ("TAKOSUMI_DEPLOY_CONTROL_TOKEN", &stack.admin_token),
+        ("HOME", &home_s),
+    ];
+    let ws = stack.client.create_workspace("cli-pools").await?.id;
+    let repo = GitRepo::new(&[("main.tf", "output \"x\" { value = 1 }\n")])?;
+    let cap = stack
+        .client
+        .create_capsule(
+            ws,
+            &takosumi_client::NewCapsule {
+                name: "edge-app".into(),
+                source: takosumi_client::Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: ".".into(),
+                tool: "terraform".into(),
+                vars: Default::default(),
+            },
+        )
+        .await?
+        .id
+        .to_string();
+    let ws = ws.to_string();
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let name = format!("edge-{suffix}");
+    let (key1, key2) = (random_public_key(), random_public_key());
+
+    // Create (human form): the token is printed once, with the note that it is shown only now.
+    let (code, out, err) = cli(
+        &env,
+        &[
+            "pool",
+            "create",
+            "--workspace",
+            &ws,
+            &name,
+            "--key-id",
+            "k1",
+            "--public-key",
+            &key1,
+        ],
+        None,
+    )
+    .await?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("shown only now"), "{err}");
+    let token = out
+        .lines()
+        .find_map(|l| l.strip_prefix("token:"))
+        .map(str::trim)
+        .expect("a token line")
+        .to_owned();
+    assert_eq!(out.matches(&token).count(), 1, "{out}");
+    assert!(out.contains("delivery key:     k1"), "{out}");
+    let stored = takosumi_store::pools::find_by_token(&stack.ctx.pool, &token).await?;
+    assert_eq!(stored.map(|p| p.name), Some(name.clone()));
+
+    // Create with --json: the token is in the JSON.
+    let other = format!("edge-json-{suffix}");
+    let (code, out, err) = cli(
+        &env,
+        &["--json", "pool", "create", "--workspace", &ws, &other],
+        None,
+    )
+    .await?;
+    assert_eq!(code, 0, "{out}{err}");
+    let created: Value = serde_json::from_str(&out)?;
+    assert_eq!(created["name"], json!(other), "{created}");
+    let json_token = created["token"].as_str().expect("token in the JSON");
+    assert!(
+        takosumi_store::pools::find_by_token(&stack.ctx.pool, json_token)
+            .await?
+            .is_some()
+    );
+
+    // Onto the pool and back.
+    let pool_of = |v: Value| v["pool"].clone();
+    let (code, out, err) = cli(&env, &["capsule", "set-pool", &cap, &name], None).await?;
+    assert_eq!(code, 0, "{out}{err}");
+    let (s, v) = stack
+        .call("GET", &format!("/api/v1/capsules/{cap}"), Value::Null)
+        .await?;
+    assert_eq!((s, pool_of(v)), (200, json!(name)));
+    let (code, out, err) = cli(&env, &["capsule", "set-pool", &cap, "--none"], None).await?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("control node"), "{out}");
+    let (s, v) = stack
+        .call("GET", &format!("/api/v1/capsules/{cap}"), Value::Null)
+        .await?;
+    assert_eq!((s, pool_of(v)), (200, Value::Null));
+    let (code, out, err) = cli(&env, &["capsule", "set-pool", &cap], None).await?;
+    assert_eq!(code, 2, "{out}{err}");
+    let (code, out, err) = cli(&env, &["capsule", "set-pool", &cap, "no-such-pool"], None).await?;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("(not_found)") && err.contains("hint:"),
+        "{err}"
+    );
+
+    // Rotate.
+    let (code, out, err) = cli(
+        &env,
+        &[
+            "--json",
+            "pool",
+            "rotate-key",
+            &name,
+            "--key-id",
+            "k2",
+            "--public-key",
+            &key2,
+            "--grace-secs",
+            "60",
+        ],
+        None,
+    )
+    .await?;
+    assert_eq!(code, 0, "{out}{err}");
+    let rotated: Value = serde_json::from_str(&out)?;
+    assert_eq!(rotated["deliveryKeyId"], json!("k2"), "{rotated}");
+    assert_eq!(rotated["previousKeyId"], json!("k1"), "{rotated}");
+    assert!(rotated.get("token").is_none(), "{rotated}");
+
+    // A bad public key: exit 1, the API's code and a hint; nothing changed.
+    let (code, out, err) = cli(
+        &env,
+        &[
+            "pool",
+            "rotate-key",
+            &name,
+            "--key-id",
+            "k3",
+            "--public-key",
+            "QUFBQQ==",
+        ],
+        None,
+    )
+    .await?;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("(invalid_delivery_key)"), "{err}");
+    assert!(err.contains("hint:") && err.contains("keygen"), "{err}");
+    let pool = takosumi_store::pools::by_name(&stack.ctx.pool, &name)
+        .await?
+        .expect("the pool");
+    assert_eq!(pool.delivery_key_id.as_deref(), Some("k2"));
+    let (code, out, err) = cli(
+        &env,
+        &[
+            "pool",
+            "create",
+            "--workspace",
+            &ws,
+            &format!("edge-bad-{suffix}"),
+            "--key-id",
+            "k1",
+            "--public-key",
+            "not base64!",
+        ],
+        None,
+    )
+    .await?;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("(invalid_delivery_key)"), "{err}");
+    assert!(
+        takosumi_store::pools::by_name(&stack.ctx.pool, &format!("edge-bad-{suffix}"))
+            .await?
+            .is_none()
+    );
+    stack.stop().await
+}

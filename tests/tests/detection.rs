@@ -125,6 +125,14 @@ async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> 
     std::fs::write(&input, input_state("b"))?;
     let older = drift_check(&stack, &cap).await?;
     assert_eq!(older.drift, Some(true), "{older:?}");
+    // The tool itself was asked (`-detailed-exitcode`; its exit code 2 is not a failure).
+    let events = stack.client.events(older.id).await?;
+    assert!(
+        events.iter().any(|e| e.kind == "tool_started"
+            && e.data["command"] == "plan"
+            && e.data["detailedExitcode"] == true),
+        "{events:?}"
+    );
     let c = older.changes.unwrap();
     assert_eq!((c.add, c.destroy), (1, 1));
     let status = stack.client.get_capsule(cap.id).await?.status;

@@ -1,5 +1,6 @@
 //! The drift-check step. A drift check is a dry-run plan of the Capsule's current source
-//! against its current state: it counts what would change from `show -json`, records
+//! against its current state (`plan -detailed-exitcode -out`, never `-refresh-only`): the
+//! tool's exit code says whether anything would change, `show -json` says what; it records
 //! `drift: true|false`, and — only when it found drift — keeps its saved plan sealed so a
 //! reconcile (`POST /runs/{check}/apply`) carries out exactly the plan shown with the
 //! check. A later check of the same Capsule drops the plan an earlier one kept. It never

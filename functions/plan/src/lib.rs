@@ -336,13 +336,29 @@ async fn plan(
     ctx.event(
         run_id,
         "tool_started",
-        serde_json::json!({ "command": "plan", "destroy": run.kind == RunKind::Destroy }),
+        serde_json::json!({
+            "command": "plan",
+            "destroy": run.kind == RunKind::Destroy,
+            "detailedExitcode": run.kind == RunKind::DriftCheck,
+        }),
     )
     .await;
-    let planned = ctx
-        .runner
-        .plan(&wd, tool, &env, run.kind == RunKind::Destroy)
-        .await;
+    // A drift check asks the tool itself whether anything would change (exit code 2 of
+    // `-detailed-exitcode`); `show -json` then says what.
+    let mut tool_says_drift = None;
+    let planned = if run.kind == RunKind::DriftCheck {
+        ctx.runner
+            .plan_detailed(&wd, tool, &env)
+            .await
+            .map(|(out, changes)| {
+                tool_says_drift = Some(changes);
+                out
+            })
+    } else {
+        ctx.runner
+            .plan(&wd, tool, &env, run.kind == RunKind::Destroy)
+            .await
+    };
     if planned.is_err() {
         log_result(ctx, env.masker(), run, "plan", &planned).await;
     }
@@ -429,9 +445,10 @@ async fn plan(
         dependency_snapshot,
         state_generation: capsule.state_generation,
         changes,
-        // A drift check reports drift when the saved plan would change anything (counted
-        // from show -json, like every count here).
-        drift: (run.kind == RunKind::DriftCheck).then(|| drift_found(&show)),
+        // A drift check reports drift when the tool's exit code says the plan changes
+        // something; `show -json` (resource or output changes) must agree, and either one
+        // saying so counts, so a disagreement can never hide drift.
+        drift: tool_says_drift.map(|tool| tool || drift_found(&show)),
         injected_env_names: env.names(),
     };
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;

@@ -26,12 +26,14 @@ mod bindings;
 mod dead_letters;
 mod gates;
 mod listing;
+mod pools;
 mod records;
 
 pub use bindings::{
     NewProviderBinding, PlanRequest, ProviderBinding, ProviderBindingId, UsedBinding,
 };
 pub use dead_letters::{DeadLetter, DeadLetters, DeadQueue};
+pub use pools::{CreatedPool, DeliveryKey, Pool};
 pub use records::{ActivityEntry, ActivityPage, Cost, RunPage, RunQuery};
 pub use takosumi_core::cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};
 pub use takosumi_core::{

@@ -7,6 +7,7 @@
 mod config_cli;
 mod dead_letters_cli;
 mod gates_cli;
+mod pools_cli;
 mod records_cli;
 
 use std::fmt::Write as _;
@@ -56,6 +57,12 @@ enum Command {
     /// from stdin (`printf %s "$TOKEN" | takosumi login --url URL`) unless --token or
     /// TAKOSUMI_DEPLOY_CONTROL_TOKEN gives it; it is never printed.
     Login,
+    /// Worker pools: named sets of relay workers that run Capsules' jobs where the
+    /// control plane cannot reach.
+    Pool {
+        #[command(subcommand)]
+        command: pools_cli::PoolCommand,
+    },
     /// Workspaces: groups of Capsules with shared rules and history.
     Workspace {
         #[command(subcommand)]
@@ -308,6 +315,9 @@ enum CapsuleCommand {
         #[arg(value_name = "CAPSULE")]
         capsule: CapsuleId,
     },
+    /// Run a Capsule's plans, drift checks and applies on a worker pool (`--none`: on the
+    /// control node again).
+    SetPool(pools_cli::SetPoolArgs),
 }
 
 #[derive(Args)]
@@ -964,6 +974,10 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
             records_cli::resolve(client, run, &note, how, json).await
         }
         Command::DeadLetters { limit } => dead_letters_cli::dead_letters(client, limit, json).await,
+        Command::Pool { command } => pools_cli::pool(client, command, json).await,
+        Command::Capsule {
+            command: CapsuleCommand::SetPool(args),
+        } => pools_cli::set_pool(client, args, json).await,
         Command::Events { run } => {
             let events = client.events(run).await?;
             if json {

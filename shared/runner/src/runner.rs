@@ -415,6 +415,33 @@ impl Runner {
         )
     }
 
+    /// A drift check's dry-run plan: `plan -input=false -no-color -detailed-exitcode
+    /// -out=<plan_path>` (never `-refresh-only`: a reconcile applies this plan). Exit code 2
+    /// is success with changes; the answer is whether the tool said there were changes.
+    pub async fn plan_detailed(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+    ) -> Result<(ToolOutput, bool), RunnerError> {
+        let mut out = OsString::from("-out=");
+        out.push(wd.plan_path());
+        let args: [&OsStr; 5] = [
+            "plan".as_ref(),
+            "-input=false".as_ref(),
+            "-no-color".as_ref(),
+            "-detailed-exitcode".as_ref(),
+            &out,
+        ];
+        let cmd = self.wd_command(wd, tool, env, &args)?;
+        let mut captured = self.run_tool(cmd, tool, "plan", StdoutMode::Log).await?;
+        let changes = captured.exit_code == 2;
+        if changes {
+            captured.exit_code = 0;
+        }
+        checked("plan", captured).map(|o| (o, changes))
+    }
+
     /// `show -json <plan_path>`, parsed. It holds sensitive values: never log it.
     pub async fn show_json(
         &self,
