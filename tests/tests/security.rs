@@ -676,7 +676,35 @@ async fn tampered_plans_and_states_are_refused_with_their_codes() -> anyhow::Res
     let ws = workspace(&stack).await?;
     let capsule = register(&stack, ws, &repo, "infra/network").await?;
     let a = plan_by_hand(&stack, &capsule).await?;
-    let b = plan_by_hand(&stack, &capsule).await?;
+    // B plans another region: two plans of the same inputs within one second are the same
+    // bytes (the plan file's zip timestamps have one-second resolution), and then B's plan
+    // *is* the reviewed one.
+    let (s, body) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/capsules/{}/plan", capsule.id),
+            json!({ "vars": { "region": "us" } }),
+        )
+        .await?;
+    assert_eq!(s, 202, "{body}");
+    let b: RunId = body["id"].as_str().unwrap_or_default().parse()?;
+    let outcome = takosumi_plan::handle(&stack.ctx, RunMessage { run_id: b }).await?;
+    assert_eq!(outcome, Outcome::Done, "plan B by hand");
+    let digest_of = |run: RunId| {
+        let pool = stack.ctx.pool.clone();
+        async move {
+            takosumi_store::runs::get(&pool, run)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|r| r.plan_digest)
+        }
+    };
+    assert_ne!(
+        digest_of(a).await,
+        digest_of(b).await,
+        "A and B must be different plans"
+    );
     let key_of = |run: RunId| {
         let pool = stack.ctx.pool.clone();
         async move {
