@@ -233,6 +233,30 @@ enum Prepared {
     Failed,
 }
 
+/// Fails a released apply the pool cannot run, before anyone claims it, with its code and
+/// a `failed` event naming the pool; a Run another caller already ended is left alone.
+async fn fail_unclaimed(
+    st: &AppState,
+    pool: &WorkerPool,
+    run_id: RunId,
+    code: &'static str,
+    message: &str,
+) -> Result<(), ApiError> {
+    let mut tx = st.pool.begin().await?;
+    if pools::fail_with_code(&mut tx, run_id, None, code, message).await? {
+        events::append(
+            &mut *tx,
+            run_id,
+            "failed",
+            &format!("relay:{}", pool.name),
+            json!({ "code": code, "message": message }),
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 async fn claim_once(
     st: &AppState,
     pool: &WorkerPool,
@@ -247,41 +271,15 @@ async fn claim_once(
                 "an apply without a saved plan runs in one step, which worker pool {:?} cannot run (there is no reviewed plan file to deliver); plan the Capsule, then apply that plan",
                 pool.name
             );
-            let mut tx = st.pool.begin().await?;
-            if pools::fail_with_code(&mut tx, run_id, None, "relay_needs_saved_plan", &message)
-                .await?
-            {
-                events::append(
-                    &mut *tx,
-                    run_id,
-                    "failed",
-                    &format!("relay:{}", pool.name),
-                    json!({ "code": "relay_needs_saved_plan", "message": message }),
-                )
-                .await?;
-            }
-            tx.commit().await?;
+            fail_unclaimed(st, pool, run_id, "relay_needs_saved_plan", &message).await?;
             continue;
         }
         if key.is_none() {
-            let mut tx = st.pool.begin().await?;
             let message = format!(
                 "worker pool {:?} has no delivery key, so the saved plan cannot be delivered to it and a gated apply cannot run there; register a delivery key (POST /api/v1/pools/{}/delivery-key) and propose the apply again, or run the Capsule on the control node (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}})",
                 pool.name, pool.name
             );
-            if pools::fail_with_code(&mut tx, run_id, None, "pool_has_no_delivery_key", &message)
-                .await?
-            {
-                events::append(
-                    &mut *tx,
-                    run_id,
-                    "failed",
-                    &format!("relay:{}", pool.name),
-                    json!({ "code": "pool_has_no_delivery_key", "message": message }),
-                )
-                .await?;
-            }
-            tx.commit().await?;
+            fail_unclaimed(st, pool, run_id, "pool_has_no_delivery_key", &message).await?;
             continue;
         }
         let owner = new_owner(pool);
