@@ -43,7 +43,8 @@ apt_install() {
 }
 
 missing=()
-for pkg in postgresql rabbitmq-server curl ca-certificates; do
+# bubblewrap: the runner sandbox every process of a Run starts in
+for pkg in postgresql rabbitmq-server curl ca-certificates bubblewrap; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 command -v cc >/dev/null 2>&1 || missing+=(build-essential)

@@ -44,7 +44,7 @@ curl -sf "$TAKOSUMI_DEPLOY_CONTROL_URL/healthz" >/dev/null ||
 log "API up at $TAKOSUMI_DEPLOY_CONTROL_URL (logs in $STACK/logs)"
 
 # The example Capsule lives in a Git repository; make one from infra/examples/network.
-REPO=$STACK/quickstart-repo
+REPO=${TAKOSUMI_REPOS:-/var/tmp/takosumi-repos}/quickstart
 if [ ! -d "$REPO/.git" ]; then
     mkdir -p "$REPO/infra/network"
     git -C "$REPO" init -q -b main

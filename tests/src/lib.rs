@@ -195,23 +195,35 @@ impl Stack {
                     .map_or(amqp_base.as_str(), |(b, _)| b)
             )
         };
-        // The real terraform behind a recording wrapper.
-        let tool_log = work.path().join("tool.log");
-        let pause_file = work.path().join("pause-plan");
-        let tool_cwd_log = work.path().join("tool-cwd.log");
-        let wrapper = work.path().join("terraform");
+        // The real terraform behind a recording wrapper. It runs inside the runner
+        // sandbox, so what it records goes to the one directory the test's sandboxes may
+        // write besides their own (`probe/`, TAKOSUMI_SANDBOX_RW_PATHS), never the runs'.
+        let probe = work.path().join("probe");
+        std::fs::create_dir(&probe)?;
+        let tool_log = probe.join("tool.log");
+        let pause_file = probe.join("pause-plan");
+        let tool_cwd_log = probe.join("tool-cwd.log");
+        let wrapper = probe.join("terraform");
         let real = env("TAKOSUMI_TERRAFORM_BIN")?;
         std::fs::write(
             &wrapper,
             format!(
-                "#!/bin/sh\necho \"$1\" >> '{log}'\necho \"$1 $PWD\" >> '{cwd_log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; sleep 120 & echo $! >> '{sleepers}'; wait $!; fi\nexec '{real}' \"$@\"\n",
+                "#!/bin/sh\necho \"$1\" >> '{log}'\necho \"$1 $PWD\" >> '{cwd_log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; n=0; while [ -f '{pause}' ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; fi\nexec '{real}' \"$@\"\n",
                 log = tool_log.display(),
                 cwd_log = tool_cwd_log.display(),
-                sleepers = work.path().join("pause-sleepers").display(),
                 pause = pause_file.display(),
             ),
         )?;
         set_executable(&wrapper)?;
+        let tool_bin = tool.unwrap_or(&wrapper);
+        // Visible read-only in every sandbox: the test repositories and fixtures, the real
+        // tool's directory and the one a given tool wrapper lives in.
+        let mut ro_paths = vec![FIXTURES_ROOT.to_owned()];
+        for bin in [Path::new(&real), tool_bin] {
+            if let Some(dir) = bin.parent() {
+                ro_paths.push(dir.display().to_string());
+            }
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let api_url = format!("http://{}", listener.local_addr()?);
         let admin_token = format!("tks_test_{}", short_id());
@@ -232,10 +244,9 @@ impl Stack {
             ("TAKOSUMI_S3_BUCKET", format!("t-{id}")),
             ("TAKOSUMI_SEAL_KEY", env("TAKOSUMI_SEAL_KEY")?),
             ("TAKOSUMI_SEAL_KEY_ID", "test-1".to_owned()),
-            (
-                "TAKOSUMI_TERRAFORM_BIN",
-                tool.unwrap_or(&wrapper).display().to_string(),
-            ),
+            ("TAKOSUMI_TERRAFORM_BIN", tool_bin.display().to_string()),
+            ("TAKOSUMI_SANDBOX_RO_PATHS", ro_paths.join(":")),
+            ("TAKOSUMI_SANDBOX_RW_PATHS", probe.display().to_string()),
             ("TAKOSUMI_TF_CLI_CONFIG", env("TAKOSUMI_TF_CLI_CONFIG")?),
             (
                 "TAKOSUMI_WORK_DIR",
@@ -329,27 +340,14 @@ impl Stack {
             .count()
     }
 
-    /// While set, every `plan` the tool runs sleeps first (to kill a handler mid-plan).
-    /// Unsetting it also wakes the plans sleeping now (their `sleep 120` is ended), so
-    /// a test can hold a plan in flight and then let it finish.
+    /// While set, every `plan` the tool runs waits first (to kill a handler mid-plan), at
+    /// most 120 s. Unsetting it lets the plans waiting now go on within 0.1 s, so a test
+    /// can hold a plan in flight and then let it finish.
     pub fn pause_plans(&self, on: bool) -> anyhow::Result<()> {
         if on {
             std::fs::write(&self.pause_file, b"")?;
         } else if self.pause_file.exists() {
             std::fs::remove_file(&self.pause_file)?;
-            let sleepers = self.work.path().join("pause-sleepers");
-            let pids = std::fs::read_to_string(&sleepers).unwrap_or_default();
-            for pid in pids.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
-                // Only a sleep this stack's wrapper started (a pid may have been reused).
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                if cmdline == b"sleep\x00120\x00" {
-                    let _ = std::process::Command::new("kill")
-                        .arg(pid.to_string())
-                        .stderr(Stdio::null())
-                        .status();
-                }
-            }
-            let _ = std::fs::remove_file(&sleepers);
         }
         Ok(())
     }
@@ -669,6 +667,17 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Where test repositories and fixtures live: the directory every test sandbox sees
+/// read-only (`TAKOSUMI_SANDBOX_RO_PATHS`), so `file://` sources, credential scripts and
+/// input files are reachable from inside a Run. Never a run directory.
+pub const FIXTURES_ROOT: &str = "/tmp/takosumi-test-fixtures";
+
+/// A new directory under [`FIXTURES_ROOT`], removed when dropped.
+pub fn fixture_dir() -> anyhow::Result<tempfile::TempDir> {
+    std::fs::create_dir_all(FIXTURES_ROOT)?;
+    Ok(tempfile::tempdir_in(FIXTURES_ROOT)?)
+}
+
 /// A throwaway Git repository served as a `file://` URL.
 pub struct GitRepo {
     dir: tempfile::TempDir,
@@ -677,7 +686,7 @@ pub struct GitRepo {
 impl GitRepo {
     /// A repository whose first commit on `main` holds `files`.
     pub fn new(files: &[(&str, &str)]) -> anyhow::Result<Self> {
-        let dir = tempfile::tempdir()?;
+        let dir = fixture_dir()?;
         git(dir.path(), &["init", "-q", "-b", "main"])?;
         let repo = Self { dir };
         repo.commit(files, "initial")?;

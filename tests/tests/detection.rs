@@ -80,7 +80,7 @@ async fn drift_check(stack: &Stack, cap: &Capsule) -> anyhow::Result<takosumi_cl
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let dir = tempfile::tempdir()?;
+    let dir = takosumi_tests::fixture_dir()?;
     let input = dir.path().join("input.tfstate");
     std::fs::write(&input, input_state("a"))?;
     let repo = GitRepo::new(&[("infra/watched/main.tf", WATCHED)])?;
@@ -687,7 +687,7 @@ async fn pull_request_plans_are_speculative_and_scanned() -> anyhow::Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drift_view_rolls_up_capsules_by_changed_resources() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let dir = tempfile::tempdir()?;
+    let dir = takosumi_tests::fixture_dir()?;
     let other_tf = WATCHED.replace("\"watched\"", "\"other\"");
     let repo = GitRepo::new(&[
         ("infra/watched/main.tf", WATCHED),

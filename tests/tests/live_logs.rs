@@ -160,7 +160,7 @@ async fn apply_logs_are_readable_while_the_tool_works() -> anyhow::Result<()> {
 /// joined the masker: it is in no live log and masked in the final one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plan_progress_is_live_and_its_diff_waits_for_the_masker() -> anyhow::Result<()> {
-    let tools = tempfile::tempdir()?;
+    let tools = takosumi_tests::fixture_dir()?;
     let wrapper = tools.path().join("terraform");
     let real = std::env::var("TAKOSUMI_TERRAFORM_BIN")?;
     let slow = tools.path().join("slow-plans");

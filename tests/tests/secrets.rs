@@ -249,7 +249,7 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
     let ws = capsule.workspace_id;
 
     // Three credential sets; what comes back is names only.
-    let cred_dir = tempfile::tempdir()?;
+    let cred_dir = takosumi_tests::fixture_dir()?;
     let cred_file = cred_dir.path().join("cmd-cred");
     std::fs::write(&cred_file, format!("{cmd_a}\n"))?;
     let created = [
@@ -695,7 +695,7 @@ async fn failing_credentials_escaping_links_and_bad_input_fail_with_a_code() -> 
 /// A credential helper that prints the canary on both streams, then fails. The directory
 /// lives as long as the returned guard.
 fn cred_script(printed: &str) -> anyhow::Result<(tempfile::TempDir, std::path::PathBuf)> {
-    let dir = tempfile::tempdir()?;
+    let dir = takosumi_tests::fixture_dir()?;
     let path = dir.path().join("helper.sh");
     std::fs::write(
         &path,

@@ -126,6 +126,10 @@ struct ClaimRequest {
     /// Long-poll: how long to wait for a job (0 to 20 s).
     #[serde(default)]
     wait_secs: u64,
+    /// The sandbox the worker runs Capsules in (`bubblewrap` | `none`), recorded on every
+    /// Run it claims.
+    #[serde(default)]
+    sandbox: Option<String>,
 }
 
 /// Which of the pool's keys to seal this worker's secrets to. `Ok(None)`: the pool has
@@ -206,10 +210,20 @@ async fn claim(
         crate::routes::parse_body(&body)?
     };
     let key = delivery_key_for(&pool, &req.delivery_key_ids)?;
+    let sandbox = match req.sandbox.as_deref() {
+        None => None,
+        Some(s @ ("bubblewrap" | "none")) => Some(s),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "invalid_sandbox",
+                "sandbox is \"bubblewrap\" or \"none\"",
+            ));
+        }
+    };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(req.wait_secs.min(20));
     loop {
         drain_wakeups(&st, &pool).await;
-        if let Some(job) = claim_once(&st, &pool, key.as_ref()).await? {
+        if let Some(job) = claim_once(&st, &pool, key.as_ref(), sandbox).await? {
             return Ok(Json(json!({ "job": job })));
         }
         if tokio::time::Instant::now() >= deadline {
@@ -261,6 +275,7 @@ async fn claim_once(
     st: &AppState,
     pool: &WorkerPool,
     key: Option<&DeliveryPublicKey>,
+    sandbox: Option<&str>,
 ) -> Result<Option<Value>, ApiError> {
     // Applies first: a held Capsule waits for them.
     for (run_id, has_plan) in pools::released_applies(&st.pool, pool.id).await? {
@@ -298,6 +313,9 @@ async fn claim_once(
                 json!({ "step": "apply", "pool": pool.name }),
             )
             .await?;
+            if let Some(sandbox) = sandbox {
+                runs::record_sandbox(&mut *tx, run_id, &owner, sandbox).await?;
+            }
         }
         tx.commit().await?;
         if claimed != ApplyClaim::Claimed {
@@ -333,6 +351,9 @@ async fn claim_once(
         json!({ "step": "plan", "pool": pool.name }),
     )
     .await?;
+    if let Some(sandbox) = sandbox {
+        runs::record_sandbox(&mut *tx, run_id, &owner, sandbox).await?;
+    }
     tx.commit().await?;
     match plan_job(st, pool, key, run_id, &owner).await {
         Ok(Prepared::Job(job)) => Ok(Some(job)),

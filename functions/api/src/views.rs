@@ -62,6 +62,8 @@ pub fn run(r: &Run) -> Value {
     );
     m.insert("autoApplyRequested".into(), json!(r.auto_apply_requested));
     m.insert("injectedEnvNames".into(), json!(r.injected_env_names));
+    // `bubblewrap` | `none` (a runner started unisolated), null before execution.
+    m.insert("sandbox".into(), json!(r.sandbox));
     // Ids and names of the credential sets used; their values are never stored here.
     m.insert("providerBindings".into(), r.provider_bindings.clone());
     // Non-secret variables only (sensitive ones appear as names in injectedEnvNames).

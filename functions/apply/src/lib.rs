@@ -82,6 +82,14 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             )
             .await
             .map_err(store_err)?;
+            runs::record_sandbox(
+                &mut *tx,
+                run_id,
+                &ctx.owner,
+                ctx.runner.sandbox_mode().as_str(),
+            )
+            .await
+            .map_err(store_err)?;
         }
         ApplyClaim::GenerationChanged { planned, current } => {
             events::append(

@@ -106,6 +106,14 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     )
     .await
     .map_err(store_err)?;
+    runs::record_sandbox(
+        &mut *tx,
+        run_id,
+        &ctx.owner,
+        ctx.runner.sandbox_mode().as_str(),
+    )
+    .await
+    .map_err(store_err)?;
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     let attempt = run.attempts + 1;
 

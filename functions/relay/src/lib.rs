@@ -35,8 +35,7 @@ pub struct RelaySettings {
     /// The delivery key pairs this worker holds, current first (`TAKOSUMI_DELIVERY_KEYS`:
     /// `id=<base64 private key>[,id=<…>]`).
     pub keys: Vec<DeliveryKeyPair>,
-    /// Runs the tool (`TAKOSUMI_TERRAFORM_BIN`, `TAKOSUMI_TOFU_BIN`,
-    /// `TAKOSUMI_TF_CLI_CONFIG`, `TAKOSUMI_WORK_DIR`).
+    /// Runs the tool inside the sandbox ([`takosumi_runner::RunnerConfig::from_settings`]).
     pub runner: Runner,
 }
 
@@ -55,14 +54,17 @@ impl RelaySettings {
                 "{forbidden} is set: a relay worker talks only to the API; unset it"
             );
         }
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let vars: std::collections::HashMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("TAKOSUMI_"))
+            .collect();
+        let get = |k: &str| vars.get(k).filter(|v| !v.is_empty()).cloned();
+        let secret = |k: &str| takosumi_core::read_secret(&vars, k).map_err(anyhow::Error::msg);
         let api_url = get("TAKOSUMI_DEPLOY_CONTROL_URL")
             .ok_or_else(|| anyhow::anyhow!("TAKOSUMI_DEPLOY_CONTROL_URL is not set"))?;
-        let token = Secret::new(
-            get("TAKOSUMI_POOL_TOKEN")
-                .ok_or_else(|| anyhow::anyhow!("TAKOSUMI_POOL_TOKEN is not set"))?,
-        );
-        let keys = match get("TAKOSUMI_DELIVERY_KEYS") {
+        let token = Secret::new(secret("TAKOSUMI_POOL_TOKEN")?.ok_or_else(|| {
+            anyhow::anyhow!("TAKOSUMI_POOL_TOKEN (or TAKOSUMI_POOL_TOKEN_FILE) is not set")
+        })?);
+        let keys = match secret("TAKOSUMI_DELIVERY_KEYS")? {
             None => Vec::new(),
             Some(mut text) => {
                 let parsed = parse_keys(&text);
@@ -70,17 +72,11 @@ impl RelaySettings {
                 parsed?
             }
         };
-        let work = get("TAKOSUMI_WORK_DIR")
-            .ok_or_else(|| anyhow::anyhow!("TAKOSUMI_WORK_DIR is not set"))?;
-        let runner = Runner::new(takosumi_runner::RunnerConfig {
-            terraform_bin: get("TAKOSUMI_TERRAFORM_BIN")
-                .unwrap_or_else(|| "terraform".into())
-                .into(),
-            tofu_bin: get("TAKOSUMI_TOFU_BIN").map(Into::into),
-            cli_config_file: get("TAKOSUMI_TF_CLI_CONFIG").map(Into::into),
-            work_root: work.into(),
-            git_bin: "git".into(),
-        });
+        // The same runner settings as the control node's (one reading, in the runner).
+        let runner = Runner::new(
+            takosumi_runner::RunnerConfig::from_settings(get)
+                .map_err(|p| anyhow::anyhow!("invalid settings: {}", p.join("; ")))?,
+        );
         Ok(Self {
             api_url: api_url.trim_end_matches('/').to_owned(),
             token,
@@ -161,12 +157,17 @@ impl Api {
     }
 
     /// Claims the pool's next job, waiting up to `wait_secs` for one.
-    pub async fn claim(&self, key_ids: &[String], wait_secs: u64) -> anyhow::Result<Option<Value>> {
+    pub async fn claim(
+        &self,
+        key_ids: &[String],
+        wait_secs: u64,
+        sandbox: takosumi_runner::SandboxMode,
+    ) -> anyhow::Result<Option<Value>> {
         let body = self
             .send(
                 self.http
                     .post(format!("{}/api/v1/relay/claim", self.base))
-                    .json(&json!({ "deliveryKeyIds": key_ids, "waitSecs": wait_secs })),
+                    .json(&json!({ "deliveryKeyIds": key_ids, "waitSecs": wait_secs, "sandbox": sandbox.as_str() })),
             )
             .await?;
         Ok(Some(body["job"].clone()).filter(|j| !j.is_null()))
@@ -332,6 +333,8 @@ impl Job<'_> {
 
 /// Runs jobs until `shutdown`. Each claim long-polls; a broken connection backs off.
 pub async fn run(settings: RelaySettings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Before any claim: a worker whose sandbox cannot work here must not take a job.
+    settings.runner.start_up().await?;
     let api = Api::new(&settings.api_url, settings.token.clone())?;
     let key_ids: Vec<String> = settings
         .keys
@@ -341,7 +344,7 @@ pub async fn run(settings: RelaySettings, shutdown: CancellationToken) -> anyhow
     let mut backoff = Duration::from_millis(250);
     while !shutdown.is_cancelled() {
         let claimed = tokio::select! {
-            c = api.claim(&key_ids, 5) => c,
+            c = api.claim(&key_ids, 5, settings.runner.sandbox_mode()) => c,
             () = shutdown.cancelled() => break,
         };
         match claimed {

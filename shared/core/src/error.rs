@@ -56,6 +56,11 @@ pub enum FailureCode {
     /// it yet: nothing else is applied until a person has inspected the provider side and
     /// recorded it (`POST /runs/{id}/resolve`).
     CapsuleNeedsInspection,
+    /// A git or tool step ran past its time limit and was stopped (for an apply whose tool
+    /// had started, the Run is `unknown_outcome` instead).
+    TimedOut,
+    /// The runner sandbox could not start the Run's processes.
+    SandboxUnavailable,
 }
 
 impl FailureCode {
@@ -82,6 +87,8 @@ impl FailureCode {
             Self::CredentialFailed => "credential_failed",
             Self::StateIntegrity => "state_integrity",
             Self::CapsuleNeedsInspection => "capsule_needs_inspection",
+            Self::TimedOut => "timed_out",
+            Self::SandboxUnavailable => "sandbox_unavailable",
         }
     }
 }

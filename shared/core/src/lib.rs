@@ -15,4 +15,4 @@ pub use ids::{
     TokenId, WorkspaceId,
 };
 pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic};
-pub use secret::Secret;
+pub use secret::{Secret, read_secret};

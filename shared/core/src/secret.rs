@@ -50,3 +50,31 @@ mod tests {
         assert_eq!(s.expose(), "canary-7d1f");
     }
 }
+
+/// A secret setting: `NAME` itself, or the contents of the file `NAME_FILE` names (a
+/// mounted Secret, mode 0600; one trailing newline is dropped). Both set is an error:
+/// which one wins would be a guess. Errors name the setting and the file, never a value.
+pub fn read_secret<S: std::hash::BuildHasher>(
+    vars: &std::collections::HashMap<String, String, S>,
+    name: &str,
+) -> Result<Option<String>, String> {
+    let direct = vars.get(name).filter(|v| !v.is_empty());
+    let file_key = format!("{name}_FILE");
+    let file = vars.get(&file_key).filter(|v| !v.is_empty());
+    match (direct, file) {
+        (Some(_), Some(_)) => Err(format!("{name} and {file_key} are both set: keep one")),
+        (Some(v), None) => Ok(Some(v.clone())),
+        (None, None) => Ok(None),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("{file_key}: {path} cannot be read ({})", e.kind()))?;
+            let value = text.strip_suffix('\n').unwrap_or(&text);
+            let value = value.strip_suffix('\r').unwrap_or(value);
+            if value.is_empty() {
+                return Err(format!("{file_key}: {path} is empty"));
+            }
+            Ok(Some(value.to_owned()))
+        }
+    }
+}
+

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use takosumi_core::Secret;
-use tokio::process::Command;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::Path;
 
 use crate::process::{self, StdoutMode};
 use crate::runner::TOOL_PATH;
@@ -34,12 +36,27 @@ impl Runner {
         let Some((program, args)) = argv.split_first() else {
             return Err(fail("the command is empty".into()));
         };
-        let mut cmd = Command::new(program);
-        cmd.env_clear()
-            .env("PATH", TOOL_PATH)
-            .env("HOME", wd.home())
-            .current_dir(wd.home())
-            .args(args);
+        // Inside the sandbox a missing program is bubblewrap's exit 1: say what it is.
+        let found = if program.contains('/') {
+            Path::new(program).is_file()
+        } else {
+            TOOL_PATH
+                .split(':')
+                .any(|dir| Path::new(dir).join(program).is_file())
+        };
+        if !found {
+            return Err(fail(format!(
+                "it could not be started: {program} was not found (a bare name is looked up on {TOOL_PATH})"
+            )));
+        }
+        let env: BTreeMap<String, OsString> = [
+            ("PATH".to_owned(), OsString::from(TOOL_PATH)),
+            ("HOME".to_owned(), wd.home().as_os_str().to_owned()),
+        ]
+        .into();
+        // Inside the sandbox like every other child of a run: a command credential is
+        // configuration too, and must not see the handler's secrets.
+        let cmd = self.child(Path::new(program), args, wd.home(), env, wd.root(), None);
         // Nothing of stderr is kept: the masker for it does not know the value yet.
         let no_secrets = Masker::new();
         let run = process::run(cmd, program, StdoutMode::Data, &no_secrets);

@@ -106,6 +106,17 @@ pub enum RunnerError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The sandbox cannot start processes on this machine (see [`crate::SandboxConfig::check`]).
+    #[error("the runner sandbox is unavailable: {0}")]
+    SandboxUnavailable(String),
+    /// A git or tool step ran past its time limit; its whole process group was killed.
+    #[error("`{step}` did not finish within its time limit of {limit_secs} s and was stopped")]
+    TimedOut {
+        /// The step (`checkout`, `init`, `plan`, `apply`, …).
+        step: &'static str,
+        /// The limit, in seconds.
+        limit_secs: u64,
+    },
     /// `.terraform.lock.hcl` is larger than 1 MiB.
     #[error(
         "the provider lockfile is {size} bytes, over the 1 MiB (1048576 bytes) limit; \
@@ -145,6 +156,8 @@ impl RunnerError {
             | Self::ToolFailed { .. }
             | Self::BadJson { .. }
             | Self::OutputTooLarge { .. }
+            | Self::SandboxUnavailable(_)
+            | Self::TimedOut { .. }
             | Self::LockfileTooLarge { .. } => false,
         }
     }
@@ -170,6 +183,8 @@ impl RunnerError {
                 _ => None,
             },
             Self::LockfileTooLarge { .. } => Some(FailureCode::LockfileTooLarge),
+            Self::TimedOut { .. } => Some(FailureCode::TimedOut),
+            Self::SandboxUnavailable(_) => Some(FailureCode::SandboxUnavailable),
             Self::Io { .. }
             | Self::Spawn { .. }
             | Self::BadJson { .. }

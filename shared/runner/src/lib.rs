@@ -35,6 +35,7 @@ mod modules;
 mod plan_json;
 mod process;
 mod runner;
+mod sandbox;
 mod source;
 mod workdir;
 
@@ -45,8 +46,9 @@ pub use mask::{MASK, MaskStream, Masker};
 pub use modules::{MODULES_DIR, declares_module_calls, module_tree_digest};
 pub use plan_json::{count_changes, is_stale_plan, public_outputs};
 pub use runner::{
-    BACKEND_OVERRIDE_FILE, LOCKFILE_NAME, MAX_LOCKFILE_BYTES, Runner, RunnerConfig, SourceSnapshot,
-    TOOL_PATH,
+    BACKEND_OVERRIDE_FILE, LOCKFILE_NAME, Limits, MAX_LOCKFILE_BYTES, Runner, RunnerConfig,
+    SourceSnapshot, TOOL_PATH,
 };
+pub use sandbox::{SANDBOX_UID, SandboxConfig, SandboxMode, parse_path_list};
 pub use source::tree_digest;
 pub use workdir::Workdir;

@@ -8,15 +8,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::Command;
 
 use crate::live::TapState;
+use crate::sandbox::{self, Prepared};
 use crate::{MaskStream, Masker, RunnerError};
 
 /// Combined output kept for people (larger output is truncated with a marker).
 pub(crate) const MAX_LOG_BYTES: usize = 16 * 1024 * 1024;
 /// stdout kept for machine-readable steps (`show -json` of a big plan can be large).
 pub(crate) const MAX_STDOUT_BYTES: usize = 256 * 1024 * 1024;
+/// The longest line kept; the rest of a longer line is dropped (memory stays bounded
+/// whatever a child prints).
+pub(crate) const MAX_LINE_BYTES: usize = 64 * 1024;
 /// How long to wait for the pipes to close after the child exited.
 const PIPE_GRACE: Duration = Duration::from_secs(5);
 
@@ -91,7 +94,7 @@ impl Sink {
         }
         if self.stderr.len() + text.len() > MAX_LOG_BYTES {
             self.stderr_truncated = true;
-            self.stderr.push_str("\n[takosumi: output truncated]\n");
+            self.stderr.push_str(TRUNCATED_MARK);
         } else {
             self.stderr.push_str(text);
         }
@@ -115,7 +118,7 @@ impl Sink {
         }
         if self.output.len() + line.len() > MAX_LOG_BYTES {
             self.log_truncated = true;
-            self.output.push_str("\n[takosumi: output truncated]\n");
+            self.output.push_str(TRUNCATED_MARK);
         } else {
             self.output.push_str(line);
             if let Some(tap) = self.tap.as_mut() {
@@ -124,6 +127,12 @@ impl Sink {
         }
     }
 }
+
+/// What a capped output ends with: the cap, stated.
+pub(crate) const TRUNCATED_MARK: &str =
+    "\n[takosumi: output truncated: a step's log is capped at 16 MiB]\n";
+/// What replaces the rest of an over-long line.
+const LINE_CUT_MARK: &[u8] = b" [takosumi: line cut at 64 KiB]\n";
 
 /// Kills the child's process group when dropped (after exit or on cancellation).
 struct GroupGuard(Option<u32>);
@@ -145,11 +154,33 @@ fn kill_group(pgid: u32) {
 
 /// Sends `signal` (`INT`, `KILL`) to every process in group `pgid` (see [`kill_group`]).
 fn signal_group(pgid: u32, signal: &str) {
+    signal_pids(signal, &[format!("-{pgid}")]);
+}
+
+/// Interrupts a child: SIGINT to its process group; for a sandboxed child to the processes
+/// inside only (bubblewrap itself would die of it and take the sandbox down at once,
+/// before the tool could finish the operations in flight and write its state).
+fn interrupt_child(pgid: u32, sandboxed: bool) {
+    if sandboxed {
+        let pids: Vec<String> = sandbox::group_members_but_leader(pgid)
+            .into_iter()
+            .map(|p| p.to_string())
+            .collect();
+        if !pids.is_empty() {
+            signal_pids("INT", &pids);
+        }
+    } else {
+        signal_group(pgid, "INT");
+    }
+}
+
+fn signal_pids(signal: &str, targets: &[String]) {
     for kill in ["/bin/kill", "/usr/bin/kill"] {
         if std::path::Path::new(kill).exists() {
             let _ = std::process::Command::new(kill)
                 .env_clear()
-                .args(["-s", signal, "--", &format!("-{pgid}")])
+                .args(["-s", signal, "--"])
+                .args(targets)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -162,12 +193,24 @@ fn signal_group(pgid: u32, signal: &str) {
 /// Runs `cmd` (whose environment and working directory the caller set) to completion.
 /// What it prints for people (and its stderr) is masked with `masker` as it arrives.
 pub(crate) async fn run(
-    cmd: Command,
+    cmd: impl Into<Prepared>,
     program: &str,
     mode: StdoutMode,
     masker: &Masker,
 ) -> Result<Captured, RunnerError> {
-    run_interruptible(cmd, program, mode, None, masker).await
+    run_tapped(cmd.into(), program, mode, Opts::default(), masker).await
+}
+
+/// How a child may be stopped early, and where its output goes live.
+#[derive(Default)]
+pub(crate) struct Opts {
+    /// Stops the child when fired (see [`Interrupt`]).
+    pub interrupt: Option<Interrupt>,
+    /// Gets the combined output as it arrives.
+    pub tap: Option<TapState>,
+    /// The step's name and time limit: past it the whole group is killed and the run
+    /// ends [`RunnerError::TimedOut`].
+    pub limit: Option<(&'static str, Duration)>,
 }
 
 /// Stops a child when a token fires: SIGINT to its process group first (terraform then
@@ -184,26 +227,39 @@ pub(crate) const INTERRUPTED_MARK: &str = "\n[takosumi: interrupted: the run was
 /// Like [`run`]; when `interrupt` fires the child is interrupted (see [`Interrupt`]) and
 /// what it printed until it stopped is returned with its (non-zero) exit code. A token
 /// that fired before the start starts nothing: exit code 130 and only the mark.
+#[cfg(test)]
 pub(crate) async fn run_interruptible(
-    cmd: Command,
+    cmd: impl Into<Prepared>,
     program: &str,
     mode: StdoutMode,
     interrupt: Option<Interrupt>,
     masker: &Masker,
 ) -> Result<Captured, RunnerError> {
-    run_tapped(cmd, program, mode, interrupt, masker, None).await
+    let opts = Opts {
+        interrupt,
+        ..Opts::default()
+    };
+    run_tapped(cmd.into(), program, mode, opts, masker).await
 }
 
 /// Like [`run_interruptible`]; what is appended to the combined output is also handed to
 /// `tap` as it arrives (masked, an exact prefix of the final output).
 pub(crate) async fn run_tapped(
-    mut cmd: Command,
+    prepared: Prepared,
     program: &str,
     mode: StdoutMode,
-    interrupt: Option<Interrupt>,
+    opts: Opts,
     masker: &Masker,
-    tap: Option<TapState>,
 ) -> Result<Captured, RunnerError> {
+    let Opts {
+        interrupt,
+        tap,
+        limit,
+    } = opts;
+    let Prepared {
+        mut cmd,
+        sandboxed,
+    } = prepared;
     if let Some(i) = &interrupt
         && i.token.is_cancelled()
     {
@@ -241,13 +297,23 @@ pub(crate) async fn run_tapped(
     let never = tokio_util::sync::CancellationToken::new();
     let token = interrupt.as_ref().map_or(&never, |i| &i.token);
     let mut kill_at: Option<tokio::time::Instant> = None;
+    let deadline = limit.map(|(_, d)| tokio::time::Instant::now() + d);
+    let mut timed_out = false;
     let status: ExitStatus = loop {
         tokio::select! {
             _ = &mut readers, if !readers_done => readers_done = true,
             status = child.wait() => break status.map_err(|e| RunnerError::io(format!("waiting for {program}"), e))?,
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() && !timed_out => {
+                // Past the limit: no grace, the whole group goes (a pid namespace's
+                // processes die with its first process).
+                timed_out = true;
+                if let Some(pgid) = guard.0 {
+                    kill_group(pgid);
+                }
+            }
             _ = token.cancelled(), if kill_at.is_none() => {
                 if let Some(pgid) = guard.0 {
-                    signal_group(pgid, "INT");
+                    interrupt_child(pgid, sandboxed);
                 }
                 let grace = interrupt.as_ref().map_or(Duration::ZERO, |i| i.grace);
                 kill_at = Some(tokio::time::Instant::now() + grace);
@@ -275,6 +341,12 @@ pub(crate) async fn run_tapped(
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(-1);
+    if timed_out && let Some((step, limit)) = limit {
+        return Err(RunnerError::TimedOut {
+            step,
+            limit_secs: limit.as_secs(),
+        });
+    }
     let mut sink = sink.lock().unwrap_or_else(|e| e.into_inner());
     let mut sink = std::mem::take(&mut *sink);
     sink.finish_masks();
@@ -288,6 +360,44 @@ pub(crate) async fn run_tapped(
         stderr: sink.stderr,
         stdout_overflow: sink.stdout_overflow,
     })
+}
+
+/// Reads up to and including the next `\n` into `line`, keeping at most `cap` bytes of it
+/// (a longer line ends with [`LINE_CUT_MARK`]). Returns the bytes consumed; 0 at the end.
+async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    cap: usize,
+) -> std::io::Result<usize> {
+    let mut consumed = 0;
+    let mut cut = false;
+    loop {
+        let buf = reader.fill_buf().await?;
+        if buf.is_empty() {
+            break;
+        }
+        let (chunk, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (&buf[..=i], true),
+            None => (buf, false),
+        };
+        let n = chunk.len();
+        let room = cap.saturating_sub(line.len());
+        if chunk.len() <= room {
+            line.extend_from_slice(chunk);
+        } else {
+            line.extend_from_slice(&chunk[..room]);
+            cut = true;
+        }
+        reader.consume(n);
+        consumed += n;
+        if done {
+            break;
+        }
+    }
+    if cut {
+        line.extend_from_slice(LINE_CUT_MARK);
+    }
+    Ok(consumed)
 }
 
 #[derive(Clone, Copy)]
@@ -306,7 +416,7 @@ async fn read_stream<R: AsyncRead + Unpin>(
     let mut line = Vec::with_capacity(256);
     loop {
         line.clear();
-        match reader.read_until(b'\n', &mut line).await {
+        match read_line_capped(&mut reader, &mut line, MAX_LINE_BYTES).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }

@@ -5,12 +5,14 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::process::Command;
 
 use crate::process::{self, Captured, StdoutMode};
+use crate::sandbox::{self, ChildSpec, Prepared, SandboxConfig};
 use crate::source;
 use crate::workdir::{self, Workdir};
 use crate::{Masker, RunnerError, Tool, ToolEnv, ToolOutput};
@@ -37,10 +39,54 @@ pub struct RunnerConfig {
     pub work_root: PathBuf,
     /// The git binary (`git`, looked up on [`TOOL_PATH`]).
     pub git_bin: PathBuf,
+    /// How every child is isolated (bubblewrap unless explicitly `none`).
+    pub sandbox: SandboxConfig,
+    /// Time limits of git and tool steps.
+    pub limits: Limits,
+}
+
+/// How long each kind of step may run before its process group is killed and the run
+/// fails `timed_out` (`TAKOSUMI_LIMIT_<STEP>_SECS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Each git command of a checkout (default 5 min).
+    pub checkout: Duration,
+    /// `init` and `get` (default 10 min).
+    pub init: Duration,
+    /// `plan` (default 30 min).
+    pub plan: Duration,
+    /// `apply` (default 2 h).
+    pub apply: Duration,
+    /// `show`, `output`, `version` (default 10 min).
+    pub other: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            checkout: Duration::from_secs(5 * 60),
+            init: Duration::from_secs(10 * 60),
+            plan: Duration::from_secs(30 * 60),
+            apply: Duration::from_secs(2 * 60 * 60),
+            other: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+impl Limits {
+    fn for_step(&self, step: &str) -> Duration {
+        match step {
+            "init" | "get" => self.init,
+            "plan" => self.plan,
+            "apply" => self.apply,
+            _ => self.other,
+        }
+    }
 }
 
 impl RunnerConfig {
-    /// A configuration with terraform only, no CLI config, and `git` from [`TOOL_PATH`].
+    /// A configuration with terraform only, no CLI config, `git` from [`TOOL_PATH`], the
+    /// bubblewrap sandbox and the default limits.
     pub fn new(terraform_bin: impl Into<PathBuf>, work_root: impl Into<PathBuf>) -> Self {
         Self {
             terraform_bin: terraform_bin.into(),
@@ -48,7 +94,80 @@ impl RunnerConfig {
             cli_config_file: None,
             work_root: work_root.into(),
             git_bin: PathBuf::from("git"),
+            sandbox: SandboxConfig::default(),
+            limits: Limits::default(),
         }
+    }
+
+    /// Reads the runner's settings (`TAKOSUMI_TERRAFORM_BIN`, `TAKOSUMI_TOFU_BIN`,
+    /// `TAKOSUMI_TF_CLI_CONFIG`, `TAKOSUMI_WORK_DIR`, `TAKOSUMI_SANDBOX`,
+    /// `TAKOSUMI_BWRAP_BIN`, `TAKOSUMI_SANDBOX_RO_PATHS`, `TAKOSUMI_SANDBOX_RW_PATHS`,
+    /// `TAKOSUMI_LIMIT_{CHECKOUT,INIT,PLAN,APPLY,OTHER}_SECS`) through `get`; the same on
+    /// the control node and on a relay worker. Problems are named, all at once.
+    pub fn from_settings(get: impl Fn(&str) -> Option<String>) -> Result<Self, Vec<String>> {
+        let mut problems = Vec::new();
+        let work_root = get("TAKOSUMI_WORK_DIR").map(PathBuf::from).unwrap_or_else(|| {
+            problems.push("TAKOSUMI_WORK_DIR is not set".to_owned());
+            PathBuf::new()
+        });
+        let mut cfg = Self::new(
+            get("TAKOSUMI_TERRAFORM_BIN").unwrap_or_else(|| "terraform".into()),
+            work_root,
+        );
+        cfg.tofu_bin = get("TAKOSUMI_TOFU_BIN").map(PathBuf::from);
+        cfg.cli_config_file = get("TAKOSUMI_TF_CLI_CONFIG").map(PathBuf::from);
+        if let Some(mode) = get("TAKOSUMI_SANDBOX") {
+            match mode.parse() {
+                Ok(m) => cfg.sandbox.mode = m,
+                Err(e) => problems.push(format!("TAKOSUMI_SANDBOX: {e}")),
+            }
+        }
+        if let Some(bin) = get("TAKOSUMI_BWRAP_BIN") {
+            cfg.sandbox.bwrap_bin = bin.into();
+        }
+        for (key, slot) in [
+            ("TAKOSUMI_SANDBOX_RO_PATHS", &mut cfg.sandbox.ro_paths),
+            ("TAKOSUMI_SANDBOX_RW_PATHS", &mut cfg.sandbox.rw_paths),
+        ] {
+            if let Some(list) = get(key) {
+                match sandbox::parse_path_list(&list) {
+                    Ok(paths) => *slot = paths,
+                    Err(e) => problems.push(format!("{key}: {e}")),
+                }
+            }
+        }
+        for (key, slot) in [
+            ("TAKOSUMI_LIMIT_CHECKOUT_SECS", &mut cfg.limits.checkout),
+            ("TAKOSUMI_LIMIT_INIT_SECS", &mut cfg.limits.init),
+            ("TAKOSUMI_LIMIT_PLAN_SECS", &mut cfg.limits.plan),
+            ("TAKOSUMI_LIMIT_APPLY_SECS", &mut cfg.limits.apply),
+            ("TAKOSUMI_LIMIT_OTHER_SECS", &mut cfg.limits.other),
+        ] {
+            if let Some(v) = get(key) {
+                match v.parse::<u64>() {
+                    Ok(secs) if secs > 0 => *slot = Duration::from_secs(secs),
+                    _ => problems.push(format!("{key} must be a whole number of seconds above 0")),
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// What a child needs to read besides the system: the tool binaries, the CLI
+    /// configuration and the provider directories it names.
+    fn readable_paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.terraform_bin.clone()];
+        paths.extend(self.tofu_bin.clone());
+        if let Some(cli) = &self.cli_config_file {
+            paths.push(cli.clone());
+            paths.extend(sandbox::cli_config_paths(cli));
+        }
+        paths.retain(|p| p.is_absolute());
+        paths
     }
 }
 
@@ -66,6 +185,8 @@ pub struct SourceSnapshot {
 #[derive(Clone, Debug)]
 pub struct Runner {
     cfg: Arc<RunnerConfig>,
+    /// [`RunnerConfig::readable_paths`], read once (it parses the CLI configuration).
+    readable: Arc<Vec<PathBuf>>,
     /// `version -json` by tool binary (path, size, mtime): every tool start costs ~70 ms
     /// here, and the answer only changes when the binary does.
     versions: Arc<std::sync::Mutex<std::collections::HashMap<BinaryKey, Value>>>,
@@ -79,6 +200,7 @@ impl Runner {
     /// A runner with this configuration.
     pub fn new(cfg: RunnerConfig) -> Self {
         Self {
+            readable: Arc::new(cfg.readable_paths()),
             cfg: Arc::new(cfg),
             versions: Arc::default(),
             interrupt: None,
@@ -89,6 +211,63 @@ impl Runner {
     /// The configuration.
     pub fn config(&self) -> &RunnerConfig {
         &self.cfg
+    }
+
+    /// How this runner isolates children (recorded on every Run it executes).
+    pub fn sandbox_mode(&self) -> crate::SandboxMode {
+        self.cfg.sandbox.mode
+    }
+
+    /// Checks at start-up that the sandbox works here, and removes what is left under
+    /// `work_root` of runs this process no longer holds (a handler killed mid-run left
+    /// them; each run directory belongs to the one process that made it, and a restarted
+    /// handler holds none). In `none` mode it logs, loudly, that Capsules run unisolated.
+    pub async fn start_up(&self) -> Result<(), RunnerError> {
+        let root = &self.cfg.work_root;
+        workdir::ensure_work_root(root)?;
+        let removed = workdir::remove_leftovers(root);
+        if removed > 0 {
+            tracing::info!(removed, work_root = %root.display(), "removed run directories of runs no longer held");
+        }
+        match self.cfg.sandbox.mode {
+            crate::SandboxMode::None => {
+                tracing::warn!(
+                    "TAKOSUMI_SANDBOX=none: Capsule code (provisioners, providers, external \
+                     programs) runs UNISOLATED as this handler's user and can read its \
+                     secrets; every Run records sandbox \"none\""
+                );
+                Ok(())
+            }
+            crate::SandboxMode::Bubblewrap => {
+                let scratch = tempfile::Builder::new()
+                    .prefix(&format!("sandbox-check.{}.", workdir::owner_token()))
+                    .tempdir_in(root)
+                    .map_err(|e| RunnerError::io(format!("creating a directory under {}", root.display()), e))?;
+                self.cfg.sandbox.check(scratch.path()).await
+            }
+        }
+    }
+
+    /// A child of a run, inside the sandbox: `writable` is the only directory it may write.
+    pub(crate) fn child<S: AsRef<OsStr>>(
+        &self,
+        program: &Path,
+        args: &[S],
+        cwd: &Path,
+        env: BTreeMap<String, OsString>,
+        writable: &Path,
+        extra_readable: Option<PathBuf>,
+    ) -> Prepared {
+        let mut readable = (*self.readable).clone();
+        readable.extend(extra_readable);
+        self.cfg.sandbox.command(ChildSpec {
+            program,
+            args: args.iter().map(|a| a.as_ref().to_os_string()).collect(),
+            cwd,
+            env: env.into_iter().map(|(k, v)| (k.into(), v)).collect(),
+            writable,
+            readable,
+        })
     }
 
     /// The binary for `tool`, or [`RunnerError::ToolNotInstalled`].
@@ -263,11 +442,13 @@ impl Runner {
 
     /// Puts a state file (a StateVersion's bytes) where the backend override reads it.
     pub fn restore_state(&self, wd: &Workdir, state: &[u8]) -> Result<(), RunnerError> {
+        workdir::ensure_inside(wd.root(), wd.state_path())?;
         workdir::write_private(wd.state_path(), state)
     }
 
     /// The state file the tool left, or `None` if there is none.
     pub fn read_state(&self, wd: &Workdir) -> Result<Option<Vec<u8>>, RunnerError> {
+        workdir::ensure_inside(wd.root(), wd.state_path())?;
         workdir::read_optional(wd.state_path())
     }
 
@@ -275,6 +456,7 @@ impl Runner {
     /// provider-free run), [`RunnerError::LockfileTooLarge`] over 1 MiB.
     pub fn read_lockfile(&self, wd: &Workdir) -> Result<Option<Vec<u8>>, RunnerError> {
         let path = wd.config_dir().join(LOCKFILE_NAME);
+        workdir::ensure_inside(wd.root(), &path)?;
         let meta = match fs::metadata(&path) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -325,12 +507,19 @@ impl Runner {
         fs::create_dir_all(root)
             .map_err(|e| RunnerError::io(format!("creating {}", root.display()), e))?;
         let home = tempfile::Builder::new()
-            .prefix("version.")
+            .prefix(&format!("version.{}.", workdir::owner_token()))
             .tempdir_in(root)
             .map_err(|e| {
                 RunnerError::io(format!("creating a directory under {}", root.display()), e)
             })?;
-        let cmd = self.tool_command(tool, home.path(), home.path(), env, &["version", "-json"])?;
+        let cmd = self.tool_command(
+            tool,
+            home.path(),
+            home.path(),
+            home.path(),
+            env,
+            &["version", "-json"],
+        )?;
         let captured = self
             .run_tool(cmd, tool, "version", StdoutMode::Data)
             .await?;
@@ -512,17 +701,20 @@ impl Runner {
 
     /// Puts an unsealed plan at `plan_path` (mode 0600) for apply.
     pub fn write_plan_file(&self, wd: &Workdir, bytes: &[u8]) -> Result<(), RunnerError> {
+        workdir::ensure_inside(wd.root(), wd.plan_path())?;
         workdir::write_private(wd.plan_path(), bytes)
     }
 
     /// The saved plan's bytes (to digest and seal).
     pub fn read_plan_file(&self, wd: &Workdir) -> Result<Vec<u8>, RunnerError> {
+        workdir::ensure_inside(wd.root(), wd.plan_path())?;
         fs::read(wd.plan_path())
             .map_err(|e| RunnerError::io(format!("reading {}", wd.plan_path().display()), e))
     }
 
     /// Overwrites the plan file with zeros, then removes it. No plan file is fine.
     pub fn wipe_plan_file(&self, wd: &Workdir) -> Result<(), RunnerError> {
+        workdir::ensure_inside(wd.root(), wd.plan_path())?;
         workdir::wipe_file(wd.plan_path())
     }
 
@@ -556,12 +748,12 @@ impl Runner {
         tool: Tool,
         home: &Path,
         cwd: &Path,
+        writable: &Path,
         env: &ToolEnv,
         args: &[S],
     ) -> Result<ToolCommand, RunnerError> {
         let vars = self.tool_env(home, env)?;
-        let mut cmd = Command::new(self.tool_bin(tool)?);
-        cmd.env_clear().envs(vars).current_dir(cwd).args(args);
+        let cmd = self.child(self.tool_bin(tool)?, args, cwd, vars, writable, None);
         Ok(ToolCommand {
             cmd,
             masker: env.masker().clone(),
@@ -575,7 +767,7 @@ impl Runner {
         env: &ToolEnv,
         args: &[S],
     ) -> Result<ToolCommand, RunnerError> {
-        self.tool_command(tool, wd.home(), wd.config_dir(), env, args)
+        self.tool_command(tool, wd.home(), wd.config_dir(), wd.root(), env, args)
     }
 
     async fn run_tool(
@@ -588,15 +780,12 @@ impl Runner {
         let program = self.tool_bin(tool)?.display().to_string();
         tracing::debug!(%tool, step, "starting the tool");
         let ToolCommand { cmd, masker } = cmd;
-        let captured = process::run_tapped(
-            cmd,
-            &program,
-            mode,
-            self.interrupt_for(step),
-            &masker,
-            self.tap_for(step),
-        )
-        .await?;
+        let opts = process::Opts {
+            interrupt: self.interrupt_for(step),
+            tap: self.tap_for(step),
+            limit: Some((step, self.cfg.limits.for_step(step))),
+        };
+        let captured = process::run_tapped(cmd, &program, mode, opts, &masker).await?;
         tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
         Ok(captured)
     }
@@ -607,27 +796,32 @@ impl Runner {
         wd: &Workdir,
         cwd: &Path,
         args: &[S],
-    ) -> Command {
-        let mut cmd = Command::new(&self.cfg.git_bin);
-        cmd.env_clear()
-            .env("PATH", TOOL_PATH)
-            .env("HOME", wd.home())
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .current_dir(cwd)
-            .args([
-                "-c",
-                "protocol.ext.allow=never",
-                "-c",
-                "protocol.fd.allow=never",
-                "-c",
-                "core.sshCommand=ssh -o BatchMode=yes",
-                "-c",
-                "advice.detachedHead=false",
-            ])
-            .args(args);
-        cmd
+    ) -> Prepared {
+        let env: BTreeMap<String, OsString> = [
+            ("PATH", OsStr::new(TOOL_PATH)),
+            ("HOME", wd.home().as_os_str()),
+            ("GIT_TERMINAL_PROMPT", OsStr::new("0")),
+            ("GIT_CONFIG_NOSYSTEM", OsStr::new("1")),
+            ("GIT_CONFIG_GLOBAL", OsStr::new("/dev/null")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let mut all: Vec<OsString> = [
+            "-c",
+            "protocol.ext.allow=never",
+            "-c",
+            "protocol.fd.allow=never",
+            "-c",
+            "core.sshCommand=ssh -o BatchMode=yes",
+            "-c",
+            "advice.detachedHead=false",
+        ]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+        all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
+        self.child(&self.cfg.git_bin, &all, cwd, env, wd.root(), None)
     }
 
     async fn git_captured<S: AsRef<OsStr>>(
@@ -638,10 +832,15 @@ impl Runner {
     ) -> Result<Captured, RunnerError> {
         let program = self.cfg.git_bin.display().to_string();
         // git prints no run secrets (a URL's user-info is redacted from its errors).
-        process::run(
+        let opts = process::Opts {
+            limit: Some(("checkout", self.cfg.limits.checkout)),
+            ..process::Opts::default()
+        };
+        process::run_tapped(
             self.git_command(wd, cwd, args),
             &program,
             StdoutMode::Data,
+            opts,
             &Masker::new(),
         )
         .await
@@ -668,7 +867,17 @@ impl Runner {
                 }
                 message = format!("…{}", &message[cut..]);
             }
-            return Err(RunnerError::Checkout(source::redact_url(&message, repo)));
+            let mut message = source::redact_url(&message, repo);
+            if let Some(path) = repo.strip_prefix("file://")
+                && self.cfg.sandbox.mode == crate::SandboxMode::Bubblewrap
+                && !self.cfg.sandbox.ro_paths.iter().any(|r| Path::new(path).starts_with(r))
+            {
+                message.push_str(&format!(
+                    " (a file:// repository is visible to the runner sandbox only under \
+                     TAKOSUMI_SANDBOX_RO_PATHS; add {path}'s directory there)"
+                ));
+            }
+            return Err(RunnerError::Checkout(message));
         }
         Ok(captured)
     }
@@ -677,7 +886,7 @@ impl Runner {
 /// A tool command and the masker its output goes through: the only way a tool step is
 /// started (`run_tool` takes this, not a bare `Command`), so no step can forget to mask.
 pub(crate) struct ToolCommand {
-    cmd: Command,
+    cmd: Prepared,
     masker: Masker,
 }
 
@@ -685,13 +894,13 @@ impl std::ops::Deref for ToolCommand {
     type Target = Command;
 
     fn deref(&self) -> &Command {
-        &self.cmd
+        &self.cmd.cmd
     }
 }
 
 impl std::ops::DerefMut for ToolCommand {
     fn deref_mut(&mut self) -> &mut Command {
-        &mut self.cmd
+        &mut self.cmd.cmd
     }
 }
 
@@ -838,6 +1047,9 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         let mut cfg = RunnerConfig::new("/opt/terraform", base.path().join("work"));
         cfg.cli_config_file = cli.map(PathBuf::from);
+        // The environment is the same either way (bubblewrap passes its own on); without
+        // the sandbox the command's program and directory are the tool's own, to check.
+        cfg.sandbox.mode = crate::SandboxMode::None;
         (base, Runner::new(cfg))
     }
 
@@ -847,7 +1059,9 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let base = tempfile::tempdir().unwrap();
         let bin = base.path().join("terraform");
-        let count = base.path().join("count");
+        let probe = base.path().join("probe");
+        fs::create_dir(&probe).unwrap();
+        let count = probe.join("count");
         let script = |v: &str| {
             format!(
                 "#!/bin/sh\necho x >> {}\necho '{{\"terraform_version\":\"{v}\"}}'\n",
@@ -856,7 +1070,10 @@ mod tests {
         };
         fs::write(&bin, script("1.0.3")).unwrap();
         fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-        let runner = Runner::new(RunnerConfig::new(&bin, base.path().join("work")));
+        let mut cfg = RunnerConfig::new(&bin, base.path().join("work"));
+        // the count is written from inside the sandbox
+        cfg.sandbox.rw_paths.push(probe.clone());
+        let runner = Runner::new(cfg);
         let env = ToolEnv::new();
         let calls = || {
             fs::read_to_string(&count)
@@ -949,6 +1166,7 @@ mod tests {
         let wd = runner.workdir("run_git").unwrap();
         let cmd = runner.git_command(&wd, wd.root(), &["status"]);
         let keys: Vec<String> = cmd
+            .cmd
             .as_std()
             .get_envs()
             .map(|(k, _)| k.to_string_lossy().into_owned())

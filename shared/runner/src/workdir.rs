@@ -41,7 +41,7 @@ impl Workdir {
         }
         ensure_work_root(work_root)?;
         let dir = tempfile::Builder::new()
-            .prefix(&format!("{label}."))
+            .prefix(&format!("{label}.{}.", owner_token()))
             .permissions(fs::Permissions::from_mode(0o700))
             .tempdir_in(work_root)
             .map_err(|e| {
@@ -153,7 +153,9 @@ impl Workdir {
         if self.root.as_os_str().is_empty() {
             return Ok(());
         }
-        wipe_file(&self.plan_path)?;
+        if ensure_inside(&self.root, &self.plan_path).is_ok() {
+            wipe_file(&self.plan_path)?;
+        }
         match fs::remove_dir_all(&self.root) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -175,7 +177,98 @@ impl Drop for Workdir {
     }
 }
 
-fn ensure_work_root(work_root: &Path) -> Result<(), RunnerError> {
+/// `<pid>-<start time>` of this process: a run directory is named with it, so a handler
+/// that starts can tell the directories of live processes (another handler sharing the
+/// work root) from those a killed process left behind, even when a pid is reused.
+pub(crate) fn owner_token() -> String {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    TOKEN
+        .get_or_init(|| {
+            let pid = std::process::id();
+            format!("{pid}-{}", start_time(pid).unwrap_or(0))
+        })
+        .clone()
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started (clock ticks since boot).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn owner_alive(token: &str) -> bool {
+    let Some((pid, start)) = token.split_once('-') else {
+        return false;
+    };
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else {
+        return false;
+    };
+    start_time(pid) == Some(start)
+}
+
+/// Removes every run directory under `work_root` whose owning process is gone (see
+/// [`owner_token`]); returns how many. Entries of live processes, and anything not named
+/// like a run directory, stay.
+pub(crate) fn remove_leftovers(work_root: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(work_root) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let mut parts = name.splitn(3, '.');
+        let (Some(_label), Some(token), Some(_random)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if !token.contains('-') || owner_alive(token) {
+            continue;
+        }
+        let path = entry.path();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir {
+            continue;
+        }
+        let _ = wipe_file(&path.join("plan").join("tfplan"));
+        if fs::remove_dir_all(&path).is_err() {
+            make_writable(&path);
+            let _ = fs::remove_dir_all(&path);
+        }
+        if !path.exists() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Refuses `path` unless it lies inside `root` without passing through a link: the
+/// sandboxed tool writes in the run directory, and a link it left (`state -> /var/…`)
+/// must not make the handler read, write or wipe a file outside. The sandbox's processes
+/// are all gone when the handler reads, so nothing can swap a link in after the check.
+pub(crate) fn ensure_inside(root: &Path, path: &Path) -> Result<(), RunnerError> {
+    let outside = || {
+        RunnerError::LinkOutside(format!(
+            "{} is reached through a link; the run's directory was tampered with",
+            path.display()
+        ))
+    };
+    let rel = path.strip_prefix(root).map_err(|_| outside())?;
+    let mut at = root.to_path_buf();
+    for part in rel.components() {
+        at.push(part);
+        match fs::symlink_metadata(&at) {
+            Ok(meta) if meta.file_type().is_symlink() => return Err(outside()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(RunnerError::io(format!("inspecting {}", at.display()), e)),
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn ensure_work_root(work_root: &Path) -> Result<(), RunnerError> {
     if work_root.is_dir() {
         return Ok(());
     }

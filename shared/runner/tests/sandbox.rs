@@ -194,8 +194,8 @@ case "$1" in
   version) echo '{"terraform_version":"0.0.0-fake","platform":"linux_amd64"}'; exit 0 ;;
   show) echo '{"resource_changes":[{"change":{"actions":["delete","create"]}}]}'; echo 'show-stderr' >&2; exit "${FAKE_EXIT:-0}" ;;
   output) echo '{"vpc":{"sensitive":false,"value":"vpc-fake"}}'; exit 0 ;;
-  sleep) sleep 30 & echo $! > "$HOME/pid"; wait; exit 0 ;;
-  daemon) sleep 30 & echo "bg=$!"; exit 0 ;;
+  sleep) sleep "$2" & echo $! > "$HOME/pid"; wait; exit 0 ;;
+  daemon) sleep "$2" & echo "bg=$!"; exit 0 ;;
 esac
 echo "ARGS=$*"
 echo "CWD=$(pwd -P)"
@@ -400,6 +400,28 @@ async fn the_tool_sees_only_the_environment_the_runner_built() {
     ));
 }
 
+/// Host pids of `sleep <marker>` (pids printed inside the sandbox are its own namespace's).
+fn sleepers(marker: &str) -> Vec<u32> {
+    let want = format!("sleep\0{marker}\0").into_bytes();
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .filter(|pid| !is_gone(*pid))
+        .collect()
+}
+
+async fn wait_no_sleepers(marker: &str) -> bool {
+    for _ in 0..50 {
+        if sleepers(marker).is_empty() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 fn is_gone(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
@@ -409,16 +431,6 @@ fn is_gone(pid: u32) -> bool {
             .next()
             .is_some_and(|rest| rest.trim_start().starts_with('Z')),
     }
-}
-
-async fn wait_gone(pid: u32) -> bool {
-    for _ in 0..50 {
-        if is_gone(pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
 }
 
 #[tokio::test]
@@ -433,7 +445,7 @@ async fn leftover_and_cancelled_processes_are_killed() {
     let wrapper = tools.path().join("daemon-terraform");
     fs::write(
         &wrapper,
-        format!("#!/bin/sh\nexec {} daemon\n", fake.display()),
+        format!("#!/bin/sh\nexec {} daemon 29.1234\n", fake.display()),
     )
     .unwrap();
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
@@ -453,22 +465,19 @@ async fn leftover_and_cancelled_processes_are_killed() {
         "{:?}",
         started.elapsed()
     );
-    let bg: u32 = out
-        .output
-        .lines()
-        .find_map(|l| l.strip_prefix("bg="))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(wait_gone(bg).await, "the background process {bg} survived");
+    assert!(out.output.lines().any(|l| l.starts_with("bg=")));
+    assert!(
+        wait_no_sleepers("29.1234").await,
+        "the background process survived: {:?}",
+        sleepers("29.1234")
+    );
 
     // Dropping a running step (a timeout, a cancelled run) kills the tool and its whole
     // group (the pid is the tool's child, not the tool).
     let sleeper = tools.path().join("sleep-terraform");
     fs::write(
         &sleeper,
-        format!("#!/bin/sh\nexec {} sleep\n", fake.display()),
+        format!("#!/bin/sh\nexec {} sleep 28.4321\n", fake.display()),
     )
     .unwrap();
     fs::set_permissions(&sleeper, fs::Permissions::from_mode(0o755)).unwrap();
@@ -486,13 +495,170 @@ async fn leftover_and_cancelled_processes_are_killed() {
     .await;
     assert!(result.is_err(), "the step should have been cut off");
     assert!(started.elapsed() < Duration::from_secs(3));
-    let pid: u32 = fs::read_to_string(wd3.home().join("pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
     assert!(
-        wait_gone(pid).await,
-        "the tool's child {pid} survived the cancelled step"
+        fs::read_to_string(wd3.home().join("pid")).is_ok(),
+        "the tool started its child"
     );
+    assert!(
+        wait_no_sleepers("28.4321").await,
+        "the tool's child survived the cancelled step: {:?}",
+        sleepers("28.4321")
+    );
+}
+
+/// What a hostile configuration tries from inside a run, as a fake tool: every attempt is
+/// reported, and the test asserts each one failed.
+const HOSTILE_TOOL: &str = r#"#!/bin/sh
+echo "UID=$(id -u)"
+grep CapEff /proc/self/status | sed 's/^/CAP /'
+echo "PROCS=$(ls /proc | grep -c '^[0-9]')"
+for f in /proc/[0-9]*/environ; do cat "$f" 2>/dev/null | tr '\0' '\n'; done | sed 's/^/SEEN /'
+cat "$OTHER_RUN_FILE" 2>/dev/null | sed 's/^/SEEN /'
+cat /var/tmp/takosumi-stack/secrets 2>/dev/null | sed 's/^/SEEN /'
+ls /var/tmp 2>/dev/null | sed 's/^/VARTMP /'
+cat /etc/shadow 2>/dev/null | sed 's/^/SEEN /'
+for target in /usr/pwned /etc/pwned "$OUTSIDE_DIR/pwned"; do
+  if (echo x > "$target") 2>/dev/null; then echo "WROTE $target"; fi
+done
+echo x > "$PWD/inside" && echo "WROTE-INSIDE"
+(setsid sleep 27.9876 >/dev/null 2>&1 &)
+echo done
+"#;
+
+#[tokio::test]
+async fn a_run_cannot_reach_the_handler_other_runs_or_the_host() {
+    let tools = tempfile::tempdir().unwrap();
+    let tool = tools.path().join("hostile-terraform");
+    fs::write(&tool, HOSTILE_TOOL).unwrap();
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).unwrap();
+    let repo = Repo::new();
+    repo.write("main.tf", NETWORK_TF);
+    repo.commit("init");
+    let (base, runner) = runner(&tool, None);
+
+    // A process of the host with a canary in its environment (as the handler's secrets are).
+    let mut host = std::process::Command::new("sleep")
+        .arg("30")
+        .env("TAKOSUMI_SEAL_KEY", "canary-host-env-5521")
+        .spawn()
+        .unwrap();
+    // Another run, in flight, with a private file.
+    let other = runner.workdir("run_other").unwrap();
+    let other_file = other.home().join("secret");
+    fs::write(&other_file, "canary-other-run-7734").unwrap();
+    let outside = base.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+
+    let wd = runner.workdir("run_hostile").unwrap();
+    runner
+        .checkout(&wd, &repo.url(), "main", None, "")
+        .await
+        .unwrap();
+    let env = ToolEnv::new()
+        .with_secret_env(
+            "OTHER_RUN_FILE",
+            Secret::new(other_file.display().to_string()),
+        )
+        .with_secret_env("OUTSIDE_DIR", Secret::new(outside.display().to_string()));
+    let out = runner.apply(&wd, Tool::Terraform, &env).await.unwrap();
+    let _ = host.kill();
+    let _ = host.wait();
+    let text = out.output;
+    assert!(text.contains("done"), "{text}");
+    let line = |p: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(p))
+            .unwrap_or_else(|| panic!("no {p} in {text}"))
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(line("UID="), takosumi_runner::SANDBOX_UID.to_string());
+    assert_eq!(line("CAP CapEff:"), "0000000000000000");
+    // its own pid namespace: the shell, the sandbox's init, a few helpers — not the host's
+    let procs: usize = line("PROCS=").parse().unwrap();
+    assert!(procs < 10, "{procs} processes visible");
+    assert!(!text.contains("canary-host-env"), "{text}");
+    assert!(!text.contains("canary-other-run"), "{text}");
+    assert!(!text.contains("SEAL_KEY=canary"), "{text}");
+    assert!(!text.contains("VARTMP "), "/var/tmp is visible: {text}");
+    assert!(!text.contains("root:"), "/etc/shadow is readable: {text}");
+    assert!(!text.contains("WROTE /"), "wrote outside its directory: {text}");
+    assert!(text.contains("WROTE-INSIDE"), "{text}");
+    assert!(!outside.join("pwned").exists());
+    // The environment the tool saw holds only what the runner built.
+    let seen: Vec<&str> = text.lines().filter(|l| l.starts_with("SEEN ")).collect();
+    assert!(
+        seen.iter().all(|l| !l.contains("CARGO") && !l.contains("TAKOSUMI_")),
+        "{seen:?}"
+    );
+    // Nothing it started outlives the step, even in a new session.
+    assert!(
+        wait_no_sleepers("27.9876").await,
+        "a process of the run survived it: {:?}",
+        sleepers("27.9876")
+    );
+}
+
+#[tokio::test]
+async fn a_hanging_tool_is_stopped_at_its_limit_and_nothing_of_it_remains() {
+    let tools = tempfile::tempdir().unwrap();
+    let tool = tools.path().join("hang-terraform");
+    fs::write(
+        &tool,
+        "#!/bin/sh
+(sleep 26.5432 &)
+sleep 26.5432
+",
+    )
+    .unwrap();
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o755)).unwrap();
+    let repo = Repo::new();
+    repo.write("main.tf", NETWORK_TF);
+    repo.commit("init");
+    let base = tempfile::tempdir().unwrap();
+    let mut cfg = takosumi_runner::RunnerConfig::new(&tool, base.path().join("work"));
+    cfg.sandbox.ro_paths = vec![common::REPOS_ROOT.into(), tools.path().to_path_buf()];
+    cfg.limits.plan = Duration::from_secs(1);
+    let runner = Runner::new(cfg);
+    let wd = runner.workdir("run_hang").unwrap();
+    runner
+        .checkout(&wd, &repo.url(), "main", None, "")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let err = runner
+        .plan(&wd, Tool::Terraform, &ToolEnv::new(), false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RunnerError::TimedOut { step: "plan", limit_secs: 1 }),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.failure_code(),
+        Some(takosumi_core::FailureCode::TimedOut)
+    );
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(
+        wait_no_sleepers("26.5432").await,
+        "the hanging tool survived: {:?}",
+        sleepers("26.5432")
+    );
+}
+
+#[tokio::test]
+async fn a_starting_runner_removes_directories_of_runs_no_process_holds() {
+    let (base, runner) = runner("/nonexistent/terraform", None);
+    let held = runner.workdir("run_held").unwrap();
+    let root = base.path().join("work");
+    // left by a killed handler: pid 999999 with a start time that cannot match
+    let dead = root.join("run_dead.999999-1.abc123");
+    fs::create_dir_all(dead.join("plan")).unwrap();
+    fs::write(dead.join("plan").join("tfplan"), "sealed? no: a plan").unwrap();
+    let unrelated = root.join("notes");
+    fs::create_dir_all(&unrelated).unwrap();
+    runner.start_up().await.unwrap();
+    assert!(!dead.exists(), "a dead owner's run directory stays");
+    assert!(held.root().exists(), "a live run's directory was removed");
+    assert!(unrelated.exists());
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use takosumi_core::RunId;
 use takosumi_objects::{ObjectStore, ObjectStoreConfig};
 use takosumi_queue::Bus;
-use takosumi_runner::{Runner, RunnerConfig};
+use takosumi_runner::Runner;
 use takosumi_seal::Sealer;
 use takosumi_store::Pool;
 use tokio::sync::Notify;
@@ -84,13 +84,7 @@ impl Ctx {
                     )],
                 })?,
         };
-        let runner = Runner::new(RunnerConfig {
-            terraform_bin: settings.terraform_bin.clone(),
-            tofu_bin: settings.tofu_bin.clone(),
-            cli_config_file: settings.tf_cli_config.clone(),
-            work_root: settings.work_dir.clone(),
-            git_bin: "git".into(),
-        });
+        let runner = Runner::new(settings.runner.clone());
         Ok(Self {
             pool,
             bus,

@@ -37,6 +37,9 @@ pub enum RuntimeError {
     /// The object store failed.
     #[error("object store: {0}")]
     Objects(#[from] takosumi_objects::ObjectError),
+    /// The runner cannot start (the sandbox does not work here, the work root is unusable).
+    #[error("runner: {0}")]
+    Runner(#[from] takosumi_runner::RunnerError),
 }
 
 /// Starts tracing: JSON lines when `TAKOSUMI_LOG_FORMAT=json`, text otherwise; the level

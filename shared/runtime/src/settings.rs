@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use takosumi_core::Secret;
+use takosumi_core::{Secret, read_secret};
+use takosumi_runner::RunnerConfig;
 
 /// Missing or invalid settings, all named at once.
 #[derive(Debug, thiserror::Error)]
@@ -35,13 +36,11 @@ pub struct Settings {
     pub seal_key: Secret<String>,
     /// `TAKOSUMI_SEAL_KEY_ID`.
     pub seal_key_id: String,
-    /// `TAKOSUMI_TERRAFORM_BIN` (default `terraform`).
-    pub terraform_bin: PathBuf,
-    /// `TAKOSUMI_TOFU_BIN`.
-    pub tofu_bin: Option<PathBuf>,
-    /// `TAKOSUMI_TF_CLI_CONFIG`: the tool's CLI configuration (provider mirror).
-    pub tf_cli_config: Option<PathBuf>,
-    /// `TAKOSUMI_WORK_DIR`: where private run directories are made.
+    /// The runner: tool binaries, CLI configuration, `TAKOSUMI_WORK_DIR` (where private
+    /// run directories are made), the sandbox and the step time limits (see
+    /// [`RunnerConfig::from_settings`], shared with the relay worker).
+    pub runner: RunnerConfig,
+    /// `TAKOSUMI_WORK_DIR`.
     pub work_dir: PathBuf,
     /// `TAKOSUMI_LISTEN` (default `127.0.0.1:8080`).
     pub listen: String,
@@ -76,19 +75,38 @@ impl Settings {
     pub fn from_map(vars: &HashMap<String, String>) -> Result<Self, SettingsError> {
         let mut problems = Vec::new();
         let get = |k: &str| vars.get(k).filter(|v| !v.is_empty()).cloned();
+        let mut secret = |k: &str, required: bool| -> Option<Secret<String>> {
+            match read_secret(vars, k) {
+                Ok(Some(v)) => Some(Secret::new(v)),
+                Ok(None) if required => {
+                    problems.push(format!("{k} (or {k}_FILE) is not set"));
+                    Some(Secret::new(String::new()))
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    problems.push(e);
+                    Some(Secret::new(String::new()))
+                }
+            }
+        };
+        let database_url = secret("TAKOSUMI_DATABASE_URL", true).unwrap_or_default();
+        let amqp_url = secret("TAKOSUMI_AMQP_URL", true).unwrap_or_default();
+        let s3_secret_key = secret("TAKOSUMI_S3_SECRET_KEY", true).unwrap_or_default();
+        let seal_key = secret("TAKOSUMI_SEAL_KEY", true).unwrap_or_default();
+        let admin_token = secret("TAKOSUMI_ADMIN_TOKEN", false);
         let mut required = |k: &str| {
             get(k).unwrap_or_else(|| {
                 problems.push(format!("{k} is not set"));
                 String::new()
             })
         };
-        let database_url = Secret::new(required("TAKOSUMI_DATABASE_URL"));
-        let amqp_url = Secret::new(required("TAKOSUMI_AMQP_URL"));
         let s3_access_key = required("TAKOSUMI_S3_ACCESS_KEY");
-        let s3_secret_key = Secret::new(required("TAKOSUMI_S3_SECRET_KEY"));
         let s3_bucket = required("TAKOSUMI_S3_BUCKET");
-        let seal_key = Secret::new(required("TAKOSUMI_SEAL_KEY"));
         let work_dir = PathBuf::from(required("TAKOSUMI_WORK_DIR"));
+        let runner = RunnerConfig::from_settings(get).unwrap_or_else(|mut p| {
+            problems.append(&mut p);
+            RunnerConfig::new("terraform", &work_dir)
+        });
         let mut number = |k: &str, default: i64| -> i64 {
             match get(k) {
                 None => default,
@@ -122,13 +140,10 @@ impl Settings {
             s3_bucket,
             seal_key,
             seal_key_id: get("TAKOSUMI_SEAL_KEY_ID").unwrap_or_else(|| "k1".to_owned()),
-            terraform_bin: get("TAKOSUMI_TERRAFORM_BIN")
-                .map_or_else(|| PathBuf::from("terraform"), PathBuf::from),
-            tofu_bin: get("TAKOSUMI_TOFU_BIN").map(PathBuf::from),
-            tf_cli_config: get("TAKOSUMI_TF_CLI_CONFIG").map(PathBuf::from),
+            runner,
             work_dir,
             listen: get("TAKOSUMI_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".to_owned()),
-            admin_token: get("TAKOSUMI_ADMIN_TOKEN").map(Secret::new),
+            admin_token,
             lease_secs,
             max_attempts,
             concurrency,

@@ -49,6 +49,10 @@ where
     H: Fn(Ctx, RunMessage) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Outcome, StepError>> + Send + 'static,
 {
+    if matches!(topic, Topic::Plan | Topic::Apply | Topic::Drift) {
+        // Before any claim: a runner whose sandbox cannot work here must not take a Run.
+        ctx.runner.start_up().await?;
+    }
     let background = CancellationToken::new();
     let relay = {
         let bus = ctx.bus.clone();

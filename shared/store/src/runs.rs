@@ -85,6 +85,8 @@ pub struct Run {
     pub canceled_at: Option<DateTime<Utc>>,
     /// The handler holding it.
     pub lease_owner: Option<String>,
+    /// The sandbox that ran the Run's processes (`bubblewrap` | `none`), once executed.
+    pub sandbox: Option<String>,
     /// Claims so far.
     pub attempts: i32,
     /// Created.
@@ -118,7 +120,7 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
                   state_generation, changes, drift, outputs,
                   state_version_id as "state_version_id: StateVersionId", injected_env_names,
                   vars, provider_bindings, hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
-                  canceled_at, lease_owner, attempts, created_at, updated_at
+                  canceled_at, lease_owner, sandbox, attempts, created_at, updated_at
              FROM runs WHERE id = $1"#,
         id.as_uuid()
     )
@@ -247,6 +249,26 @@ pub async fn claim(
         lease_secs
     )
     .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Records which sandbox executes the Run, while `owner` holds its claim (on the control
+/// node right after the claim; for a relayed Run, what the worker reported). `false`: the
+/// claim is not `owner`'s.
+pub async fn record_sandbox<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: RunId,
+    owner: &str,
+    sandbox: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "UPDATE runs SET sandbox = $3 WHERE id = $1 AND lease_owner = $2",
+        id.as_uuid(),
+        owner,
+        sandbox
+    )
+    .execute(executor)
     .await?;
     Ok(done.rows_affected() == 1)
 }

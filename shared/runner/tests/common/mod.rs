@@ -17,9 +17,14 @@ pub struct Repo {
     dir: tempfile::TempDir,
 }
 
+/// Where test repositories live: the one directory the runner sandbox is told to show
+/// read-only (`file://` sources must be visible inside it).
+pub const REPOS_ROOT: &str = "/tmp/takosumi-test-repos";
+
 impl Repo {
     pub fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(REPOS_ROOT).unwrap();
+        let dir = tempfile::tempdir_in(REPOS_ROOT).unwrap();
         let repo = Self { dir };
         repo.git(&["init", "--quiet", "-b", "main"]);
         repo
@@ -92,8 +97,14 @@ pub fn runner(
     cli_config: Option<PathBuf>,
 ) -> (tempfile::TempDir, Runner) {
     let base = tempfile::tempdir().unwrap();
-    let mut cfg = RunnerConfig::new(terraform_bin, base.path().join("work"));
+    let terraform_bin: PathBuf = terraform_bin.into();
+    let mut cfg = RunnerConfig::new(&terraform_bin, base.path().join("work"));
     cfg.cli_config_file = cli_config;
+    cfg.sandbox.ro_paths.push(REPOS_ROOT.into());
+    // test tools are wrapper scripts that exec a neighbour
+    if let Some(dir) = terraform_bin.parent().filter(|d| d.is_absolute()) {
+        cfg.sandbox.ro_paths.push(dir.to_path_buf());
+    }
     (base, Runner::new(cfg))
 }
 

@@ -1,0 +1,446 @@
+//! The runner sandbox: every process a Run starts (git, the tool, a provisioner, a
+//! provider, a command credential) runs inside bubblewrap.
+//!
+//! A Capsule's configuration is untrusted code, so the child gets: a uid of its own (65534
+//! inside a user namespace of its own, no capabilities), its own pid, ipc, uts, cgroup and
+//! mount namespaces, a private `/proc`, the system directories read-only, the tool binaries
+//! and provider mirror read-only, and exactly one writable directory, the Run's own. The
+//! network is shared (providers need it). `--die-with-parent` plus the pid namespace mean a
+//! handler killed with SIGKILL takes every process of the Run with it, and nothing a Run
+//! starts outlives it. The handler's environment never crosses: the child's environment is
+//! the one the runner built from nothing.
+//!
+//! `TAKOSUMI_SANDBOX=none` runs children directly (only where user namespaces are not
+//! available); the handler says so loudly and every Run it executes records it.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use tokio::process::Command;
+
+use crate::RunnerError;
+
+/// How children are isolated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SandboxMode {
+    /// bubblewrap (the default).
+    #[default]
+    Bubblewrap,
+    /// No isolation: children run as the handler's user. Only by explicit setting.
+    None,
+}
+
+impl SandboxMode {
+    /// `bubblewrap` or `none`, as recorded on a Run.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bubblewrap => "bubblewrap",
+            Self::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SandboxMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "bubblewrap" | "bwrap" => Ok(Self::Bubblewrap),
+            "none" => Ok(Self::None),
+            other => Err(format!(
+                "unknown sandbox {other:?}: expected \"bubblewrap\" or \"none\""
+            )),
+        }
+    }
+}
+
+/// The sandbox's settings (server settings, read once).
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// How children are isolated.
+    pub mode: SandboxMode,
+    /// The bubblewrap binary (`TAKOSUMI_BWRAP_BIN`, default `/usr/bin/bwrap`).
+    pub bwrap_bin: PathBuf,
+    /// Extra paths every sandbox sees read-only (`TAKOSUMI_SANDBOX_RO_PATHS`, `:`-separated):
+    /// a local Git server's repositories for `file://` sources, a provider plugin mirror
+    /// the CLI configuration does not name.
+    pub ro_paths: Vec<PathBuf>,
+    /// Extra paths every sandbox may write (`TAKOSUMI_SANDBOX_RW_PATHS`). Shared between
+    /// Runs, so they weaken the isolation between them: for test probes only.
+    pub rw_paths: Vec<PathBuf>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            mode: SandboxMode::Bubblewrap,
+            bwrap_bin: PathBuf::from("/usr/bin/bwrap"),
+            ro_paths: Vec::new(),
+            rw_paths: Vec::new(),
+        }
+    }
+}
+
+/// The uid and gid a sandboxed process has inside its user namespace.
+pub const SANDBOX_UID: u32 = 65534;
+
+/// Files under `/etc` a child may read (name resolution, TLS roots, the dynamic linker's
+/// cache, Debian's alternatives). Nothing else of `/etc` is visible: no shadow file, no
+/// service configuration.
+const ETC_FILES: &[&str] = &[
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/nsswitch.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/localtime",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/ca-certificates.conf",
+    "/etc/pki",
+];
+
+/// One child to start: the program, its arguments, working directory and entire
+/// environment, and the one directory it may write.
+pub(crate) struct ChildSpec<'a> {
+    pub program: &'a Path,
+    pub args: Vec<OsString>,
+    pub cwd: &'a Path,
+    pub env: Vec<(OsString, OsString)>,
+    /// The Run's directory: the only writable place (besides a private `/tmp`).
+    pub writable: &'a Path,
+    /// Paths this child needs to read besides the configured ones (tool binary, CLI config,
+    /// provider mirror, a `file://` repository).
+    pub readable: Vec<PathBuf>,
+}
+
+/// A prepared child and whether it runs inside the sandbox (an interrupt then goes to the
+/// sandboxed processes, not to bubblewrap, which would end the sandbox at once).
+pub(crate) struct Prepared {
+    pub cmd: Command,
+    pub sandboxed: bool,
+}
+
+impl From<Command> for Prepared {
+    fn from(cmd: Command) -> Self {
+        Self {
+            cmd,
+            sandboxed: false,
+        }
+    }
+}
+
+impl SandboxConfig {
+    /// The command that starts `spec`: bubblewrap around it, or the program itself.
+    pub(crate) fn command(&self, spec: ChildSpec<'_>) -> Prepared {
+        match self.mode {
+            SandboxMode::None => {
+                let mut cmd = Command::new(spec.program);
+                cmd.env_clear()
+                    .envs(spec.env)
+                    .current_dir(spec.cwd)
+                    .args(spec.args);
+                Prepared {
+                    cmd,
+                    sandboxed: false,
+                }
+            }
+            SandboxMode::Bubblewrap => {
+                let mut cmd = Command::new(&self.bwrap_bin);
+                cmd.args(self.bwrap_args(&spec));
+                // bubblewrap passes its own environment on: exactly the one built for the child.
+                cmd.env_clear().envs(spec.env).current_dir("/");
+                cmd.arg("--").arg(spec.program).args(spec.args);
+                Prepared {
+                    cmd,
+                    sandboxed: true,
+                }
+            }
+        }
+    }
+
+    fn bwrap_args(&self, spec: &ChildSpec<'_>) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::with_capacity(64);
+        let mut push = |items: &[&OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
+        let uid = SANDBOX_UID.to_string();
+        push(&[
+            "--unshare-all".as_ref(),
+            "--share-net".as_ref(),
+            "--unshare-user".as_ref(),
+            "--uid".as_ref(),
+            uid.as_ref(),
+            "--gid".as_ref(),
+            uid.as_ref(),
+            "--cap-drop".as_ref(),
+            "ALL".as_ref(),
+            "--die-with-parent".as_ref(),
+            "--new-session".as_ref(),
+            "--hostname".as_ref(),
+            "takosumi-run".as_ref(),
+            "--ro-bind".as_ref(),
+            "/usr".as_ref(),
+            "/usr".as_ref(),
+        ]);
+        for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
+            match std::fs::read_link(top) {
+                // merged /usr: keep the link as it is on the host
+                Ok(target) => push(&["--symlink".as_ref(), target.as_os_str(), top.as_ref()]),
+                Err(_) if Path::new(top).is_dir() => {
+                    push(&["--ro-bind".as_ref(), top.as_ref(), top.as_ref()]);
+                }
+                Err(_) => {}
+            }
+        }
+        for etc in ETC_FILES {
+            push(&["--ro-bind-try".as_ref(), etc.as_ref(), etc.as_ref()]);
+        }
+        push(&[
+            "--proc".as_ref(),
+            "/proc".as_ref(),
+            "--dev".as_ref(),
+            "/dev".as_ref(),
+            "--tmpfs".as_ref(),
+            "/tmp".as_ref(),
+        ]);
+        for path in spec.readable.iter().chain(&self.ro_paths) {
+            push(&[
+                "--ro-bind-try".as_ref(),
+                path.as_os_str(),
+                path.as_os_str(),
+            ]);
+        }
+        for path in &self.rw_paths {
+            push(&["--bind-try".as_ref(), path.as_os_str(), path.as_os_str()]);
+        }
+        push(&[
+            "--bind".as_ref(),
+            spec.writable.as_os_str(),
+            spec.writable.as_os_str(),
+            // the sandbox's own root (a tmpfs holding the mount points) read-only too
+            "--remount-ro".as_ref(),
+            "/".as_ref(),
+            "--chdir".as_ref(),
+            spec.cwd.as_os_str(),
+        ]);
+        a
+    }
+
+    /// Checks that the sandbox can start a process here (bubblewrap installed, user
+    /// namespaces allowed). In `none` mode there is nothing to check.
+    pub async fn check(&self, scratch: &Path) -> Result<(), RunnerError> {
+        if self.mode == SandboxMode::None {
+            return Ok(());
+        }
+        let spec = ChildSpec {
+            program: Path::new("/bin/sh"),
+            args: vec!["-c".into(), "exit 0".into()],
+            cwd: scratch,
+            env: vec![("PATH".into(), crate::TOOL_PATH.into())],
+            writable: scratch,
+            readable: Vec::new(),
+        };
+        let mut cmd = self.command(spec).cmd;
+        let out = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| RunnerError::SandboxUnavailable(format!(
+                "{} could not be started ({e}): install bubblewrap (Debian package `bubblewrap`) \
+                 or set TAKOSUMI_BWRAP_BIN",
+                self.bwrap_bin.display()
+            )))?;
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            return Err(RunnerError::SandboxUnavailable(format!(
+                "bubblewrap could not start a sandbox here ({}); enable unprivileged user \
+                 namespaces, or set TAKOSUMI_SANDBOX=none to run Capsules unisolated \
+                 (every Run then records sandbox \"none\")",
+                why.trim()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Reads a `:`-separated list of absolute paths (empty entries skipped).
+pub fn parse_path_list(text: &str) -> Result<Vec<PathBuf>, String> {
+    text.split(':')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let path = PathBuf::from(p);
+            if path.is_absolute() {
+                Ok(path)
+            } else {
+                Err(format!("{p:?} is not an absolute path"))
+            }
+        })
+        .collect()
+}
+
+/// The directories a tool CLI configuration points providers at (`filesystem_mirror`
+/// paths, `plugin_cache_dir`): the sandbox must see them read-only. An unreadable or
+/// unparsable file yields none (the tool itself will then say what is wrong).
+pub(crate) fn cli_config_paths(file: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return Vec::new();
+    };
+    let Ok(body) = hcl::parse(&text) else {
+        return Vec::new();
+    };
+    let mut paths = Vec::new();
+    collect_paths(&body, &mut paths);
+    paths
+}
+
+fn collect_paths(body: &hcl::Body, out: &mut Vec<PathBuf>) {
+    for structure in body.iter() {
+        match structure {
+            hcl::Structure::Attribute(attr) => {
+                let key = attr.key.as_str();
+                if (key == "path" || key == "plugin_cache_dir")
+                    && let hcl::Expression::String(s) = &attr.expr
+                    && Path::new(s).is_absolute()
+                {
+                    out.push(PathBuf::from(s));
+                }
+            }
+            hcl::Structure::Block(block) => collect_paths(&block.body, out),
+        }
+    }
+}
+
+/// Every process whose process group is `pgid`, except `pgid` itself (bubblewrap): an
+/// interrupt goes to these, so the tool inside can finish what it is doing while the
+/// sandbox stays up. Read from `/proc` (no `killpg` without `unsafe`).
+pub(crate) fn group_members_but_leader(pgid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == pgid {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp …`: comm may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if rest.split_whitespace().nth(2) == Some(pgid.to_string().as_str()) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse() {
+        assert_eq!("bubblewrap".parse(), Ok(SandboxMode::Bubblewrap));
+        assert_eq!("none".parse(), Ok(SandboxMode::None));
+        assert!("docker".parse::<SandboxMode>().is_err());
+    }
+
+    #[test]
+    fn path_lists() {
+        assert_eq!(
+            parse_path_list("/a::/b/c").unwrap(),
+            vec![PathBuf::from("/a"), PathBuf::from("/b/c")]
+        );
+        assert!(parse_path_list("/a:rel").is_err());
+    }
+
+    #[test]
+    fn mirror_paths_are_read_from_the_cli_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rc");
+        std::fs::write(
+            &file,
+            "plugin_cache_dir = \"/cache/p\"\nprovider_installation {\n  filesystem_mirror {\n    path = \"/m/mirror\"\n    include = [\"*/*\"]\n  }\n}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cli_config_paths(&file),
+            vec![PathBuf::from("/cache/p"), PathBuf::from("/m/mirror")]
+        );
+        assert!(cli_config_paths(&dir.path().join("missing")).is_empty());
+    }
+
+    #[test]
+    fn only_the_run_directory_is_writable() {
+        let cfg = SandboxConfig {
+            ro_paths: vec!["/srv/git".into()],
+            ..SandboxConfig::default()
+        };
+        let p = cfg.command(ChildSpec {
+            program: Path::new("/usr/bin/terraform"),
+            args: vec!["plan".into()],
+            cwd: Path::new("/w/run_1/checkout"),
+            env: vec![("PATH".into(), "/usr/bin".into())],
+            writable: Path::new("/w/run_1"),
+            readable: vec!["/opt/tf".into()],
+        });
+        assert!(p.sandboxed);
+        let args: Vec<String> = p
+            .cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let joined = args.join(" ");
+        for needed in [
+            "--unshare-all",
+            "--share-net",
+            "--die-with-parent",
+            "--cap-drop ALL",
+            "--uid 65534",
+            "--proc /proc",
+            "--bind /w/run_1 /w/run_1",
+            "--ro-bind-try /srv/git /srv/git",
+            "--ro-bind-try /opt/tf /opt/tf",
+            "--chdir /w/run_1/checkout -- /usr/bin/terraform plan",
+        ] {
+            assert!(joined.contains(needed), "{needed} missing from {joined}");
+        }
+        // the only writable bind is the run directory
+        assert_eq!(args.iter().filter(|a| *a == "--bind").count(), 1);
+        assert!(!joined.contains("/etc/shadow"));
+        assert_eq!(
+            p.cmd.as_std().get_envs().count(),
+            1,
+            "only the built environment"
+        );
+    }
+}
