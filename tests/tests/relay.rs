@@ -151,8 +151,14 @@ fn spawn_relay(
         .env("TAKOSUMI_DELIVERY_KEYS", keys)
         .env("TAKOSUMI_TERRAFORM_BIN", &env["TAKOSUMI_TERRAFORM_BIN"])
         .env("TAKOSUMI_TF_CLI_CONFIG", &env["TAKOSUMI_TF_CLI_CONFIG"])
-        .env("TAKOSUMI_SANDBOX_RO_PATHS", &env["TAKOSUMI_SANDBOX_RO_PATHS"])
-        .env("TAKOSUMI_SANDBOX_RW_PATHS", &env["TAKOSUMI_SANDBOX_RW_PATHS"])
+        .env(
+            "TAKOSUMI_SANDBOX_RO_PATHS",
+            &env["TAKOSUMI_SANDBOX_RO_PATHS"],
+        )
+        .env(
+            "TAKOSUMI_SANDBOX_RW_PATHS",
+            &env["TAKOSUMI_SANDBOX_RW_PATHS"],
+        )
         .env("TAKOSUMI_WORK_DIR", work)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -232,7 +232,13 @@ async fn set_capsule_pool(
         }
     };
     let mut tx = st.pool.begin().await?;
-    pools::set_capsule_pool(&mut tx, capsule.id, pool.as_ref().map(|p| p.id)).await?;
+    if !pools::set_capsule_pool(&mut tx, capsule.id, pool.as_ref().map(|p| p.id)).await? {
+        return Err(ApiError::client(
+            StatusCode::CONFLICT,
+            "run_in_flight",
+            "a Run of this Capsule is queued, held, planning or applying; it keeps the runner it started on: wait until it ends (or cancel it), then move the Capsule",
+        ));
+    }
     activity::append(
         &mut *tx,
         capsule.workspace_id,

@@ -811,6 +811,42 @@ struct ProgressLog {
     text: String,
 }
 
+/// A masker holding every secret value the Run's job carries (its credentials and
+/// sensitive variables; for an apply, those of the plan it carries out).
+async fn run_masker(st: &AppState, run: &runs::Run) -> Result<takosumi_runner::Masker, ApiError> {
+    let masker = takosumi_runner::Masker::new();
+    let inputs_of = match (run.kind, run.plan_run_id) {
+        (takosumi_core::RunKind::Apply, Some(plan)) => runs::get(&st.pool, plan)
+            .await?
+            .ok_or_else(|| ApiError::not_found(&format!("Run {plan}")))?,
+        _ => run.clone(),
+    };
+    let (plain, _, _) = secret_inputs(st, &inputs_of, run.capsule_id).await?;
+    if let Some(mut plain) = plain {
+        let parsed: Result<Value, _> = serde_json::from_slice(&plain);
+        plain.zeroize();
+        let mut stack = vec![parsed.map_err(internal)?];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::String(text) if !text.is_empty() => masker.add(&text),
+                Value::Array(items) => stack.extend(items),
+                Value::Object(map) => stack.extend(map.into_iter().map(|(_, v)| v)),
+                _ => {}
+            }
+        }
+    }
+    Ok(masker)
+}
+
+/// The event kinds a relay worker reports as it goes (see `functions/relay`).
+const WORKER_EVENT_KINDS: &[&str] = &[
+    "checkout_started",
+    "checked_out",
+    "tool_started",
+    "dry_run_scan",
+    "pin_checked",
+];
+
 async fn progress(
     State(st): State<AppState>,
     caller: PoolCaller,
@@ -825,18 +861,35 @@ async fn progress(
         crate::routes::parse_body(&body)?
     };
     let actor = format!("handler:{claim}");
+    // Only progress a worker may report: what it decided or what the control node
+    // records (`approved`, `applied`, `state_version_written`, `gate_decision`, …) is
+    // never taken from a worker. The whole request is refused before anything is stored.
+    if let Some(bad) = req
+        .events
+        .iter()
+        .find(|e| !WORKER_EVENT_KINDS.contains(&e.kind.as_str()))
+    {
+        return Err(ApiError::invalid(
+            "invalid_event",
+            format!(
+                "a worker may report only the event kinds {}; {:?} is not one of them",
+                WORKER_EVENT_KINDS.join(", "),
+                bad.kind.chars().take(64).collect::<String>()
+            ),
+        ));
+    }
     for e in &req.events {
-        if e.kind.is_empty() || e.kind.len() > 64 {
-            return Err(ApiError::invalid(
-                "invalid_event",
-                "an event kind is 1-64 characters",
-            ));
-        }
         events::append(&st.pool, run.id, &e.kind, &actor, e.data.clone()).await?;
     }
-    for l in &req.logs {
-        // The worker masked it with the run's secrets before sending.
-        takosumi_store::logs::append(&st.pool, run.id, &l.step, &l.text).await?;
+    if !req.logs.is_empty() {
+        // The worker masked it with the run's secrets before sending; the control node
+        // masks it again with the same secrets before storing, so a worker that did not
+        // (an old or broken one) cannot put a credential into a stored log.
+        let masker = run_masker(&st, &run).await?;
+        for l in &req.logs {
+            let text = masker.mask(&l.text);
+            takosumi_store::logs::append(&st.pool, run.id, &l.step, &text).await?;
+        }
     }
     let renewed = runs::renew_lease(&st.pool, run.id, &claim, RELAY_LEASE_SECS).await?;
     let cancel = takosumi_store::records::cancel_requested(&st.pool, run.id, &claim).await?;

@@ -205,6 +205,17 @@ fn tool_failure(e: RunnerError, what: &str) -> ApplyError {
     }
 }
 
+/// An error of the apply tool itself. Past its time limit the tool was killed while it
+/// may have been changing infrastructure: `unknown_outcome`, never `failed`.
+pub(crate) fn apply_tool_err(e: RunnerError) -> ApplyError {
+    match e {
+        RunnerError::TimedOut { limit_secs, .. } => ApplyError::AfterTool(format!(
+            "the apply ran past its time limit of {limit_secs} s (TAKOSUMI_LIMIT_APPLY_SECS) and was stopped mid-run: what it changed is unknown; inspect the provider side and the Capsule's current StateVersion, then resolve this Run"
+        )),
+        other => ApplyError::Step(runner_err(other)),
+    }
+}
+
 async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome, ApplyError> {
     let run_id = run.id;
     let plan_run = runs::get(&ctx.pool, plan_run_id)
@@ -386,7 +397,7 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     let applied = ctx.runner.apply(&wd, tool, &env).await;
     let _ = ctx.runner.wipe_plan_file(&wd);
     wipe_sealed_plan(ctx, plan_run_id, plan_key).await;
-    let applied = applied.map_err(runner_err)?;
+    let applied = applied.map_err(apply_tool_err)?;
     ctx.log(run_id, "apply", env.masker(), &applied.output)
         .await;
 

@@ -114,7 +114,7 @@ pub(crate) async fn apply(ctx: &Ctx, run: &runs::Run) -> Result<Outcome, ApplyEr
         .runner
         .apply_auto_approve(&wd, tool, &env)
         .await
-        .map_err(runner_err)?;
+        .map_err(crate::apply_tool_err)?;
     ctx.log(run_id, "apply", env.masker(), &applied.output)
         .await;
     finish(

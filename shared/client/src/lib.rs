@@ -414,6 +414,10 @@ pub struct Run {
     /// Names of every injected variable (never values).
     #[serde(default, deserialize_with = "null_as_default")]
     pub injected_env_names: Vec<String>,
+    /// The sandbox that ran its processes: `bubblewrap`, or `none` on a runner started
+    /// without isolation; absent before it ran.
+    #[serde(default)]
+    pub sandbox: Option<String>,
     /// When the Run was created.
     #[serde(default)]
     pub created_at: Option<DateTime<Utc>>,

@@ -39,18 +39,6 @@ impl<T: Zeroize> fmt::Display for Secret<T> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secrets_never_print() {
-        let s = Secret::new(String::from("canary-7d1f"));
-        assert!(!format!("{s:?} {s}").contains("canary"));
-        assert_eq!(s.expose(), "canary-7d1f");
-    }
-}
-
 /// A secret setting: `NAME` itself, or the contents of the file `NAME_FILE` names (a
 /// mounted Secret, mode 0600; one trailing newline is dropped). Both set is an error:
 /// which one wins would be a guess. Errors name the setting and the file, never a value.
@@ -78,3 +66,14 @@ pub fn read_secret<S: std::hash::BuildHasher>(
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_print() {
+        let s = Secret::new(String::from("canary-7d1f"));
+        assert!(!format!("{s:?} {s}").contains("canary"));
+        assert_eq!(s.expose(), "canary-7d1f");
+    }
+}

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use takosumi_core::Secret;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
+use takosumi_core::Secret;
 
 use crate::process::{self, StdoutMode};
 use crate::runner::TOOL_PATH;

@@ -162,7 +162,7 @@ fn signal_group(pgid: u32, signal: &str) {
 /// before the tool could finish the operations in flight and write its state).
 fn interrupt_child(pgid: u32, sandboxed: bool) {
     if sandboxed {
-        let pids: Vec<String> = sandbox::group_members_but_leader(pgid)
+        let pids: Vec<String> = sandbox::descendants_of(pgid)
             .into_iter()
             .map(|p| p.to_string())
             .collect();
@@ -256,10 +256,7 @@ pub(crate) async fn run_tapped(
         tap,
         limit,
     } = opts;
-    let Prepared {
-        mut cmd,
-        sandboxed,
-    } = prepared;
+    let Prepared { mut cmd, sandboxed } = prepared;
     if let Some(i) = &interrupt
         && i.token.is_cancelled()
     {

@@ -106,10 +106,12 @@ impl RunnerConfig {
     /// the control node and on a relay worker. Problems are named, all at once.
     pub fn from_settings(get: impl Fn(&str) -> Option<String>) -> Result<Self, Vec<String>> {
         let mut problems = Vec::new();
-        let work_root = get("TAKOSUMI_WORK_DIR").map(PathBuf::from).unwrap_or_else(|| {
-            problems.push("TAKOSUMI_WORK_DIR is not set".to_owned());
-            PathBuf::new()
-        });
+        let work_root = get("TAKOSUMI_WORK_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                problems.push("TAKOSUMI_WORK_DIR is not set".to_owned());
+                PathBuf::new()
+            });
         let mut cfg = Self::new(
             get("TAKOSUMI_TERRAFORM_BIN").unwrap_or_else(|| "terraform".into()),
             work_root,
@@ -242,7 +244,9 @@ impl Runner {
                 let scratch = tempfile::Builder::new()
                     .prefix(&format!("sandbox-check.{}.", workdir::owner_token()))
                     .tempdir_in(root)
-                    .map_err(|e| RunnerError::io(format!("creating a directory under {}", root.display()), e))?;
+                    .map_err(|e| {
+                        RunnerError::io(format!("creating a directory under {}", root.display()), e)
+                    })?;
                 self.cfg.sandbox.check(scratch.path()).await
             }
         }
@@ -870,7 +874,12 @@ impl Runner {
             let mut message = source::redact_url(&message, repo);
             if let Some(path) = repo.strip_prefix("file://")
                 && self.cfg.sandbox.mode == crate::SandboxMode::Bubblewrap
-                && !self.cfg.sandbox.ro_paths.iter().any(|r| Path::new(path).starts_with(r))
+                && !self
+                    .cfg
+                    .sandbox
+                    .ro_paths
+                    .iter()
+                    .any(|r| Path::new(path).starts_with(r))
             {
                 message.push_str(&format!(
                     " (a file:// repository is visible to the runner sandbox only under \

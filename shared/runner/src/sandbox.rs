@@ -219,11 +219,7 @@ impl SandboxConfig {
             "/tmp".as_ref(),
         ]);
         for path in spec.readable.iter().chain(&self.ro_paths) {
-            push(&[
-                "--ro-bind-try".as_ref(),
-                path.as_os_str(),
-                path.as_os_str(),
-            ]);
+            push(&["--ro-bind-try".as_ref(), path.as_os_str(), path.as_os_str()]);
         }
         for path in &self.rw_paths {
             push(&["--bind-try".as_ref(), path.as_os_str(), path.as_os_str()]);
@@ -329,14 +325,16 @@ fn collect_paths(body: &hcl::Body, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every process whose process group is `pgid`, except `pgid` itself (bubblewrap): an
-/// interrupt goes to these, so the tool inside can finish what it is doing while the
-/// sandbox stays up. Read from `/proc` (no `killpg` without `unsafe`).
-pub(crate) fn group_members_but_leader(pgid: u32) -> Vec<u32> {
+/// Every descendant of `leader` (bubblewrap), found through `/proc`: an interrupt goes
+/// to these, so the tool inside can finish what it is doing while the sandbox stays up.
+/// By process tree, not process group: the sandboxed program runs in a session of its own
+/// (`--new-session`). The sandbox's init (bubblewrap's second process, pid 1 inside)
+/// ignores a signal it has no handler for, so it stays.
+pub(crate) fn descendants_of(leader: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut pids = Vec::new();
+    let mut parent_of: Vec<(u32, u32)> = Vec::new();
     for entry in entries.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -345,21 +343,28 @@ pub(crate) fn group_members_but_leader(pgid: u32) -> Vec<u32> {
         else {
             continue;
         };
-        if pid == pgid {
-            continue;
-        }
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
-        // `pid (comm) state ppid pgrp …`: comm may hold spaces and parentheses.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        if rest.split_whitespace().nth(2) == Some(pgid.to_string().as_str()) {
-            pids.push(pid);
+        // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.push((pid, ppid));
         }
     }
-    pids
+    let mut found = Vec::new();
+    let mut frontier = vec![leader];
+    while let Some(p) = frontier.pop() {
+        for (pid, ppid) in &parent_of {
+            if *ppid == p && !found.contains(pid) {
+                found.push(*pid);
+                frontier.push(*pid);
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]

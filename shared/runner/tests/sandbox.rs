@@ -582,13 +582,17 @@ async fn a_run_cannot_reach_the_handler_other_runs_or_the_host() {
     assert!(!text.contains("SEAL_KEY=canary"), "{text}");
     assert!(!text.contains("VARTMP "), "/var/tmp is visible: {text}");
     assert!(!text.contains("root:"), "/etc/shadow is readable: {text}");
-    assert!(!text.contains("WROTE /"), "wrote outside its directory: {text}");
+    assert!(
+        !text.contains("WROTE /"),
+        "wrote outside its directory: {text}"
+    );
     assert!(text.contains("WROTE-INSIDE"), "{text}");
     assert!(!outside.join("pwned").exists());
     // The environment the tool saw holds only what the runner built.
     let seen: Vec<&str> = text.lines().filter(|l| l.starts_with("SEEN ")).collect();
     assert!(
-        seen.iter().all(|l| !l.contains("CARGO") && !l.contains("TAKOSUMI_")),
+        seen.iter()
+            .all(|l| !l.contains("CARGO") && !l.contains("TAKOSUMI_")),
         "{seen:?}"
     );
     // Nothing it started outlives the step, even in a new session.
@@ -631,14 +635,24 @@ sleep 26.5432
         .await
         .unwrap_err();
     assert!(
-        matches!(err, RunnerError::TimedOut { step: "plan", limit_secs: 1 }),
+        matches!(
+            err,
+            RunnerError::TimedOut {
+                step: "plan",
+                limit_secs: 1
+            }
+        ),
         "{err:?}"
     );
     assert_eq!(
         err.failure_code(),
         Some(takosumi_core::FailureCode::TimedOut)
     );
-    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
     assert!(
         wait_no_sleepers("26.5432").await,
         "the hanging tool survived: {:?}",

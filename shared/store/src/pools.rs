@@ -156,17 +156,25 @@ pub async fn rotate_delivery_key(
     }
 }
 
-/// Sets (or clears) the pool a Capsule's runs execute on.
+/// Sets (or clears) the pool a Capsule's runs execute on, only while none of its Runs is
+/// in flight (queued, held, planning or applying): a Run keeps the runner it started on.
+/// `false`: the Capsule is gone or a Run of it is in flight (nothing changed).
 pub async fn set_capsule_pool(
     tx: &mut Tx,
     capsule_id: CapsuleId,
     pool_id: Option<Uuid>,
 ) -> Result<bool, StoreError> {
-    let done = sqlx::query("UPDATE capsules SET pool_id = $2, updated_at = now() WHERE id = $1")
-        .bind(capsule_id.as_uuid())
-        .bind(pool_id)
-        .execute(&mut **tx)
-        .await?;
+    let done = sqlx::query!(
+        r#"UPDATE capsules SET pool_id = $2, updated_at = now()
+            WHERE id = $1
+              AND NOT EXISTS (SELECT 1 FROM runs
+                               WHERE runs.capsule_id = $1
+                                 AND runs.status IN ('queued', 'held', 'planning', 'applying'))"#,
+        capsule_id.as_uuid(),
+        pool_id
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(done.rows_affected() == 1)
 }
 

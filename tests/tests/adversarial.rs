@@ -1,0 +1,243 @@
+//! A hostile Capsule, through the real API, Postgres, RabbitMQ, the S3 server and
+//! terraform 1.0.3: its `local-exec` provisioner and its command credential try to read
+//! the handler's environment (every `/proc/*/environ`), the stack's secret file and S3
+//! data directory, `/etc/shadow`; to log in to Postgres and RabbitMQ with well-known
+//! passwords; to write outside their directory; and to leave a process running. What
+//! they find is printed base64-encoded, so the masker cannot be what saves us: only the
+//! sandbox can. Every attempt must fail, and none of the server's secrets may appear in
+//! any log, event, Run record or response.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::Map;
+use takosumi_client::{NewCapsule, NewProviderBinding, Source};
+use takosumi_core::RunStatus;
+use takosumi_tests::{GitRepo, Stack};
+
+/// What a hostile author commits: everything it can reach goes into one base64 blob.
+const PROBE: &str = r#"#!/bin/sh
+found=$( (for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f"; done
+  cat /var/tmp/takosumi-stack/secrets /var/tmp/takosumi-stack/env.sh
+  ls -R /var/tmp/takosumi-stack/s3 | head -100
+  cat /etc/shadow
+  echo "cred=$CMD_CRED") 2>/dev/null | base64 -w0)
+echo "PROBE_FOUND=$found"
+echo "PROBE_UID=$(id -u)"
+echo "PROBE_PROCS=$(ls /proc | grep -c '^[0-9]')"
+for target in /var/tmp/pwned /etc/pwned /usr/pwned "$HOME/../../pwned-parent"; do
+  if (echo x > "$target") 2>/dev/null; then echo "PROBE_WROTE $target"; fi
+done
+echo "PROBE_GUEST=$(curl -s -o /dev/null -w '%{http_code}' -u guest:guest http://127.0.0.1:15672/api/overview)"
+if PGPASSWORD=takosumi psql -h 127.0.0.1 -U takosumi -d postgres -tAc 'select 1' >/dev/null 2>&1; then echo PROBE_PG_OPEN; fi
+(setsid sleep 25.1357 >/dev/null 2>&1 &)
+echo PROBE_DONE
+"#;
+
+/// The command credential: it tries the same from plan time and returns what it found.
+const CRED: &str = r#"#!/bin/sh
+(for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f"; done; cat /var/tmp/takosumi-stack/secrets) 2>/dev/null | base64 -w0
+echo "-cred-ok"
+"#;
+
+const MAIN_TF: &str = r#"
+resource "null_resource" "probe" {
+  provisioner "local-exec" {
+    command = "sh ./probe.sh"
+  }
+}
+"#;
+
+fn sleepers(marker: &str) -> usize {
+    let want = format!("sleep\0{marker}\0").into_bytes();
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    // The handler's secrets: in-process steps hold exactly these in their environment.
+    let vars = stack.env_vars().clone();
+    let db_password = vars["TAKOSUMI_DATABASE_URL"]
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, p)| p.to_owned())
+        .expect("a password in the database URL");
+    let canaries = [
+        ("seal key", vars["TAKOSUMI_SEAL_KEY"].clone()),
+        ("S3 secret", vars["TAKOSUMI_S3_SECRET_KEY"].clone()),
+        ("admin token", stack.admin_token.clone()),
+        ("database password", db_password),
+    ];
+    for (what, value) in &canaries {
+        assert!(value.len() >= 8, "{what} is too short to be a canary");
+    }
+
+    let repo = GitRepo::new(&[
+        ("infra/hostile/main.tf", MAIN_TF),
+        ("infra/hostile/probe.sh", PROBE),
+    ])?;
+    let fixtures = takosumi_tests::fixture_dir()?;
+    let cred = fixtures.path().join("cred.sh");
+    std::fs::write(&cred, CRED)?;
+    let ws = stack.client.create_workspace("hostile").await?;
+    let capsule = stack
+        .client
+        .create_capsule(
+            ws.id,
+            &NewCapsule {
+                name: "hostile".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra/hostile".into(),
+                tool: "terraform".into(),
+                vars: Map::new(),
+            },
+        )
+        .await?;
+    let binding = stack
+        .client
+        .create_provider_binding(
+            ws.id,
+            &NewProviderBinding::Command {
+                name: "probe".into(),
+                command: vec!["/bin/sh".into(), cred.display().to_string()],
+                env_name: "CMD_CRED".into(),
+            },
+        )
+        .await?;
+    stack
+        .client
+        .attach_provider_binding(capsule.id, binding.id)
+        .await?;
+
+    let plan = stack
+        .wait(stack.client.plan(capsule.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    let log = stack.client.logs(apply.id).await?;
+    assert!(
+        log.contains("PROBE_DONE"),
+        "the provisioner did not run: {log}"
+    );
+
+    let field = |name: &str| -> String {
+        log.lines()
+            .find_map(|l| {
+                l.split_once(&format!("{name}="))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| panic!("no {name} in the log: {log}"))
+    };
+    // What the provisioner could read, decoded: none of the server's secrets.
+    let found = base64::engine::general_purpose::STANDARD
+        .decode(field("PROBE_FOUND"))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    for (what, value) in &canaries {
+        assert!(
+            !found.contains(value.as_str()),
+            "the provisioner read the {what}"
+        );
+    }
+    assert!(
+        !found.contains("TAKOSUMI_"),
+        "the provisioner read a handler setting: {found}"
+    );
+    assert!(!found.contains("root:"), "/etc/shadow is readable");
+    assert!(
+        !found.contains("S3_SECRET_KEY="),
+        "the stack's secret file is readable"
+    );
+    // The command credential ran (plan and apply) inside the sandbox too: what it
+    // found and handed to the tool holds nothing of the server.
+    let cred_seen = found
+        .lines()
+        .find_map(|l| l.strip_prefix("cred="))
+        .unwrap_or_default();
+    assert!(cred_seen.ends_with("-cred-ok"), "{found}");
+    let cred_found = base64::engine::general_purpose::STANDARD
+        .decode(cred_seen.trim_end_matches("-cred-ok"))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    for (what, value) in &canaries {
+        assert!(
+            !cred_found.contains(value.as_str()),
+            "the credential command read the {what}"
+        );
+    }
+    assert!(!cred_found.contains("TAKOSUMI_"), "{cred_found}");
+
+    assert_eq!(field("PROBE_UID"), takosumi_runner::SANDBOX_UID.to_string());
+    let procs: usize = field("PROBE_PROCS").parse()?;
+    assert!(
+        procs < 12,
+        "{procs} processes visible: not a pid namespace of its own"
+    );
+    // A write that succeeded landed in the sandbox's private scratch (its own `/tmp`),
+    // never on the host.
+    for line in log
+        .lines()
+        .filter_map(|l| l.split_once("PROBE_WROTE ").map(|(_, p)| p.trim()))
+    {
+        assert!(
+            !std::path::Path::new(line).exists(),
+            "the provisioner wrote {line} on the host"
+        );
+    }
+    for host in ["/var/tmp/pwned", "/etc/pwned", "/usr/pwned"] {
+        assert!(!std::path::Path::new(host).exists(), "{host} was written");
+        assert!(!log.contains(&format!("PROBE_WROTE {host}")), "{log}");
+    }
+    // Loopback is shared, so the stack's services must not take well-known passwords.
+    assert_ne!(field("PROBE_GUEST"), "200", "RabbitMQ accepted guest/guest");
+    assert!(
+        !log.contains("PROBE_PG_OPEN"),
+        "Postgres accepted a well-known password"
+    );
+    // Nothing it started outlives the Run.
+    let mut left = sleepers("25.1357");
+    for _ in 0..50 {
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = sleepers("25.1357");
+    }
+    assert_eq!(
+        left, 0,
+        "a process the provisioner started outlived the Run"
+    );
+    assert_eq!(apply.sandbox.as_deref(), Some("bubblewrap"));
+    assert_eq!(plan.sandbox.as_deref(), Some("bubblewrap"));
+
+    // Nowhere the API serves holds a secret of the server's, in clear or base64.
+    let mut served = String::new();
+    for run in [plan.id, apply.id] {
+        served.push_str(&stack.client.logs(run).await?);
+        served.push_str(&serde_json::to_string(&stack.client.events(run).await?)?);
+        served.push_str(&serde_json::to_string(&stack.client.get_run(run).await?)?);
+    }
+    for (what, value) in &canaries {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(value);
+        assert!(!served.contains(value.as_str()), "the {what} is served");
+        assert!(
+            !served.contains(&b64),
+            "the {what} is served base64-encoded"
+        );
+    }
+    stack.stop().await
+}
