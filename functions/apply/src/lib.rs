@@ -73,23 +73,8 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let actor = format!("handler:{}", ctx.owner);
     match &claim {
         ApplyClaim::Claimed => {
-            events::append(
-                &mut *tx,
-                run_id,
-                "claimed",
-                &actor,
-                serde_json::json!({ "step": "apply" }),
-            )
-            .await
-            .map_err(store_err)?;
-            runs::record_sandbox(
-                &mut *tx,
-                run_id,
-                &ctx.owner,
-                ctx.runner.sandbox_mode().as_str(),
-            )
-            .await
-            .map_err(store_err)?;
+            ctx.record_claimed(&mut tx, run_id, serde_json::json!({ "step": "apply" }))
+                .await?;
         }
         ApplyClaim::GenerationChanged { planned, current } => {
             events::append(

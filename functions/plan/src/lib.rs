@@ -96,24 +96,12 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     {
         return Ok(Outcome::Skipped("claimed by another handler"));
     }
-    let actor = format!("handler:{}", ctx.owner);
-    events::append(
-        &mut *tx,
+    ctx.record_claimed(
+        &mut tx,
         run_id,
-        "claimed",
-        &actor,
         serde_json::json!({ "step": "plan", "attempt": run.attempts + 1 }),
     )
-    .await
-    .map_err(store_err)?;
-    runs::record_sandbox(
-        &mut *tx,
-        run_id,
-        &ctx.owner,
-        ctx.runner.sandbox_mode().as_str(),
-    )
-    .await
-    .map_err(store_err)?;
+    .await?;
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     let attempt = run.attempts + 1;
 

@@ -57,6 +57,29 @@ pub fn runner_err(e: RunnerError) -> StepError {
 }
 
 impl Ctx {
+    /// Records, in the claim's transaction, that this handler claimed the Run (a `claimed`
+    /// event with `data`) and which sandbox executes it.
+    pub async fn record_claimed(
+        &self,
+        tx: &mut takosumi_store::Tx,
+        run_id: RunId,
+        data: serde_json::Value,
+    ) -> Result<(), StepError> {
+        let actor = format!("handler:{}", self.owner);
+        events::append(&mut **tx, run_id, "claimed", &actor, data)
+            .await
+            .map_err(store_err)?;
+        runs::record_sandbox(
+            &mut **tx,
+            run_id,
+            &self.owner,
+            self.runner.sandbox_mode().as_str(),
+        )
+        .await
+        .map_err(store_err)?;
+        Ok(())
+    }
+
     /// Ends a claimed Run `failed` (only while this process holds its lease), records the
     /// event, and, for an apply, lets go of the Capsule and wakes the next waiting apply.
     pub async fn fail_claimed(
