@@ -712,3 +712,167 @@ async fn canceling_a_relayed_plan_interrupts_the_workers_tool() -> anyhow::Resul
     worker.kill().await?;
     stack.stop().await
 }
+
+/// The relay boundary, spoken to as a worker would (pool token, claim header): the claim
+/// records the sandbox the worker reports; while the Run is in flight the Capsule cannot
+/// move to another pool (409 `run_in_flight`); a progress report with an event kind a
+/// worker may not report (`applied`, `approved`, `gate_decision`…) is refused whole (422
+/// `invalid_event`, nothing stored); relayed log text is masked again with the Run's
+/// credentials before it is stored, whatever the worker sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let pool = uniq("edge");
+    let token = admin
+        .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
+        .await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    let canary = format!("boundary-canary-{}", uuid::Uuid::new_v4().simple());
+    let (status, b) = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/workspaces/{}/provider-bindings", cap.workspace_id),
+            json!({ "name": "cloud", "kind": "env", "env": { "CLOUD_SECRET": canary } }),
+        )
+        .await;
+    assert_eq!(status, 201, "{b}");
+    let (status, v) = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/capsules/{}/provider-bindings", cap.id),
+            json!({ "bindingId": b["id"] }),
+        )
+        .await;
+    assert!(status < 300, "{v}");
+
+    let plan = stack.client.plan(cap.id, None).await?;
+    let http = reqwest::Client::new();
+    let worker = |path: String, body: Value, claim: Option<String>| {
+        let mut req = http
+            .post(format!("{}{path}", stack.api_url))
+            .bearer_auth(&token)
+            .json(&body);
+        if let Some(c) = claim {
+            req = req.header("x-takosumi-claim", c);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // An unknown sandbox is refused; a known one is recorded on the claimed Run.
+    let (status, v) = worker(
+        "/api/v1/relay/claim".into(),
+        json!({ "deliveryKeyIds": ["k1"], "waitSecs": 0, "sandbox": "docker" }),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (422, Some("invalid_sandbox")),
+        "{v}"
+    );
+    let (status, v) = worker(
+        "/api/v1/relay/claim".into(),
+        json!({ "deliveryKeyIds": ["k1"], "waitSecs": 10, "sandbox": "none" }),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let job = &v["job"];
+    assert_eq!(job["runId"], json!(plan.id.to_string()), "{v}");
+    let claim = job["claim"].as_str().unwrap().to_owned();
+    let claimed = stack.client.get_run(plan.id).await?;
+    assert_eq!(claimed.status, RunStatus::Planning);
+    assert_eq!(claimed.sandbox.as_deref(), Some("none"));
+
+    // In flight: the Capsule stays on its pool.
+    let (status, v) = admin
+        .call(
+            reqwest::Method::PUT,
+            &format!("/api/v1/capsules/{}/pool", cap.id),
+            json!({ "pool": null }),
+        )
+        .await;
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (409, Some("run_in_flight")),
+        "{v}"
+    );
+    let (_, shown) = admin
+        .call(
+            reqwest::Method::GET,
+            &format!("/api/v1/capsules/{}", cap.id),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(shown["pool"], json!(pool));
+
+    // Event kinds only the control node records are refused, the whole report with them.
+    let progress = format!("/api/v1/relay/runs/{}/progress", plan.id);
+    for kind in [
+        "applied",
+        "approved",
+        "state_version_written",
+        "gate_decision",
+        "planned",
+    ] {
+        let (status, v) = worker(
+            progress.clone(),
+            json!({ "events": [
+                { "kind": "tool_started", "data": { "command": "plan" } },
+                { "kind": kind, "data": {} }
+            ] }),
+            Some(claim.clone()),
+        )
+        .await;
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (422, Some("invalid_event")),
+            "{kind}: {v}"
+        );
+    }
+    let kinds: Vec<String> = stack
+        .client
+        .events(plan.id)
+        .await?
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(
+        !kinds
+            .iter()
+            .any(|k| k == "tool_started" || k == "applied" || k == "approved"),
+        "a refused report stored events: {kinds:?}"
+    );
+    // A worker's own progress is taken; its log is masked again before it is stored.
+    let (status, v) = worker(
+        progress.clone(),
+        json!({
+            "events": [{ "kind": "tool_started", "data": { "command": "plan" } }],
+            "logs": [{ "step": "plan", "text": format!("the worker forgot to mask {canary} here\n") }]
+        }),
+        Some(claim.clone()),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let log = stack.client.logs(plan.id).await?;
+    assert!(log.contains("the worker forgot to mask"), "{log}");
+    assert!(
+        !log.contains(&canary),
+        "a relayed log stored the credential: {log}"
+    );
+    let kinds: Vec<String> = stack
+        .client
+        .events(plan.id)
+        .await?
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.iter().any(|k| k == "tool_started"), "{kinds:?}");
+    stack.stop().await
+}
