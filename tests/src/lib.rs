@@ -10,9 +10,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use base64::Engine as _;
 use takosumi_client::Client;
 use takosumi_core::{RunId, Topic};
 use takosumi_runtime::{Ctx, Settings, run_worker};
+use takosumi_seal::delivery::DeliveryKeyPair;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -750,4 +752,52 @@ fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
         bail!("git {args:?} failed");
     }
     Ok(())
+}
+
+/// `TAKOSUMI_DELIVERY_KEYS` for a relay worker holding `keys` (current first).
+pub fn keys_env(keys: &[&DeliveryKeyPair]) -> String {
+    keys.iter()
+        .map(|k| {
+            format!(
+                "{}={}",
+                k.key_id(),
+                base64::engine::general_purpose::STANDARD.encode(&k.private_bytes()[..])
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A relay worker process: the API's URL, the pool token, the delivery keys and the tool.
+/// Nothing else: no database URL, no S3 setting, no server key.
+pub fn spawn_relay(
+    stack: &Stack,
+    token: &str,
+    keys: &str,
+    work: &Path,
+) -> anyhow::Result<tokio::process::Child> {
+    let env = stack.env_vars();
+    Ok(tokio::process::Command::new(binary("takosumi-relay")?)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info")
+        .env("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url)
+        .env("TAKOSUMI_POOL_TOKEN", token)
+        .env("TAKOSUMI_DELIVERY_KEYS", keys)
+        .env("TAKOSUMI_TERRAFORM_BIN", &env["TAKOSUMI_TERRAFORM_BIN"])
+        .env("TAKOSUMI_TF_CLI_CONFIG", &env["TAKOSUMI_TF_CLI_CONFIG"])
+        .env(
+            "TAKOSUMI_SANDBOX_RO_PATHS",
+            &env["TAKOSUMI_SANDBOX_RO_PATHS"],
+        )
+        .env(
+            "TAKOSUMI_SANDBOX_RW_PATHS",
+            &env["TAKOSUMI_SANDBOX_RW_PATHS"],
+        )
+        .env("TAKOSUMI_WORK_DIR", work)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?)
 }

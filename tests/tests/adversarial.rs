@@ -10,10 +10,11 @@
 use std::time::Duration;
 
 use base64::Engine as _;
-use serde_json::Map;
+use serde_json::{Map, json};
 use takosumi_client::{NewCapsule, NewProviderBinding, Source};
-use takosumi_core::RunStatus;
-use takosumi_tests::{GitRepo, Stack};
+use takosumi_core::{RunStatus, WorkspaceId};
+use takosumi_seal::delivery::DeliveryKeyPair;
+use takosumi_tests::{GitRepo, Stack, keys_env, spawn_relay};
 
 /// What a hostile author commits: everything it can reach goes into one base64 blob.
 const PROBE: &str = r#"#!/bin/sh
@@ -59,10 +60,52 @@ fn sleepers(marker: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// Where the hostile Capsule runs.
+enum Host<'a> {
+    /// The control node's in-process plan and apply handlers.
+    ControlNode,
+    /// A relay worker process of a pool (its token and delivery keys are the secrets).
+    Relay { pool: &'a str },
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    // The handler's secrets: in-process steps hold exactly these in their environment.
+    let canaries = server_canaries(&stack);
+    hostile_run(&stack, &canaries, Host::ControlNode).await?;
+    stack.stop().await
+}
+
+/// The same Capsule on a relay worker: its environment holds the pool token and the
+/// delivery keys, and the Run's sandbox reaches neither (nor anything of the control node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hostile_capsule_on_a_relay_worker_reaches_nothing_of_the_worker() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let pool = format!("edge-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let key = DeliveryKeyPair::generate("k1")?;
+    let ws = stack.client.create_workspace("hostile-relay").await?;
+    let (status, created) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{}/pools", ws.id),
+            json!({ "name": pool, "deliveryKey": { "keyId": key.key_id(), "publicKey": base64::engine::general_purpose::STANDARD.encode(key.public().public) } }),
+        )
+        .await?;
+    assert_eq!(status, 201, "{created}");
+    let token = created["token"].as_str().unwrap().to_owned();
+    let keys = keys_env(&[&key]);
+    let mut canaries = server_canaries(&stack);
+    canaries.push(("pool token", token.clone()));
+    canaries.push(("delivery key", keys.split_once('=').unwrap().1.to_owned()));
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys, work.path())?;
+    hostile_run_in(&stack, &canaries, Host::Relay { pool: &pool }, ws.id).await?;
+    worker.kill().await?;
+    stack.stop().await
+}
+
+/// The control node's secrets: in-process steps hold exactly these in their environment.
+fn server_canaries(stack: &Stack) -> Vec<(&'static str, String)> {
     let vars = stack.env_vars().clone();
     let db_password = vars["TAKOSUMI_DATABASE_URL"]
         .split_once("://")
@@ -70,16 +113,34 @@ async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()>
         .and_then(|(userinfo, _)| userinfo.split_once(':'))
         .map(|(_, p)| p.to_owned())
         .expect("a password in the database URL");
-    let canaries = [
+    vec![
         ("seal key", vars["TAKOSUMI_SEAL_KEY"].clone()),
         ("S3 secret", vars["TAKOSUMI_S3_SECRET_KEY"].clone()),
         ("admin token", stack.admin_token.clone()),
         ("database password", db_password),
-    ];
-    for (what, value) in &canaries {
+    ]
+}
+
+async fn hostile_run(
+    stack: &Stack,
+    canaries: &[(&str, String)],
+    host: Host<'_>,
+) -> anyhow::Result<()> {
+    let ws = stack.client.create_workspace("hostile").await?;
+    hostile_run_in(stack, canaries, host, ws.id).await
+}
+
+/// Plans and applies the hostile Capsule in Workspace `ws` on `host` and checks that
+/// every attempt failed and nothing of `canaries` is anywhere.
+async fn hostile_run_in(
+    stack: &Stack,
+    canaries: &[(&str, String)],
+    host: Host<'_>,
+    ws: WorkspaceId,
+) -> anyhow::Result<()> {
+    for (what, value) in canaries {
         assert!(value.len() >= 8, "{what} is too short to be a canary");
     }
-
     let repo = GitRepo::new(&[
         ("infra/hostile/main.tf", MAIN_TF),
         ("infra/hostile/probe.sh", PROBE),
@@ -87,11 +148,10 @@ async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()>
     let fixtures = takosumi_tests::fixture_dir()?;
     let cred = fixtures.path().join("cred.sh");
     std::fs::write(&cred, CRED)?;
-    let ws = stack.client.create_workspace("hostile").await?;
     let capsule = stack
         .client
         .create_capsule(
-            ws.id,
+            ws,
             &NewCapsule {
                 name: "hostile".into(),
                 source: Source {
@@ -104,21 +164,40 @@ async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()>
             },
         )
         .await?;
-    let binding = stack
-        .client
-        .create_provider_binding(
-            ws.id,
-            &NewProviderBinding::Command {
-                name: "probe".into(),
-                command: vec!["/bin/sh".into(), cred.display().to_string()],
-                env_name: "CMD_CRED".into(),
-            },
-        )
-        .await?;
+    // A command credential runs where the Run runs; a pool takes env credentials only,
+    // so there the probe gets one whose value is already in the probe's own format.
+    let binding = match host {
+        Host::ControlNode => NewProviderBinding::Command {
+            name: "probe".into(),
+            command: vec!["/bin/sh".into(), cred.display().to_string()],
+            env_name: "CMD_CRED".into(),
+        },
+        Host::Relay { .. } => NewProviderBinding::Env {
+            name: "probe".into(),
+            env: std::collections::BTreeMap::from([(
+                "CMD_CRED".to_owned(),
+                format!(
+                    "{}-cred-ok",
+                    base64::engine::general_purpose::STANDARD.encode("an env credential")
+                ),
+            )]),
+        },
+    };
+    let binding = stack.client.create_provider_binding(ws, &binding).await?;
     stack
         .client
         .attach_provider_binding(capsule.id, binding.id)
         .await?;
+    if let Host::Relay { pool } = host {
+        let (status, v) = stack
+            .call(
+                "PUT",
+                &format!("/api/v1/capsules/{}/pool", capsule.id),
+                json!({ "pool": pool }),
+            )
+            .await?;
+        assert_eq!(status, 200, "{v}");
+    }
 
     let plan = stack
         .wait(stack.client.plan(capsule.id, None).await?.id)
@@ -147,7 +226,7 @@ async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()>
         .decode(field("PROBE_FOUND"))
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
-    for (what, value) in &canaries {
+    for (what, value) in canaries {
         assert!(
             !found.contains(value.as_str()),
             "the provisioner read the {what}"
@@ -173,7 +252,7 @@ async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()>
         .decode(cred_seen.trim_end_matches("-cred-ok"))
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .unwrap_or_default();
-    for (what, value) in &canaries {
+    for (what, value) in canaries {
         assert!(
             !cred_found.contains(value.as_str()),
             "the credential command read the {what}"
@@ -231,7 +310,7 @@ async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()>
         served.push_str(&serde_json::to_string(&stack.client.events(run).await?)?);
         served.push_str(&serde_json::to_string(&stack.client.get_run(run).await?)?);
     }
-    for (what, value) in &canaries {
+    for (what, value) in canaries {
         let b64 = base64::engine::general_purpose::STANDARD.encode(value);
         assert!(!served.contains(value.as_str()), "the {what} is served");
         assert!(
@@ -239,5 +318,19 @@ async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()>
             "the {what} is served base64-encoded"
         );
     }
-    stack.stop().await
+    if let Host::Relay { pool } = host {
+        let claimer = stack
+            .client
+            .events(apply.id)
+            .await?
+            .into_iter()
+            .find(|e| e.kind == "claimed")
+            .map(|e| e.actor)
+            .unwrap_or_default();
+        assert!(
+            claimer.starts_with(&format!("handler:relay:{pool}:")),
+            "{claimer}"
+        );
+    }
+    Ok(())
 }

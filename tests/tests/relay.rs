@@ -4,8 +4,6 @@
 //! no S3 setting and no server key: only the API's URL, its pool token and its delivery
 //! keys. The control node's own plan, gate and apply handlers run beside it the whole time.
 
-use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -13,7 +11,7 @@ use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, RunStatus};
 use takosumi_seal::delivery::DeliveryKeyPair;
-use takosumi_tests::{GitRepo, Stack, binary};
+use takosumi_tests::{GitRepo, Stack, keys_env, spawn_relay};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -124,47 +122,6 @@ async fn capsule(stack: &Stack, files: &[(&str, &str)]) -> anyhow::Result<(GitRe
         )
         .await?;
     Ok((repo, cap))
-}
-
-fn keys_env(keys: &[&DeliveryKeyPair]) -> String {
-    keys.iter()
-        .map(|k| format!("{}={}", k.key_id(), B64.encode(&k.private_bytes()[..])))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// A relay worker process: the API's URL, the pool token, the delivery keys and the tool.
-/// Nothing else: no database URL, no S3 setting, no server key.
-fn spawn_relay(
-    stack: &Stack,
-    token: &str,
-    keys: &str,
-    work: &Path,
-) -> anyhow::Result<tokio::process::Child> {
-    let env = stack.env_vars();
-    Ok(tokio::process::Command::new(binary("takosumi-relay")?)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "info")
-        .env("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url)
-        .env("TAKOSUMI_POOL_TOKEN", token)
-        .env("TAKOSUMI_DELIVERY_KEYS", keys)
-        .env("TAKOSUMI_TERRAFORM_BIN", &env["TAKOSUMI_TERRAFORM_BIN"])
-        .env("TAKOSUMI_TF_CLI_CONFIG", &env["TAKOSUMI_TF_CLI_CONFIG"])
-        .env(
-            "TAKOSUMI_SANDBOX_RO_PATHS",
-            &env["TAKOSUMI_SANDBOX_RO_PATHS"],
-        )
-        .env(
-            "TAKOSUMI_SANDBOX_RW_PATHS",
-            &env["TAKOSUMI_SANDBOX_RW_PATHS"],
-        )
-        .env("TAKOSUMI_WORK_DIR", work)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()?)
 }
 
 async fn claimers(stack: &Stack, run: RunId) -> Vec<String> {
