@@ -7,8 +7,10 @@
 mod cancel;
 mod ctx;
 pub mod dependencies;
+pub mod dry_run;
 pub mod inputs;
 pub mod live_log;
+pub mod plan_commit;
 mod reaper;
 mod settings;
 pub mod step;

@@ -8,25 +8,41 @@
 //! every plan. Once a person releases it, the plan runs on the commit they were shown; if
 //! the branch moved meanwhile it fails and says to plan again.
 
+//!
+//! One implementation for both hosts: the plan handler calls it for the Runs it claims,
+//! the API's relay endpoint for a relay worker's (`owner` is the claim either way).
+
 use serde_json::json;
-use takosumi_core::{FailureCode, Outcome, RunKind};
+use takosumi_core::{FailureCode, RunKind};
 use takosumi_policy::RuleSet;
 use takosumi_policy::scan::ScanReport;
-use takosumi_runtime::Ctx;
-use takosumi_runtime::step::store_err;
-use takosumi_store::{activity, dry_runs, events, gates, runs};
+use takosumi_store::{Pool, activity, dry_runs, events, gates, runs};
 
-use crate::PlanError;
+use crate::inputs::EnvError;
+use crate::step::store_err;
 
-pub(crate) async fn check(
-    ctx: &Ctx,
+/// What the dry-run check decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DryRunDecision {
+    /// The plan runs now.
+    Proceed,
+    /// The Run is held for a person, before anything planned.
+    Held,
+    /// `owner` no longer holds the Run (the reaper took it back); nothing changed.
+    LeaseLost,
+}
+
+/// Applies the approval rule's dry-run hold to a plan `owner` holds the claim of.
+pub async fn check(
+    pool: &Pool,
+    owner: &str,
     run: &runs::Run,
     report: &ScanReport,
     commit: &str,
-) -> Result<Option<Outcome>, PlanError> {
+) -> Result<DryRunDecision, EnvError> {
     // Drift checks are the sweep's, and take their own path (drift step).
     if !matches!(run.kind, RunKind::Plan | RunKind::Destroy) {
-        return Ok(None);
+        return Ok(DryRunDecision::Proceed);
     }
     if run.gate_decision.as_deref() == Some("released") {
         // A person released it before it planned: it runs the commit they were shown.
@@ -38,28 +54,28 @@ pub(crate) async fn check(
         if let Some(shown) = shown
             && shown != commit
         {
-            return Err(PlanError::Fail(
+            return Err(EnvError::Fail(
                 FailureCode::SourceChanged,
                 format!(
                     "the branch moved from {shown} to {commit} after this plan was released; nothing was planned. Plan again, and the new commit is scanned and decided afresh"
                 ),
             ));
         }
-        return Ok(None);
+        return Ok(DryRunDecision::Proceed);
     }
-    let (ws, cap) = gates::rules_in_force(&ctx.pool, run.workspace_id, run.capsule_id)
+    let (ws, cap) = gates::rules_in_force(pool, run.workspace_id, run.capsule_id)
         .await
         .map_err(store_err)?;
     let rules = RuleSet::layered(
         cap.as_ref().map(|r| &r.rules),
         ws.as_ref().map(|r| &r.rules),
     )
-    .map_err(|e| PlanError::Step(takosumi_core::StepError::internal(e)))?;
+    .map_err(|e| EnvError::Step(takosumi_core::StepError::internal(e)))?;
     let Some(reason) = rules.dry_run_hold(report.is_clean()) else {
-        return Ok(None);
+        return Ok(DryRunDecision::Proceed);
     };
     let Some(approval) = &rules.approval else {
-        return Ok(None);
+        return Ok(DryRunDecision::Proceed);
     };
     let findings: Vec<String> = report
         .findings
@@ -88,11 +104,11 @@ pub(crate) async fn check(
         },
     });
     let required = i32::try_from(approval.required.max(1)).unwrap_or(1);
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    let mut tx = pool.begin().await.map_err(|e| store_err(e.into()))?;
     if !dry_runs::hold_claimed(
         &mut tx,
         run.id,
-        &ctx.owner,
+        owner,
         reason,
         &details,
         required,
@@ -101,11 +117,9 @@ pub(crate) async fn check(
     .await
     .map_err(store_err)?
     {
-        return Ok(Some(Outcome::Skipped(
-            "lease lost before the hold; the reaper re-queued the run",
-        )));
+        return Ok(DryRunDecision::LeaseLost);
     }
-    let actor = format!("handler:{}", ctx.owner);
+    let actor = format!("handler:{owner}");
     events::append(
         &mut *tx,
         run.id,
@@ -126,5 +140,5 @@ pub(crate) async fn check(
     .await
     .map_err(store_err)?;
     tx.commit().await.map_err(|e| store_err(e.into()))?;
-    Ok(Some(Outcome::Done))
+    Ok(DryRunDecision::Held)
 }

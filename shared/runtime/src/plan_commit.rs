@@ -1,0 +1,266 @@
+//! The plan commit, written once (issue 13): what a finished plan, destroy plan or drift
+//! check becomes on the control node — the lockfile sealed, stored and read back, the
+//! plan JSON sealed, the cost summary masked, and the Run's record with its `planned`
+//! event, the gate's wake-up and a drift check's kept plan in one transaction. The plan
+//! handler calls it for the Runs it planned itself, the API's relay endpoint for a relay
+//! worker's (`owner` is the claim either way).
+
+use serde_json::{Value, json};
+use takosumi_core::{FailureCode, RunKind, StepError, Topic};
+use takosumi_objects::PutOutcome;
+use takosumi_runner::{Masker, SourceSnapshot, count_changes};
+use takosumi_seal::Purpose;
+use takosumi_store::{events, outbox, runs};
+
+use crate::Ctx;
+use crate::dependencies::{LockfileError, dependency_snapshot};
+use crate::inputs::EnvError;
+use crate::step::{lockfile_key, object_err, plan_key, store_err};
+
+/// The largest plan file kept (DESIGN §3: relayed plans are limited to it, and the
+/// control node holds its own to the same limit).
+pub const MAX_PLAN_BYTES: u64 = 19 * 1024 * 1024;
+
+/// A plan file sealed and stored under the Run's claim.
+#[derive(Debug, Clone)]
+pub struct StoredPlan {
+    /// Its object key.
+    pub key: String,
+    /// SHA-256 hex of the plan file's bytes.
+    pub digest: String,
+}
+
+/// What a finished plan pipeline produced, for [`commit_plan`].
+pub struct PlanToCommit {
+    /// The executed commit and tree digest.
+    pub source: SourceSnapshot,
+    /// `version -json`.
+    pub tool_version: Value,
+    /// Digest of the installed module tree.
+    pub modules_digest: String,
+    /// The lockfile stored by [`store_lockfile`], `None` for a provider-free run.
+    pub lockfile: Option<StoredLockfile>,
+    /// `show -json` of the saved plan.
+    pub show: Value,
+    /// The sealed, stored plan file.
+    pub plan: StoredPlan,
+    /// A drift check's `-detailed-exitcode` answer.
+    pub tool_says_drift: Option<bool>,
+    /// Names of every injected variable.
+    pub injected_env_names: Vec<String>,
+    /// Every secret of the Run (and what the plan marks sensitive): the cost summary
+    /// stored in clear goes through it.
+    pub masker: Masker,
+    /// Added to the `planned` event (a relayed plan names its pool).
+    pub event_extra: Value,
+}
+
+/// How the commit ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// The Run is `planned` and the gate is woken.
+    Done,
+    /// `owner` no longer held the Run: nothing was recorded.
+    LeaseLost,
+}
+
+/// Seals and stores a plan file under the Run's claim (`attempt`). Over
+/// [`MAX_PLAN_BYTES`] the Run fails `plan_too_large`. An object already at the key is
+/// never trusted: most often this put's own earlier try, whose answer was lost when the
+/// storage server went away mid-request, so it is a transient fault (retried under a new
+/// claim and a new key).
+pub async fn store_plan_file(
+    ctx: &Ctx,
+    run_id: takosumi_core::RunId,
+    attempt: i32,
+    plan_bytes: Vec<u8>,
+) -> Result<StoredPlan, EnvError> {
+    let size = plan_bytes.len() as u64;
+    if size > MAX_PLAN_BYTES {
+        return Err(EnvError::Fail(
+            FailureCode::PlanTooLarge,
+            format!(
+                "the saved plan is {size} bytes, over the {MAX_PLAN_BYTES}-byte (19 MiB) limit; split the configuration or run it on a queue the control node executes"
+            ),
+        ));
+    }
+    let digest = takosumi_store::sha256_hex(&plan_bytes);
+    let key = plan_key(run_id, attempt);
+    let sealed = ctx
+        .sealer
+        .seal(Purpose::Plan, &run_id.to_string(), &plan_bytes)
+        .map_err(StepError::internal)?;
+    drop(plan_bytes);
+    if ctx
+        .objects
+        .put_if_absent(&key, sealed)
+        .await
+        .map_err(object_err)?
+        == PutOutcome::AlreadyExists
+    {
+        return Err(EnvError::Step(StepError::Transient(
+            format!("sealed plan for attempt {attempt} already exists").into(),
+        )));
+    }
+    Ok(StoredPlan { key, digest })
+}
+
+/// A provider lockfile sealed, stored and read back under the Run's claim.
+#[derive(Debug, Clone)]
+pub struct StoredLockfile {
+    /// Its object key.
+    pub key: String,
+    /// SHA-256 hex of its bytes.
+    pub digest: String,
+}
+
+/// Lockfile continuity: the raw bytes right after `init`, sealed and stored under the
+/// claim (`attempt`), then read back: the plan succeeds only when the stored artifact
+/// reads back as exactly these bytes (an object that was already there, or was altered,
+/// is caught here), and over 1 MiB it fails `lockfile_too_large`.
+pub async fn store_lockfile(
+    ctx: &Ctx,
+    run_id: takosumi_core::RunId,
+    attempt: i32,
+    bytes: &[u8],
+) -> Result<StoredLockfile, EnvError> {
+    if bytes.len() as u64 > takosumi_runner::MAX_LOCKFILE_BYTES {
+        return Err(EnvError::Fail(
+            FailureCode::LockfileTooLarge,
+            format!(
+                "the provider lockfile is {} bytes, over the {}-byte limit",
+                bytes.len(),
+                takosumi_runner::MAX_LOCKFILE_BYTES
+            ),
+        ));
+    }
+    let key = lockfile_key(run_id, attempt);
+    let sealed = ctx
+        .sealer
+        .seal(Purpose::Lockfile, &run_id.to_string(), bytes)
+        .map_err(StepError::internal)?;
+    ctx.objects
+        .put_if_absent(&key, sealed)
+        .await
+        .map_err(object_err)?;
+    let digest = takosumi_store::sha256_hex(bytes);
+    match ctx.load_lockfile(run_id, Some(&key), &digest).await {
+        Ok(_) => Ok(StoredLockfile { key, digest }),
+        Err(LockfileError::Refused(code, message)) => Err(EnvError::Fail(code, message)),
+        Err(LockfileError::Step(e)) => Err(EnvError::Step(e)),
+    }
+}
+
+/// Commits a plan `owner` holds the claim of. See the module documentation.
+pub async fn commit_plan(
+    ctx: &Ctx,
+    run: &runs::Run,
+    owner: &str,
+    attempt: i32,
+    p: PlanToCommit,
+) -> Result<Committed, EnvError> {
+    let run_id = run.id;
+    let capsule = takosumi_store::capsules::get(&ctx.pool, run.capsule_id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
+    let (lock_digest, lock_key) = match p.lockfile {
+        None => (None, None),
+        Some(l) => (Some(l.digest), Some(l.key)),
+    };
+    let changes = count_changes(&p.show);
+    // What a cost estimate needs, without a sensitive value (see takosumi_core::cost).
+    let mut resources = serde_json::to_value(takosumi_core::cost::summarize(
+        &p.show,
+        takosumi_core::cost::Catalogue::embedded(),
+    ))
+    .map_err(StepError::internal)?;
+    p.masker.add_plan_sensitive(&p.show);
+    p.masker.mask_json(&mut resources);
+    // The gate reads the saved plan's JSON, never printed text; it holds sensitive values,
+    // so it is sealed like the plan file itself.
+    let show_key = format!("runs/{run_id}/show.{attempt}.sealed");
+    let show_bytes = serde_json::to_vec(&p.show).map_err(StepError::internal)?;
+    let sealed_show = ctx
+        .sealer
+        .seal(Purpose::Plan, &format!("{run_id}:show"), &show_bytes)
+        .map_err(StepError::internal)?;
+    drop(show_bytes);
+    ctx.objects
+        .put_if_absent(&show_key, sealed_show)
+        .await
+        .map_err(object_err)?;
+
+    // A drift check reports drift when the tool's exit code says the plan changes
+    // something, or `show -json` does (see takosumi_steps::drift_verdict). A check that
+    // reports no exit code (an older worker) is judged by `show -json` alone.
+    let tool_says_drift = p
+        .tool_says_drift
+        .or((run.kind == RunKind::DriftCheck).then_some(false));
+    let drift = takosumi_steps::drift_verdict(tool_says_drift, &p.show);
+    let record = runs::PlanRecord {
+        source_commit: p.source.commit.clone(),
+        tree_digest: p.source.tree_digest.clone(),
+        tool_version: p.tool_version,
+        plan_digest: p.plan.digest.clone(),
+        plan_object_key: p.plan.key.clone(),
+        lockfile_object_key: lock_key,
+        provider_lock_digest: lock_digest.clone(),
+        dependency_snapshot: dependency_snapshot(&p.modules_digest, lock_digest.as_deref()),
+        state_generation: capsule.state_generation,
+        changes,
+        drift,
+        injected_env_names: p.injected_env_names,
+    };
+    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    if !runs::record_plan(&mut tx, run_id, owner, &record)
+        .await
+        .map_err(store_err)?
+    {
+        return Ok(Committed::LeaseLost);
+    }
+    takosumi_store::records::set_resource_changes(&mut tx, run_id, &resources)
+        .await
+        .map_err(store_err)?;
+    let mut data = json!({ "changes": changes, "planDigest": p.plan.digest, "stateGeneration": capsule.state_generation });
+    if let (Some(d), Some(extra)) = (data.as_object_mut(), p.event_extra.as_object()) {
+        d.extend(extra.clone());
+    }
+    events::append(
+        &mut *tx,
+        run_id,
+        "planned",
+        &format!("handler:{owner}"),
+        data,
+    )
+    .await
+    .map_err(store_err)?;
+    takosumi_store::gates::set_plan_json_key(&mut tx, run_id, &show_key)
+        .await
+        .map_err(store_err)?;
+    // A drift check replaces the plan an earlier check kept, and keeps its own only when it
+    // found drift (that plan is what a reconcile carries out).
+    let mut dropped = Vec::new();
+    if run.kind == RunKind::DriftCheck {
+        dropped = takosumi_store::detection::drop_kept_drift_plans(&mut tx, capsule.id, run_id)
+            .await
+            .map_err(store_err)?;
+        if record.drift != Some(true) {
+            runs::clear_plan_object(&mut tx, run_id)
+                .await
+                .map_err(store_err)?;
+            dropped.push(record.plan_object_key.clone());
+        }
+    }
+    outbox::enqueue(&mut tx, Topic::Gate, run_id)
+        .await
+        .map_err(store_err)?;
+    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    ctx.relay_wake.notify_one();
+    for key in dropped {
+        if let Err(e) = ctx.objects.delete(&key).await {
+            tracing::warn!(%run_id, error = %e, "could not delete a replaced drift plan; it stays sealed");
+        }
+    }
+    Ok(Committed::Done)
+}

@@ -1,0 +1,379 @@
+//! The pipelines, written once (issue 13): what a plan, a destroy plan and a drift check
+//! do with the tool, from the checkout to the saved plan, whether the control node or a
+//! relay worker executes them. Only where inputs come from and where progress and
+//! results go differ; that is the [`PlanHost`] each side implements (the control node:
+//! Postgres, S3 and the seal key; the relay worker: the API with its pool token).
+//!
+//! A seed rule implemented here holds on both paths: drift checks plan with
+//! `-detailed-exitcode`; a pull request's plan that the dry-run scan flags is refused;
+//! the approval rule's dry-run hold is asked before `init` and `plan` run anything; the
+//! lockfile is read right after `init`; failures carry a [`FailureCode`].
+
+use std::future::Future;
+
+use serde_json::{Value, json};
+use takosumi_core::{FailureCode, RunKind};
+use takosumi_policy::scan::ScanReport;
+use takosumi_runner::{
+    Masker, Runner, RunnerError, SourceSnapshot, Tool, ToolEnv, ToolOutput, Workdir,
+};
+
+/// What a plan pipeline runs on: the Capsule's source, the Run's kind, and whether it is a
+/// pull request's (speculative) plan.
+#[derive(Debug, Clone)]
+pub struct PlanInputs {
+    /// plan, destroy or drift_check.
+    pub kind: RunKind,
+    /// The Capsule's tool.
+    pub tool: Tool,
+    /// Repository URL.
+    pub repo: String,
+    /// Branch to check out.
+    pub branch: String,
+    /// A pinned commit (a webhook's, a drift check's applied commit), if any.
+    pub commit: Option<String>,
+    /// The Capsule's directory.
+    pub dir: String,
+    /// A pull request's plan: refused when the dry-run scan finds anything.
+    pub speculative: bool,
+}
+
+/// What the host decided after the dry-run scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanVerdict {
+    /// Plan on.
+    Proceed,
+    /// The Run is held for a person (the approval rule's dry-run hold); nothing more runs.
+    Held,
+}
+
+/// Where a plan pipeline's inputs come from and its progress goes.
+pub trait PlanHost: Sync {
+    /// The host's own failure (a database, the API), passed through untouched.
+    type Error: Send;
+
+    /// Records an event on the Run; a failure to record is the host's to log.
+    fn event(&self, kind: &'static str, data: Value) -> impl Future<Output = ()> + Send;
+
+    /// Stores tool output, masked with `masker`.
+    fn log(
+        &self,
+        step: &'static str,
+        masker: &Masker,
+        text: &str,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// Puts the Capsule's current state where the backend override reads it.
+    fn restore_state(
+        &self,
+        runner: &Runner,
+        wd: &Workdir,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// The tool's environment (variables, sensitive variables, credentials), every secret
+    /// in its masker. Asked after the checkout, before any tool starts.
+    fn tool_env(&self, wd: &Workdir) -> impl Future<Output = Result<ToolEnv, Self::Error>> + Send;
+
+    /// Records the dry-run scan report on the Run (its audit evidence), as soon as it is
+    /// made: a plan refused for it keeps it too.
+    fn record_scan(&self, report: &Value) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Keeps the provider lockfile read right after `init` (`None`: a provider-free run)
+    /// before the plan runs: the control node stores it and reads it back, and a refusal
+    /// ends the Run before the tool plans.
+    fn keep_lockfile(
+        &self,
+        lockfile: Option<&[u8]>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Decides whether the plan runs now (the approval rule's dry-run hold).
+    fn after_scan(
+        &self,
+        report: &ScanReport,
+        commit: &str,
+    ) -> impl Future<Output = Result<ScanVerdict, Self::Error>> + Send;
+}
+
+/// Why a pipeline stopped.
+#[derive(Debug)]
+pub enum PlanError<E> {
+    /// The Run fails with this code and message (for a person: what to do next).
+    Fail(FailureCode, String),
+    /// The runner failed in a way that names no Run failure (I/O, unreadable JSON): the
+    /// host decides (retry, or fail on our side).
+    Runner(RunnerError),
+    /// The host failed.
+    Host(E),
+}
+
+/// What a finished plan pipeline hands the host to commit.
+pub struct PlanOutput {
+    /// The commit that was executed and the tree digest.
+    pub source: SourceSnapshot,
+    /// `version -json`.
+    pub tool_version: Value,
+    /// Digest of the installed module tree.
+    pub modules_digest: String,
+    /// The dry-run scan report (audit evidence).
+    pub scan_report: Value,
+    /// The lockfile's raw bytes right after `init`, `None` for a provider-free run.
+    pub lockfile: Option<Vec<u8>>,
+    /// `show -json` of the saved plan (holds sensitive values: seal it).
+    pub show: Value,
+    /// The saved plan file's bytes (a secret: seal it, never log it).
+    pub plan_bytes: Vec<u8>,
+    /// A drift check's answer from `-detailed-exitcode` (exit 2), `None` otherwise.
+    pub tool_says_drift: Option<bool>,
+    /// Names of every injected variable.
+    pub injected_env_names: Vec<String>,
+    /// The environment's masker: every credential, sensitive variable and value the plan
+    /// marks sensitive.
+    pub masker: Masker,
+}
+
+/// How a plan pipeline ended.
+pub enum Planned {
+    /// The tool planned; commit this.
+    Done(Box<PlanOutput>),
+    /// The host held the Run after the dry-run scan.
+    Held,
+}
+
+/// A runner error as the Run's failure when it names one (`what` says what was being
+/// done), else passed to the host.
+pub fn tool_failure<E>(e: RunnerError, what: &str) -> PlanError<E> {
+    match e.failure_code() {
+        Some(code) => PlanError::Fail(code, format!("{what}: {e}; see the run's logs")),
+        None => PlanError::Runner(e),
+    }
+}
+
+async fn log_result<H: PlanHost>(
+    host: &H,
+    step: &'static str,
+    masker: &Masker,
+    result: &Result<ToolOutput, RunnerError>,
+) {
+    match result {
+        Ok(out) => host.log(step, masker, &out.output).await,
+        Err(RunnerError::ToolFailed { output, .. }) => host.log(step, masker, output).await,
+        Err(_) => {}
+    }
+}
+
+/// Plan, destroy plan or drift check: checkout → state → backend override → version →
+/// modules → dry-run scan (refusal, hold) → init → lockfile → plan → `show -json` → the
+/// saved plan's bytes.
+pub async fn plan<H: PlanHost>(
+    host: &H,
+    runner: &Runner,
+    wd: &Workdir,
+    inputs: &PlanInputs,
+) -> Result<Planned, PlanError<H::Error>> {
+    let tool = inputs.tool;
+    host.event(
+        "checkout_started",
+        json!({ "branch": inputs.branch, "commit": inputs.commit }),
+    )
+    .await;
+    let source = runner
+        .checkout(
+            wd,
+            &inputs.repo,
+            &inputs.branch,
+            inputs.commit.as_deref(),
+            &inputs.dir,
+        )
+        .await
+        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
+    host.event(
+        "checked_out",
+        json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
+    )
+    .await;
+    host.restore_state(runner, wd)
+        .await
+        .map_err(PlanError::Host)?;
+    runner
+        .write_backend_override(wd)
+        .map_err(|e| tool_failure(e, "writing the backend override"))?;
+    let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
+    let masker = env.masker();
+    let tool_version = runner
+        .version(tool, &env)
+        .await
+        .map_err(|e| tool_failure(e, "reading the tool version"))?;
+
+    // Modules are downloaded once, here, into the private checkout (a committed
+    // `.terraform` was removed by the checkout); init then resolves nothing again. A
+    // configuration that calls no module skips `get` (one tool start less), and the
+    // apply skips it the same way, so the digests agree wherever each ran.
+    if takosumi_runner::declares_module_calls(wd.config_dir()) {
+        host.event("tool_started", json!({ "command": "get" }))
+            .await;
+        let got = runner.get_modules(wd, tool, &env).await;
+        log_result(host, "get", masker, &got).await;
+        got.map_err(|e| tool_failure(e, "downloading modules failed"))?;
+    }
+    let modules_digest = takosumi_runner::module_tree_digest(wd.config_dir())
+        .map_err(|e| tool_failure(e, "reading the installed modules"))?;
+
+    // The dry-run scan reads the configuration and every module `get` installed for data
+    // sources that act when planned; its report is the plan's audit evidence, and a pull
+    // request's plan that declares one (or cannot be read in full) is refused, not run.
+    let modules_dir = wd.config_dir().join(".terraform").join("modules");
+    let report = takosumi_policy::scan::scan_in_checkout(
+        wd.checkout(),
+        wd.config_dir(),
+        modules_dir.is_dir().then_some(modules_dir.as_path()),
+    );
+    let scan_report = report.to_json();
+    host.record_scan(&scan_report)
+        .await
+        .map_err(PlanError::Host)?;
+    host.event("dry_run_scan", scan_report.clone()).await;
+    if inputs.speculative && !report.is_clean() {
+        let named: Vec<String> = report
+            .findings
+            .iter()
+            .map(|f| f.address.clone())
+            .chain(report.unreadable.iter().map(|u| u.what.clone()))
+            .collect();
+        return Err(PlanError::Fail(
+            FailureCode::DryRunScanRefused,
+            format!(
+                "a pull request's plan is refused rather than run: {} may act when planned or could not be read; review it and plan it from the branch once merged",
+                named.join(", ")
+            ),
+        ));
+    }
+    // Under the approval rule a plan plans freely only when the scan is clean; otherwise
+    // the host holds it here, before init and plan run anything.
+    if host
+        .after_scan(&report, &source.commit)
+        .await
+        .map_err(PlanError::Host)?
+        == ScanVerdict::Held
+    {
+        return Ok(Planned::Held);
+    }
+
+    host.event("tool_started", json!({ "command": "init" }))
+        .await;
+    let init = runner.init_without_get(wd, tool, &env).await;
+    log_result(host, "init", masker, &init).await;
+    init.map_err(|e| tool_failure(e, "init failed"))?;
+
+    // Lockfile continuity: the raw bytes right after init, or an explicit null.
+    let lockfile = match runner.read_lockfile(wd) {
+        Ok(l) => l,
+        Err(e @ RunnerError::LockfileTooLarge { .. }) => {
+            return Err(PlanError::Fail(
+                FailureCode::LockfileTooLarge,
+                e.to_string(),
+            ));
+        }
+        Err(e) => return Err(tool_failure(e, "reading the provider lockfile")),
+    };
+    host.keep_lockfile(lockfile.as_deref())
+        .await
+        .map_err(PlanError::Host)?;
+
+    let destroy = inputs.kind == RunKind::Destroy;
+    let drift_check = inputs.kind == RunKind::DriftCheck;
+    host.event(
+        "tool_started",
+        json!({ "command": "plan", "destroy": destroy, "detailedExitcode": drift_check }),
+    )
+    .await;
+    // A drift check asks the tool itself whether anything would change (exit code 2 of
+    // `-detailed-exitcode`); `show -json` then says what.
+    let mut tool_says_drift = None;
+    let planned = if drift_check {
+        runner
+            .plan_detailed(wd, tool, &env)
+            .await
+            .map(|(out, changes)| {
+                tool_says_drift = Some(changes);
+                out
+            })
+    } else {
+        runner.plan(wd, tool, &env, destroy).await
+    };
+    if planned.is_err() {
+        log_result(host, "plan", masker, &planned).await;
+    }
+    let planned = planned.map_err(|e| tool_failure(e, "plan failed"))?;
+    let show = runner.show_json(wd, tool, &env).await;
+    // The plan printed before `show -json` could name its sensitive values: they join the
+    // masker first, and the plan's output is stored after.
+    if let Ok(show) = &show {
+        masker.add_plan_sensitive(show);
+    }
+    host.log("plan", masker, &planned.output).await;
+    let show = show.map_err(|e| tool_failure(e, "reading the saved plan"))?;
+    let plan_bytes = runner
+        .read_plan_file(wd)
+        .map_err(|e| tool_failure(e, "reading the saved plan file"))?;
+    let _ = runner.wipe_plan_file(wd);
+    Ok(Planned::Done(Box::new(PlanOutput {
+        source,
+        tool_version,
+        modules_digest,
+        scan_report,
+        lockfile,
+        show,
+        plan_bytes,
+        tool_says_drift,
+        injected_env_names: env.names(),
+        masker: masker.clone(),
+    })))
+}
+
+/// Whether a saved plan would change anything: a resource action other than no-op/read,
+/// or an output change.
+pub fn drift_found(show: &Value) -> bool {
+    let resources = show["resource_changes"].as_array().is_some_and(|rcs| {
+        rcs.iter().any(|rc| {
+            rc["change"]["actions"].as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|x| !matches!(x.as_str(), Some("no-op") | Some("read")))
+            })
+        })
+    });
+    let outputs = show["output_changes"].as_object().is_some_and(|o| {
+        o.values().any(|c| {
+            c["actions"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x.as_str() != Some("no-op")))
+        })
+    });
+    resources || outputs
+}
+
+/// A drift check's verdict: drift when the tool's exit code says the plan changes
+/// something, or `show -json` does; either one saying so counts, so a disagreement can
+/// never hide drift. `None` for other kinds.
+pub fn drift_verdict(tool_says_drift: Option<bool>, show: &Value) -> Option<bool> {
+    tool_says_drift.map(|tool| tool || drift_found(show))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_either_the_tool_or_the_plan_json() {
+        let no_op = json!({ "resource_changes": [{ "change": { "actions": ["no-op"] } }] });
+        let replace =
+            json!({ "resource_changes": [{ "change": { "actions": ["delete", "create"] } }] });
+        let output = json!({ "output_changes": { "vpc": { "actions": ["update"] } } });
+        assert!(!drift_found(&no_op));
+        assert!(drift_found(&replace));
+        assert!(drift_found(&output));
+        assert_eq!(drift_verdict(None, &replace), None);
+        assert_eq!(drift_verdict(Some(false), &no_op), Some(false));
+        assert_eq!(drift_verdict(Some(true), &no_op), Some(true));
+        assert_eq!(drift_verdict(Some(false), &replace), Some(true));
+    }
+}
