@@ -44,6 +44,9 @@ pub struct AppState {
     pub bus: Arc<takosumi_queue::Bus>,
     /// Object storage: relay workers hand plan files and state through the API (issue 8).
     pub objects: takosumi_objects::ObjectStore,
+    /// The control node's context: relay endpoints commit a relayed Run through the same
+    /// functions the step handlers call (the plan commit, the dry-run hold).
+    pub ctx: takosumi_runtime::Ctx,
 }
 
 /// The API's routes.
@@ -93,6 +96,7 @@ pub async fn serve(
         sealer: ctx.sealer.clone(),
         bus: ctx.bus.clone(),
         objects: ctx.objects.clone(),
+        ctx: ctx.clone(),
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening");

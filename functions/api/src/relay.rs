@@ -40,8 +40,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, StateVersionId, Topic};
 use takosumi_objects::PutOutcome;
-use takosumi_runtime::inputs::{CredentialSet, TOKEN_ENV, sensitive_vars_subject};
-use takosumi_runtime::step::{lockfile_key, plan_key, state_key};
+use takosumi_runtime::dry_run::{self, DryRunDecision};
+use takosumi_runtime::inputs::{CredentialSet, EnvError, TOKEN_ENV, sensitive_vars_subject};
+use takosumi_runtime::plan_commit::{self, Committed, PlanToCommit, StoredPlan};
+use takosumi_runtime::step::{plan_key, state_key};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::DeliveryPublicKey;
 use takosumi_store::pools::{self, WorkerPool};
@@ -52,7 +54,7 @@ use zeroize::Zeroize;
 use crate::{ApiError, AppState};
 
 /// The largest plan file that crosses the relay (DESIGN §3).
-pub const MAX_RELAY_PLAN_BYTES: u64 = 19 * 1024 * 1024;
+pub const MAX_RELAY_PLAN_BYTES: u64 = takosumi_runtime::plan_commit::MAX_PLAN_BYTES;
 /// Claims of a plan-like Run by relay workers before it fails `attempts_exhausted`.
 pub const RELAY_MAX_ATTEMPTS: i32 = 3;
 /// A relay claim's lease; the worker renews it with `progress` well within it.
@@ -69,6 +71,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/relay/claim", post(claim))
         .route("/api/v1/relay/runs/{run}/progress", post(progress))
         .route("/api/v1/relay/runs/{run}/plan-file", put(plan_file))
+        .route("/api/v1/relay/runs/{run}/scanned", post(scanned))
         .route("/api/v1/relay/runs/{run}/planned", post(planned))
         .route("/api/v1/relay/runs/{run}/applied", post(applied))
         .route("/api/v1/relay/runs/{run}/fail", post(fail))
@@ -976,10 +979,34 @@ struct Planned {
     /// The raw `.terraform.lock.hcl` (base64), `null` for a provider-free run.
     lockfile: Option<String>,
     modules_digest: String,
+    /// Sent by older workers; the report is recorded by `…/scanned` now.
     #[serde(default)]
     scan_report: Option<Value>,
+    /// A drift check's `-detailed-exitcode` answer.
+    #[serde(default)]
+    tool_says_drift: Option<bool>,
 }
 
+/// Ends a claimed relayed Run the way an [`EnvError`] says: a failure code fails it (and
+/// the worker is told so), a fault is ours.
+async fn env_error(
+    st: &AppState,
+    run_id: RunId,
+    claim: &str,
+    e: EnvError,
+) -> ApiError {
+    match e {
+        EnvError::Fail(code, message) => {
+            if let Err(e) = end_failed(st, run_id, claim, code.as_str(), &message).await {
+                return e;
+            }
+            ApiError::conflict(code.as_str(), message)
+        }
+        EnvError::Step(e) => internal(e),
+    }
+}
+
+/// A relayed plan's commit: the same [`plan_commit::commit_plan`] the plan handler calls.
 async fn planned(
     State(st): State<AppState>,
     caller: PoolCaller,
@@ -1008,139 +1035,106 @@ async fn planned(
         .map_err(internal)?;
     let plan_digest = takosumi_store::sha256_hex(&plan_bytes);
     plan_bytes.zeroize();
-    let capsule = capsules::get(&st.pool, run.capsule_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the Capsule"))?;
-    // Lockfile continuity: the raw bytes, sealed and digested here, or an explicit null.
-    let (lock_digest, lock_key) = match &req.lockfile {
-        None => (None, None),
+    let lockfile = match &req.lockfile {
+        None => None,
         Some(b64) => {
             let bytes = B64
                 .decode(b64)
                 .map_err(|_| ApiError::invalid("invalid_lockfile", "lockfile must be base64"))?;
-            if bytes.len() as u64 > takosumi_runner::MAX_LOCKFILE_BYTES {
-                let message = format!(
-                    "the provider lockfile is {} bytes, over the {}-byte limit",
-                    bytes.len(),
-                    takosumi_runner::MAX_LOCKFILE_BYTES
-                );
-                end_failed(&st, run_id, &claim, "lockfile_too_large", &message).await?;
-                return Err(ApiError::invalid("lockfile_too_large", message));
+            match plan_commit::store_lockfile(&st.ctx, run_id, run.attempts, &bytes).await {
+                Ok(stored) => Some(stored),
+                Err(e) => return Err(env_error(&st, run_id, &claim, e).await),
             }
-            let k = lockfile_key(run_id, run.attempts);
-            let sealed = st
-                .sealer
-                .seal(Purpose::Lockfile, &run_id.to_string(), &bytes)
-                .map_err(internal)?;
-            st.objects
-                .put_if_absent(&k, sealed)
-                .await
-                .map_err(object_error)?;
-            (Some(takosumi_store::sha256_hex(&bytes)), Some(k))
         }
     };
-    let changes = takosumi_runner::count_changes(&req.show);
-    let mut resources = serde_json::to_value(takosumi_core::cost::summarize(
-        &req.show,
-        takosumi_core::cost::Catalogue::embedded(),
-    ))
-    .map_err(internal)?;
-    // Values the plan marks sensitive never leave the sealed plan JSON.
-    let masker = takosumi_runner::Masker::new();
-    masker.add_plan_sensitive(&req.show);
-    masker.mask_json(&mut resources);
-    let show_key = format!("runs/{run_id}/show.{}.sealed", run.attempts);
-    let show_bytes = serde_json::to_vec(&req.show).map_err(internal)?;
-    let sealed_show = st
-        .sealer
-        .seal(Purpose::Plan, &format!("{run_id}:show"), &show_bytes)
-        .map_err(internal)?;
-    drop(show_bytes);
-    st.objects
-        .put_if_absent(&show_key, sealed_show)
-        .await
-        .map_err(object_error)?;
-    let drift = (run.kind == RunKind::DriftCheck).then(|| drift_found(&req.show));
-    let record = runs::PlanRecord {
-        source_commit: req.source_commit.clone(),
-        tree_digest: req.tree_digest.clone(),
-        tool_version: req.tool_version.clone(),
-        plan_digest: plan_digest.clone(),
-        plan_object_key: key.clone(),
-        lockfile_object_key: lock_key,
-        provider_lock_digest: lock_digest.clone(),
-        dependency_snapshot: takosumi_runtime::dependencies::dependency_snapshot(
-            &req.modules_digest,
-            lock_digest.as_deref(),
-        ),
-        state_generation: capsule.state_generation,
-        changes,
-        drift,
-        injected_env_names: run.injected_env_names.clone(),
-    };
-    let mut tx = st.pool.begin().await?;
-    if !runs::record_plan(&mut tx, run_id, &claim, &record).await? {
-        return Err(ApiError::conflict(
-            "not_your_claim",
-            "the lease was lost before the plan was recorded",
-        ));
-    }
     if let Some(report) = &req.scan_report {
-        takosumi_store::gates::set_scan_report(&mut *tx, run_id, report).await?;
+        takosumi_store::gates::set_scan_report(&st.pool, run_id, report).await?;
     }
-    takosumi_store::records::set_resource_changes(&mut tx, run_id, &resources).await?;
-    events::append(
-        &mut *tx,
-        run_id,
-        "planned",
-        &format!("handler:{claim}"),
-        json!({ "changes": changes, "planDigest": plan_digest, "stateGeneration": capsule.state_generation, "pool": caller.0.name }),
+    let masker = run_masker(&st, &run).await?;
+    let committed = plan_commit::commit_plan(
+        &st.ctx,
+        &run,
+        &claim,
+        run.attempts,
+        PlanToCommit {
+            source: takosumi_runner::SourceSnapshot {
+                commit: req.source_commit,
+                tree_digest: req.tree_digest,
+            },
+            tool_version: req.tool_version,
+            modules_digest: req.modules_digest,
+            lockfile,
+            show: req.show,
+            plan: StoredPlan {
+                key,
+                digest: plan_digest.clone(),
+            },
+            tool_says_drift: req.tool_says_drift,
+            injected_env_names: run.injected_env_names.clone(),
+            masker,
+            event_extra: json!({ "pool": caller.0.name }),
+        },
     )
-    .await?;
-    takosumi_store::gates::set_plan_json_key(&mut tx, run_id, &show_key).await?;
-    let mut dropped = Vec::new();
-    if run.kind == RunKind::DriftCheck {
-        dropped =
-            takosumi_store::detection::drop_kept_drift_plans(&mut tx, capsule.id, run_id).await?;
-        if drift != Some(true) {
-            runs::clear_plan_object(&mut tx, run_id).await?;
-            dropped.push(key);
+    .await;
+    match committed {
+        Ok(Committed::Done) => {}
+        Ok(Committed::LeaseLost) => {
+            return Err(ApiError::conflict(
+                "not_your_claim",
+                "the lease was lost before the plan was recorded",
+            ));
         }
+        Err(e) => return Err(env_error(&st, run_id, &claim, e).await),
     }
-    outbox::enqueue(&mut tx, Topic::Gate, run_id).await?;
-    tx.commit().await?;
-    st.relay_wake.notify_one();
-    for k in dropped {
-        let _ = st.objects.delete(&k).await;
-    }
+    let run = runs::get(&st.pool, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {run_id}")))?;
     Ok(Json(
-        json!({ "runId": run_id, "status": "planned", "planDigest": plan_digest, "changes": changes }),
+        json!({ "runId": run_id, "status": "planned", "planDigest": plan_digest, "changes": run.changes }),
     ))
 }
 
-/// Whether a saved plan would change anything (as the plan step counts it).
-fn drift_found(show: &Value) -> bool {
-    let resources = show["resource_changes"].as_array().is_some_and(|rcs| {
-        rcs.iter().any(|rc| {
-            rc["change"]["actions"].as_array().is_some_and(|a| {
-                a.iter()
-                    .any(|x| !matches!(x.as_str(), Some("no-op") | Some("read")))
-            })
-        })
-    });
-    let outputs = show["output_changes"].as_object().is_some_and(|o| {
-        o.values().any(|c| {
-            c["actions"]
-                .as_array()
-                .is_some_and(|a| a.iter().any(|x| x.as_str() != Some("no-op")))
-        })
-    });
-    resources || outputs
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Scanned {
+    scan_report: takosumi_policy::scan::ScanReport,
+    /// Asks for the dry-run decision on the checked-out commit (absent: record only).
+    #[serde(default)]
+    commit: Option<String>,
+}
+
+/// A relayed plan's dry-run scan: recorded on the Run at once, and, when the worker asks,
+/// decided by the same [`dry_run::check`] the plan handler calls (before `init` and `plan`
+/// run anything on the worker). `{"hold": true}`: the Run is held; the worker stops.
+async fn scanned(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
+    let req: Scanned = crate::routes::parse_body(&body)?;
+    takosumi_store::gates::set_scan_report(&st.pool, run.id, &req.scan_report.to_json()).await?;
+    let Some(commit) = req.commit else {
+        return Ok(Json(json!({ "hold": false })));
+    };
+    match dry_run::check(&st.pool, &claim, &run, &req.scan_report, &commit).await {
+        Ok(DryRunDecision::Proceed) => Ok(Json(json!({ "hold": false }))),
+        Ok(DryRunDecision::Held) => Ok(Json(json!({ "hold": true }))),
+        Ok(DryRunDecision::LeaseLost) => Err(ApiError::conflict(
+            "not_your_claim",
+            "the lease was lost before the dry-run decision",
+        )),
+        Err(e) => Err(env_error(&st, run.id, &claim, e).await),
+    }
 }
 
 /// Failure codes a relay worker may end its Run with (the tool's and the pins').
-const WORKER_CODES: [&str; 14] = [
+const WORKER_CODES: [&str; 16] = [
     "dry_run_scan_refused",
+    "timed_out",
+    "sandbox_unavailable",
     "checkout_failed",
     "init_failed",
     "plan_failed",

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
-use takosumi_core::Secret;
+use takosumi_core::{RunKind, Secret};
+use takosumi_policy::scan::ScanReport;
+use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
 use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, ToolOutput, Workdir};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::{DeliveryKeyPair, open_with_any};
@@ -234,20 +236,20 @@ fn failure(code: &'static str, message: impl Into<String>) -> JobFailure {
 }
 
 fn tool_failure(e: RunnerError, what: &str) -> JobFailure {
-    let code = match e.failure_code() {
-        Some(c) => match c.as_str() {
-            "checkout_failed" => "checkout_failed",
-            "init_failed" => "init_failed",
-            "plan_failed" => "plan_failed",
-            "apply_failed" => "apply_failed",
-            "source_changed" => "source_changed",
-            "credential_failed" => "credential_failed",
-            "lockfile_too_large" => "lockfile_too_large",
-            _ => "invalid_configuration",
-        },
-        None => "plan_failed",
-    };
+    let code = e
+        .failure_code()
+        .map_or("plan_failed", takosumi_core::FailureCode::as_str);
     failure(code, format!("{what}: {e}; see the run's logs"))
+}
+
+impl From<takosumi_steps::PlanError<JobFailure>> for JobFailure {
+    fn from(e: takosumi_steps::PlanError<JobFailure>) -> Self {
+        match e {
+            takosumi_steps::PlanError::Fail(code, message) => failure(code.as_str(), message),
+            takosumi_steps::PlanError::Runner(e) => internal(e),
+            takosumi_steps::PlanError::Host(f) => f,
+        }
+    }
 }
 
 /// One claimed job being worked on.
@@ -488,6 +490,86 @@ fn internal(e: impl std::fmt::Display) -> JobFailure {
     failure("plan_failed", format!("the relay worker failed: {e}"))
 }
 
+/// The relay worker as the plan pipeline's host: inputs from the job (sealed to this
+/// worker's delivery key), progress and decisions through the API.
+struct RelayHost<'a> {
+    job: &'a Job<'a>,
+    settings: &'a RelaySettings,
+    spec: &'a Value,
+}
+
+impl takosumi_steps::PlanHost for RelayHost<'_> {
+    type Error = JobFailure;
+
+    async fn event(&self, kind: &'static str, data: Value) {
+        self.job.event(kind, data).await;
+    }
+
+    async fn log(&self, step: &'static str, masker: &Masker, text: &str) {
+        self.job.log(step, masker, text).await;
+    }
+
+    async fn restore_state(&self, runner: &Runner, wd: &Workdir) -> Result<(), JobFailure> {
+        if let Some(mut state) = open(self.settings, self.spec, "state", Purpose::State)? {
+            let restored = runner.restore_state(wd, &state).map_err(internal);
+            state.zeroize();
+            restored?;
+        }
+        Ok(())
+    }
+
+    async fn tool_env(&self, _wd: &Workdir) -> Result<ToolEnv, JobFailure> {
+        tool_env(self.settings, self.spec)
+    }
+
+    async fn record_scan(&self, report: &Value) -> Result<(), JobFailure> {
+        // The report as audit evidence, recorded at once (a refused plan keeps it too).
+        let report: takosumi_policy::scan::ScanReport =
+            serde_json::from_value(report.clone()).map_err(internal)?;
+        self.job
+            .api
+            .post(&self.job.run, &self.job.claim, "scanned", &json!({ "scanReport": report }))
+            .await
+            .map_err(internal)?;
+        Ok(())
+    }
+
+    async fn keep_lockfile(&self, _lockfile: Option<&[u8]>) -> Result<(), JobFailure> {
+        // It crosses with the plan: the control node stores and reads it back at commit.
+        Ok(())
+    }
+
+    async fn after_scan(&self, report: &ScanReport, commit: &str) -> Result<ScanVerdict, JobFailure> {
+        let answer = match self
+            .job
+            .api
+            .post(
+                &self.job.run,
+                &self.job.claim,
+                "scanned",
+                &json!({ "scanReport": report, "commit": commit }),
+            )
+            .await
+        {
+            Ok(answer) => answer,
+            // The control node ended the Run with its code (the branch moved after a
+            // release): the worker stops, with nothing more to report.
+            Err(e)
+                if e.downcast_ref::<ApiRefusal>()
+                    .is_some_and(|r| r.code != "not_your_claim") =>
+            {
+                return Ok(ScanVerdict::Held);
+            }
+            Err(e) => return Err(internal(e)),
+        };
+        Ok(if answer["hold"] == json!(true) {
+            ScanVerdict::Held
+        } else {
+            ScanVerdict::Proceed
+        })
+    }
+}
+
 async fn plan(
     job: &Job<'_>,
     settings: &RelaySettings,
@@ -495,102 +577,26 @@ async fn plan(
     spec: &Value,
     wd: &Workdir,
 ) -> Result<(), JobFailure> {
-    let tool = tool_of(spec)?;
     let src = &spec["source"];
-    let (repo, branch, dir) = (
-        src["repo"].as_str().unwrap_or_default(),
-        src["branch"].as_str().unwrap_or_default(),
-        src["dir"].as_str().unwrap_or_default(),
-    );
-    job.event(
-        "checkout_started",
-        json!({ "branch": branch, "commit": src["commit"] }),
-    )
-    .await;
-    let source = runner
-        .checkout(wd, repo, branch, src["commit"].as_str(), dir)
-        .await
-        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
-    job.event(
-        "checked_out",
-        json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
-    )
-    .await;
-    if let Some(mut state) = open(settings, spec, "state", Purpose::State)? {
-        runner.restore_state(wd, &state).map_err(internal)?;
-        state.zeroize();
-    }
-    runner.write_backend_override(wd).map_err(internal)?;
-    let env = tool_env(settings, spec)?;
-    let masker = env.masker();
-    let tool_version = runner
-        .version(tool, &env)
-        .await
-        .map_err(|e| tool_failure(e, "reading the tool version"))?;
-    // As on the control node: a configuration that calls no module skips `get`, so a
-    // plan and its apply digest the same (empty) module tree wherever each ran.
-    if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        job.event("tool_started", json!({ "command": "get" })).await;
-        let got = runner.get_modules(wd, tool, &env).await;
-        job.log_result("get", masker, &got).await;
-        got.map_err(|e| tool_failure(e, "downloading modules failed"))?;
-    }
-    let modules_digest = takosumi_runner::module_tree_digest(wd.config_dir()).map_err(internal)?;
-    let modules_dir = wd.config_dir().join(".terraform").join("modules");
-    let report = takosumi_policy::scan::scan_in_checkout(
-        wd.checkout(),
-        wd.config_dir(),
-        modules_dir.is_dir().then_some(modules_dir.as_path()),
-    );
-    let report_json = report.to_json();
-    job.event("dry_run_scan", report_json.clone()).await;
-    if spec["speculative"] == json!(true) && !report.is_clean() {
-        let named: Vec<String> = report
-            .findings
-            .iter()
-            .map(|f| f.address.clone())
-            .chain(report.unreadable.iter().map(|u| u.what.clone()))
-            .collect();
-        return Err(failure(
-            "dry_run_scan_refused",
-            format!(
-                "a pull request's plan is refused rather than run: {} may act when planned or could not be read; review it and plan it from the branch once merged",
-                named.join(", ")
-            ),
-        ));
-    }
-    job.event("tool_started", json!({ "command": "init" }))
-        .await;
-    let init = runner.init_without_get(wd, tool, &env).await;
-    job.log_result("init", masker, &init).await;
-    init.map_err(|e| tool_failure(e, "init failed"))?;
-    let lockfile = match runner.read_lockfile(wd) {
-        Ok(l) => l,
-        Err(e @ RunnerError::LockfileTooLarge { .. }) => {
-            return Err(failure("lockfile_too_large", e.to_string()));
-        }
-        Err(e) => return Err(internal(e)),
+    let kind: RunKind = serde_json::from_value(spec["kind"].clone())
+        .map_err(|_| failure("invalid_configuration", "the job names no plan kind"))?;
+    let inputs = PlanInputs {
+        kind,
+        tool: tool_of(spec)?,
+        repo: src["repo"].as_str().unwrap_or_default().to_owned(),
+        branch: src["branch"].as_str().unwrap_or_default().to_owned(),
+        commit: src["commit"].as_str().map(str::to_owned),
+        dir: src["dir"].as_str().unwrap_or_default().to_owned(),
+        speculative: spec["speculative"] == json!(true),
     };
-    let destroy = spec["kind"] == json!("destroy");
-    job.event(
-        "tool_started",
-        json!({ "command": "plan", "destroy": destroy }),
-    )
-    .await;
-    let planned = runner.plan(wd, tool, &env, destroy).await;
-    if planned.is_err() {
-        job.log_result("plan", masker, &planned).await;
-    }
-    let planned = planned.map_err(|e| tool_failure(e, "plan failed"))?;
-    let show = runner.show_json(wd, tool, &env).await;
-    if let Ok(show) = &show {
-        masker.add_plan_sensitive(show);
-    }
-    job.log("plan", masker, &planned.output).await;
-    let show = show.map_err(|e| tool_failure(e, "reading the saved plan"))?;
-    let bytes = runner.read_plan_file(wd).map_err(internal)?;
+    let host = RelayHost { job, settings, spec };
+    let out = match takosumi_steps::plan(&host, runner, wd, &inputs).await? {
+        // The control node holds the Run for a person; the worker is done with it.
+        Planned::Held => return Ok(()),
+        Planned::Done(out) => *out,
+    };
     let max = spec["maxPlanBytes"].as_u64().unwrap_or(19 * 1024 * 1024);
-    match job.api.put_plan(&job.run, &job.claim, bytes, max).await {
+    match job.api.put_plan(&job.run, &job.claim, out.plan_bytes, max).await {
         Ok(_) => {}
         // The control node refused it and failed the Run itself (the size and the limit
         // are in its message): nothing more to report.
@@ -599,26 +605,33 @@ async fn plan(
                 .is_some_and(|r| r.code == "plan_too_large") =>
         {
             tracing::info!(run = %job.run, "plan file over the relay limit: refused");
-            let _ = runner.wipe_plan_file(wd);
             return Ok(());
         }
         Err(e) => return Err(internal(e)),
     }
-    let _ = runner.wipe_plan_file(wd);
     let body = json!({
-        "sourceCommit": source.commit,
-        "treeDigest": source.tree_digest,
-        "toolVersion": tool_version,
-        "show": show,
-        "lockfile": lockfile.map(|l| B64.encode(l)),
-        "modulesDigest": modules_digest,
-        "scanReport": report_json,
+        "sourceCommit": out.source.commit,
+        "treeDigest": out.source.tree_digest,
+        "toolVersion": out.tool_version,
+        "show": out.show,
+        "lockfile": out.lockfile.map(|l| B64.encode(l)),
+        "modulesDigest": out.modules_digest,
+        "toolSaysDrift": out.tool_says_drift,
     });
-    job.api
-        .post(&job.run, &job.claim, "planned", &body)
-        .await
-        .map_err(internal)?;
-    Ok(())
+    match job.api.post(&job.run, &job.claim, "planned", &body).await {
+        Ok(_) => Ok(()),
+        // The control node failed the Run with its code (a lockfile that does not read
+        // back, …): nothing more to report.
+        Err(e)
+            if e.downcast_ref::<ApiRefusal>().is_some_and(|r| {
+                r.code != "not_your_claim" && r.code != "plan_file_missing"
+            }) =>
+        {
+            tracing::info!(run = %job.run, error = %e, "the control node ended the plan");
+            Ok(())
+        }
+        Err(e) => Err(internal(e)),
+    }
 }
 
 async fn apply(
