@@ -833,3 +833,190 @@ async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Res
     assert!(kinds.iter().any(|k| k == "tool_started"), "{kinds:?}");
     stack.stop().await
 }
+
+const WATCHED: &str = r#"
+variable "region" { type = string }
+variable "input_state" { type = string }
+data "terraform_remote_state" "input" {
+  backend = "local"
+  config = { path = var.input_state }
+}
+resource "null_resource" "watched" {
+  triggers = { value = data.terraform_remote_state.input.outputs.value }
+}
+"#;
+
+const ACTING: &str = r#"
+variable "region" { type = string }
+data "external" "lookup" {
+  program = ["sh", "-c", "echo {}"]
+}
+"#;
+
+fn input_state(value: &str) -> String {
+    json!({
+        "version": 4, "terraform_version": "1.0.3", "serial": 1, "lineage": "takosumi-relay-input",
+        "outputs": { "value": { "value": value, "type": "string" } }, "resources": []
+    })
+    .to_string()
+}
+
+/// Kinds of a Run's events, in order, without the handler-only ones that name where it ran.
+async fn event_kinds(stack: &Stack, run: RunId) -> Vec<String> {
+    stack
+        .client
+        .events(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
+
+/// What must be the same wherever a Run executed.
+fn comparable(run: &takosumi_client::Run) -> Value {
+    json!({
+        "kind": run.kind,
+        "status": run.status,
+        "changes": run.changes,
+        "drift": run.drift,
+        "providerLockDigest": run.provider_lock_digest,
+        "dependencySnapshot": run.dependency_snapshot,
+        "stateGeneration": run.state_generation,
+        "outputs": run.outputs,
+        "sandbox": run.sandbox,
+        "hold": run.hold.as_ref().map(|h| json!({ "reason": h.reason, "stage": h.details["stage"], "findings": h.details["findings"] })),
+        "error": run.error.as_ref().map(|e| e.code.clone()),
+    })
+}
+
+/// One pipeline: the same Capsule planned, applied, drifted and drift-checked on the
+/// control node and through a relay worker gives the same record (changes, lockfile and
+/// dependency digests, drift from `-detailed-exitcode`, events by kind); and a plan whose
+/// configuration declares an `external` data source is held by the dry-run scan before
+/// `init` on both, under the same approval rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_control_node_and_a_relay_worker_keep_the_same_record() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let key = DeliveryKeyPair::generate("k1")?;
+    let fixtures = takosumi_tests::fixture_dir()?;
+    let work = tempfile::tempdir()?;
+    let mut worker = None;
+    let mut records: Vec<(Vec<Value>, Vec<Vec<String>>)> = Vec::new();
+    for on_pool in [false, true] {
+        let input = fixtures.path().join(if on_pool {
+            "relay.tfstate"
+        } else {
+            "node.tfstate"
+        });
+        std::fs::write(&input, input_state("a"))?;
+        let repo = GitRepo::new(&[("infra/main.tf", WATCHED)])?;
+        let ws = stack.client.create_workspace(&uniq("ws")).await?;
+        let mut vars = Map::new();
+        vars.insert("region".into(), json!("eu"));
+        vars.insert("input_state".into(), json!(input.display().to_string()));
+        let cap = stack
+            .client
+            .create_capsule(
+                ws.id,
+                &NewCapsule {
+                    name: "watched".into(),
+                    source: Source {
+                        repo: repo.url(),
+                        branch: "main".into(),
+                    },
+                    dir: "infra".into(),
+                    tool: "terraform".into(),
+                    vars,
+                },
+            )
+            .await?;
+        let (_acting_repo, acting) = capsule(&stack, &[("infra/main.tf", ACTING)]).await?;
+        let (status, v) = admin
+            .call(
+                reqwest::Method::PUT,
+                &format!("/api/v1/workspaces/{}/rules", acting.workspace_id),
+                json!({ "approval": { "required": 1 }, "excludeDryRun": true }),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        if on_pool {
+            for c in [&cap, &acting] {
+                let pool = uniq("same");
+                let token = admin
+                    .pool(&c.workspace_id.to_string(), &pool, Some(&key))
+                    .await;
+                admin.set_pool(c, Some(&pool)).await;
+                // one worker per pool (a pool belongs to one Workspace)
+                worker.get_or_insert_with(Vec::new).push(spawn_relay(
+                    &stack,
+                    &token,
+                    &keys_env(&[&key]),
+                    work.path(),
+                )?);
+            }
+        }
+        let plan = stack
+            .wait(stack.client.plan(cap.id, None).await?.id)
+            .await?;
+        assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+        let apply = stack
+            .wait(stack.client.apply(plan.id, None).await?.id)
+            .await?;
+        assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+        let clean = stack
+            .wait(stack.client.drift_check(cap.id).await?.id)
+            .await?;
+        assert_eq!(clean.drift, Some(false), "{clean:?}");
+        std::fs::write(&input, input_state("b"))?;
+        let drifted = stack
+            .wait(stack.client.drift_check(cap.id).await?.id)
+            .await?;
+        assert_eq!(drifted.drift, Some(true), "{drifted:?}");
+        let held = stack
+            .wait(stack.client.plan(acting.id, None).await?.id)
+            .await?;
+        assert_eq!(held.status, RunStatus::Held, "{held:?}");
+        let runs = [&plan, &apply, &clean, &drifted, &held];
+        let mut kinds = Vec::new();
+        for r in runs {
+            kinds.push(event_kinds(&stack, r.id).await);
+        }
+        // Every drift check asked the tool with -detailed-exitcode, wherever it ran.
+        for check in [&clean, &drifted] {
+            let started = stack.client.events(check.id).await?;
+            let plan_started = started
+                .iter()
+                .find(|e| e.kind == "tool_started" && e.data["command"] == json!("plan"))
+                .expect("the plan started");
+            assert_eq!(
+                plan_started.data["detailedExitcode"],
+                json!(true),
+                "on_pool={on_pool}"
+            );
+        }
+        // The held dry run ran neither init nor plan.
+        let held_events = stack.client.events(held.id).await?;
+        assert!(
+            !held_events
+                .iter()
+                .any(|e| e.kind == "tool_started" && e.data["command"] != json!("get")),
+            "on_pool={on_pool}: {:?}",
+            kinds.last()
+        );
+        records.push((runs.iter().map(|r| comparable(r)).collect(), kinds));
+    }
+    assert_eq!(
+        records[0].0, records[1].0,
+        "the records differ between the hosts"
+    );
+    assert_eq!(
+        records[0].1, records[1].1,
+        "the events differ between the hosts"
+    );
+    for mut w in worker.unwrap_or_default() {
+        w.kill().await?;
+    }
+    stack.stop().await
+}

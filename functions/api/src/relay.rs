@@ -589,6 +589,8 @@ async fn plan_job(
         "tool": capsule.tool,
         "vars": vars,
         "deliveryKeyId": key.map(|k| k.key_id.clone()),
+        // ids and names of the credential sets delivered (never their values)
+        "providerBindings": used,
         "secrets": match &secrets { Some(s) => seal_to(key, Purpose::Credential, run_id, s)?, None => None },
         "state": match &state { Some(s) => seal_to(key, Purpose::State, run_id, s)?, None => None },
         "maxPlanBytes": MAX_RELAY_PLAN_BYTES,
@@ -750,6 +752,7 @@ async fn apply_job(
         "lockfile": lockfile,
         "stateGeneration": plan_run.state_generation,
         "deliveryKeyId": key.key_id,
+        "providerBindings": used,
         "plan": sealed_plan,
         "secrets": match &secrets { Some(s) => seal_to(Some(key), Purpose::Credential, run_id, s)?, None => None },
         "state": match &state { Some(s) => seal_to(Some(key), Purpose::State, run_id, s)?, None => None },
@@ -844,6 +847,7 @@ async fn run_masker(st: &AppState, run: &runs::Run) -> Result<takosumi_runner::M
 /// The event kinds a relay worker reports as it goes (see `functions/relay`).
 const WORKER_EVENT_KINDS: &[&str] = &[
     "checkout_started",
+    "environment_prepared",
     "checked_out",
     "tool_started",
     "dry_run_scan",
@@ -989,12 +993,7 @@ struct Planned {
 
 /// Ends a claimed relayed Run the way an [`EnvError`] says: a failure code fails it (and
 /// the worker is told so), a fault is ours.
-async fn env_error(
-    st: &AppState,
-    run_id: RunId,
-    claim: &str,
-    e: EnvError,
-) -> ApiError {
+async fn env_error(st: &AppState, run_id: RunId, claim: &str, e: EnvError) -> ApiError {
     match e {
         EnvError::Fail(code, message) => {
             if let Err(e) = end_failed(st, run_id, claim, code.as_str(), &message).await {

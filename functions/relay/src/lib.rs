@@ -18,10 +18,10 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 use takosumi_core::{RunKind, Secret};
 use takosumi_policy::scan::ScanReport;
-use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
 use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, ToolOutput, Workdir};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::{DeliveryKeyPair, open_with_any};
+use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroize;
 
@@ -478,6 +478,22 @@ fn tool_env(settings: &RelaySettings, job: &Value) -> Result<ToolEnv, JobFailure
     Ok(env)
 }
 
+/// [`tool_env`], reported as the control node reports it (`environment_prepared`, names
+/// only), at the same point of the pipeline.
+async fn prepared_env(
+    job: &Job<'_>,
+    settings: &RelaySettings,
+    spec: &Value,
+) -> Result<ToolEnv, JobFailure> {
+    let env = tool_env(settings, spec)?;
+    job.event(
+        "environment_prepared",
+        json!({ "providerBindings": spec["providerBindings"], "injectedEnvNames": env.names() }),
+    )
+    .await;
+    Ok(env)
+}
+
 fn tool_of(job: &Value) -> Result<Tool, JobFailure> {
     job["tool"]
         .as_str()
@@ -519,7 +535,7 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
     }
 
     async fn tool_env(&self, _wd: &Workdir) -> Result<ToolEnv, JobFailure> {
-        tool_env(self.settings, self.spec)
+        prepared_env(self.job, self.settings, self.spec).await
     }
 
     async fn record_scan(&self, report: &Value) -> Result<(), JobFailure> {
@@ -528,7 +544,12 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
             serde_json::from_value(report.clone()).map_err(internal)?;
         self.job
             .api
-            .post(&self.job.run, &self.job.claim, "scanned", &json!({ "scanReport": report }))
+            .post(
+                &self.job.run,
+                &self.job.claim,
+                "scanned",
+                &json!({ "scanReport": report }),
+            )
             .await
             .map_err(internal)?;
         Ok(())
@@ -539,7 +560,11 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
         Ok(())
     }
 
-    async fn after_scan(&self, report: &ScanReport, commit: &str) -> Result<ScanVerdict, JobFailure> {
+    async fn after_scan(
+        &self,
+        report: &ScanReport,
+        commit: &str,
+    ) -> Result<ScanVerdict, JobFailure> {
         let answer = match self
             .job
             .api
@@ -589,14 +614,22 @@ async fn plan(
         dir: src["dir"].as_str().unwrap_or_default().to_owned(),
         speculative: spec["speculative"] == json!(true),
     };
-    let host = RelayHost { job, settings, spec };
+    let host = RelayHost {
+        job,
+        settings,
+        spec,
+    };
     let out = match takosumi_steps::plan(&host, runner, wd, &inputs).await? {
         // The control node holds the Run for a person; the worker is done with it.
         Planned::Held => return Ok(()),
         Planned::Done(out) => *out,
     };
     let max = spec["maxPlanBytes"].as_u64().unwrap_or(19 * 1024 * 1024);
-    match job.api.put_plan(&job.run, &job.claim, out.plan_bytes, max).await {
+    match job
+        .api
+        .put_plan(&job.run, &job.claim, out.plan_bytes, max)
+        .await
+    {
         Ok(_) => {}
         // The control node refused it and failed the Run itself (the size and the limit
         // are in its message): nothing more to report.
@@ -623,9 +656,8 @@ async fn plan(
         // The control node failed the Run with its code (a lockfile that does not read
         // back, …): nothing more to report.
         Err(e)
-            if e.downcast_ref::<ApiRefusal>().is_some_and(|r| {
-                r.code != "not_your_claim" && r.code != "plan_file_missing"
-            }) =>
+            if e.downcast_ref::<ApiRefusal>()
+                .is_some_and(|r| r.code != "not_your_claim" && r.code != "plan_file_missing") =>
         {
             tracing::info!(run = %job.run, error = %e, "the control node ended the plan");
             Ok(())
@@ -694,7 +726,7 @@ async fn apply(
         let bytes = B64.decode(b64).map_err(internal)?;
         std::fs::write(wd.config_dir().join(".terraform.lock.hcl"), bytes).map_err(internal)?;
     }
-    let env = tool_env(settings, spec)?;
+    let env = prepared_env(job, settings, spec).await?;
     let masker = env.masker();
     let got = if takosumi_runner::declares_module_calls(wd.config_dir()) {
         job.event("tool_started", json!({ "command": "get" })).await;
