@@ -885,6 +885,7 @@ fn comparable(run: &takosumi_client::Run) -> Value {
         "stateGeneration": run.state_generation,
         "outputs": run.outputs,
         "sandbox": run.sandbox,
+        "injectedEnvNames": run.injected_env_names,
         "hold": run.hold.as_ref().map(|h| json!({ "reason": h.reason, "stage": h.details["stage"], "findings": h.details["findings"] })),
         "error": run.error.as_ref().map(|e| e.code.clone()),
     })
@@ -1018,5 +1019,93 @@ async fn the_control_node_and_a_relay_worker_keep_the_same_record() -> anyhow::R
     for mut w in worker.unwrap_or_default() {
         w.kill().await?;
     }
+    stack.stop().await
+}
+
+/// A credential set that no longer opens (its sealed value altered at rest): the Run fails
+/// `credential_failed` on a pool exactly as on the control node, naming the binding, never
+/// a 500 to the worker and never a value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unopenable_credential_fails_the_same_on_a_pool_as_on_the_control_node()
+-> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let mut failed = Vec::new();
+    for on_pool in [false, true] {
+        let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+        let (status, b) = admin
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/v1/workspaces/{}/provider-bindings", cap.workspace_id),
+                json!({ "name": "cloud", "kind": "env", "env": { "CLOUD_SECRET": "broken-binding-value" } }),
+            )
+            .await;
+        assert_eq!(status, 201, "{b}");
+        let (status, v) = admin
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/v1/capsules/{}/provider-bindings", cap.id),
+                json!({ "bindingId": b["id"] }),
+            )
+            .await;
+        assert!(status < 300, "{v}");
+        let id: takosumi_core::ProviderBindingId = b["id"].as_str().unwrap().parse()?;
+        sqlx::query("UPDATE provider_bindings SET sealed = $2 WHERE id = $1")
+            .bind(id.as_uuid())
+            .bind(b"not a sealed credential".to_vec())
+            .execute(&stack.ctx.pool)
+            .await?;
+        let mut token = None;
+        if on_pool {
+            let key = DeliveryKeyPair::generate("k1")?;
+            let pool = uniq("broken");
+            token = Some(
+                admin
+                    .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
+                    .await,
+            );
+            admin.set_pool(&cap, Some(&pool)).await;
+        }
+        let plan = stack.client.plan(cap.id, None).await?;
+        if let Some(token) = token {
+            let resp = reqwest::Client::new()
+                .post(format!("{}/api/v1/relay/claim", stack.api_url))
+                .bearer_auth(&token)
+                .json(&json!({ "deliveryKeyIds": ["k1"], "waitSecs": 5 }))
+                .send()
+                .await?;
+            assert_eq!(
+                resp.status().as_u16(),
+                200,
+                "a broken binding is not our fault"
+            );
+        }
+        let done = stack.wait(plan.id).await?;
+        assert_eq!(
+            done.status,
+            RunStatus::Failed,
+            "on_pool={on_pool}: {done:?}"
+        );
+        let error = done.error.clone().expect("an error");
+        assert_eq!(
+            error.code, "credential_failed",
+            "on_pool={on_pool}: {error:?}"
+        );
+        assert!(error.message.contains("\"cloud\""), "{error:?}");
+        assert!(
+            !error.message.contains("broken-binding"),
+            "a value in the message: {error:?}"
+        );
+        failed.push(error.message);
+    }
+    // The same words on both hosts, but for the binding's id.
+    let without_id = |m: &str| {
+        let (head, rest) = m.split_once("(pb_").unwrap_or((m, ""));
+        format!(
+            "{head}{}",
+            rest.split_once(')').map_or("", |(_, tail)| tail)
+        )
+    };
+    assert_eq!(without_id(&failed[0]), without_id(&failed[1]));
     stack.stop().await
 }

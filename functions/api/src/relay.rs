@@ -41,7 +41,9 @@ use serde_json::{Map, Value, json};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, StateVersionId, Topic};
 use takosumi_objects::PutOutcome;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
-use takosumi_runtime::inputs::{CredentialSet, EnvError, TOKEN_ENV, sensitive_vars_subject};
+use takosumi_runtime::inputs::{
+    CredentialSet, EnvError, Injected, TOKEN_ENV, open_binding, sensitive_vars_subject,
+};
 use takosumi_runtime::plan_commit::{self, Committed, PlanToCommit, StoredPlan};
 use takosumi_runtime::step::{plan_key, state_key};
 use takosumi_seal::Purpose;
@@ -302,24 +304,16 @@ async fn claim_once(
         }
         let owner = new_owner(pool);
         let mut tx = st.pool.begin().await?;
-        let claimed = runs::claim_apply(&mut tx, run_id, &owner, RELAY_LEASE_SECS).await?;
-        if let ApplyClaim::GenerationChanged { planned, current } = &claimed {
-            events::append(&mut *tx, run_id, "failed", &format!("relay:{}", pool.name),
-                json!({ "code": "state_generation_changed", "plannedGeneration": planned, "currentGeneration": current, "toolStarted": false })).await?;
-        }
-        if claimed == ApplyClaim::Claimed {
-            events::append(
-                &mut *tx,
-                run_id,
-                "claimed",
-                &format!("handler:{owner}"),
-                json!({ "step": "apply", "pool": pool.name }),
-            )
-            .await?;
-            if let Some(sandbox) = sandbox {
-                runs::record_sandbox(&mut *tx, run_id, &owner, sandbox).await?;
-            }
-        }
+        let claimed = takosumi_runtime::step::claim_apply_recorded(
+            &mut tx,
+            run_id,
+            &owner,
+            RELAY_LEASE_SECS,
+            json!({ "step": "apply", "pool": pool.name }),
+            sandbox,
+        )
+        .await
+        .map_err(internal)?;
         tx.commit().await?;
         if claimed != ApplyClaim::Claimed {
             continue;
@@ -346,25 +340,22 @@ async fn claim_once(
     else {
         return Ok(None);
     };
-    events::append(
-        &mut *tx,
+    takosumi_runtime::step::record_claimed(
+        &mut tx,
         run_id,
-        "claimed",
-        &format!("handler:{owner}"),
+        &owner,
         json!({ "step": "plan", "pool": pool.name }),
+        sandbox,
     )
-    .await?;
-    if let Some(sandbox) = sandbox {
-        runs::record_sandbox(&mut *tx, run_id, &owner, sandbox).await?;
-    }
+    .await
+    .map_err(internal)?;
     tx.commit().await?;
     match plan_job(st, pool, key, run_id, &owner).await {
         Ok(Prepared::Job(job)) => Ok(Some(job)),
         Ok(Prepared::Failed) => Ok(None),
         Err(e) => {
-            // Hand it back: nothing ran.
-            let _ = sqlx::query("UPDATE runs SET status = 'queued', lease_owner = NULL, lease_until = NULL, updated_at = now() WHERE id = $1 AND lease_owner = $2 AND status = 'planning'")
-                .bind(run_id.as_uuid()).bind(&owner).execute(&st.pool).await;
+            // Hand it back, counted like the control node's: nothing ran.
+            takosumi_runtime::step::hand_back(&st.pool, run_id, &owner).await;
             Err(e)
         }
     }
@@ -377,41 +368,16 @@ async fn secret_inputs(
     inputs_of: &runs::Run,
     capsule_id: CapsuleId,
 ) -> Result<(Option<Vec<u8>>, Value, Vec<String>), ApiError> {
-    let mut env = Map::new();
-    let mut used = Vec::new();
-    let mut names = Vec::new();
-    for sealed in bindings::sealed_for_capsule(&st.pool, capsule_id).await? {
-        let b = &sealed.binding;
-        let mut plain = st
-            .sealer
-            .unseal(Purpose::Credential, &b.id.to_string(), &sealed.sealed)
-            .map_err(internal)?;
-        let parsed: Result<CredentialSet, _> = serde_json::from_slice(&plain);
-        plain.zeroize();
-        let set = parsed.map_err(internal)?;
-        match &set {
-            CredentialSet::Env { env: e } => {
-                for (k, v) in e {
-                    env.insert(k.clone(), json!(v));
-                    names.push(k.clone());
-                }
-            }
-            CredentialSet::Token { token } => {
-                env.insert(TOKEN_ENV.to_owned(), json!(token));
-                names.push(TOKEN_ENV.to_owned());
-            }
-            CredentialSet::Command { .. } => {
-                return Err(ApiError::conflict(
-                    "relay_command_credential",
-                    format!(
-                        "ProviderBinding {:?} is a command credential, which runs only on the control node's workers",
-                        b.name
-                    ),
-                ));
-            }
+    // The same opening and the same clash rules as the control node's environment
+    // (`Ctx::run_env`): a binding that does not open is `credential_failed`, a variable
+    // two sources set is refused, never overwritten.
+    let refused = |e: EnvError| match e {
+        EnvError::Fail(code, message) => {
+            ApiError::client(StatusCode::CONFLICT, code.as_str(), message)
         }
-        used.push(json!({ "id": b.id, "name": b.name, "kind": b.kind }));
-    }
+        EnvError::Step(e) => internal(e),
+    };
+    let mut names = Vec::new();
     let mut sensitive = Value::Null;
     if let Some((sv_names, sealed)) = bindings::sensitive_vars(&st.pool, inputs_of.id).await? {
         let mut plain = st
@@ -427,6 +393,56 @@ async fn secret_inputs(
         sensitive = parsed.map_err(internal)?;
         names.extend(sv_names.into_iter().map(|n| format!("TF_VAR_{n}")));
     }
+    let vars = match &inputs_of.vars {
+        Some(v) => v.clone(),
+        None => capsules::get(&st.pool, capsule_id)
+            .await?
+            .map(|c| c.vars)
+            .unwrap_or_default(),
+    };
+    let mut taken = Injected::new(
+        vars.as_object()
+            .into_iter()
+            .flat_map(|m| m.keys())
+            .map(|k| format!("TF_VAR_{k}"))
+            .chain(names.iter().cloned()),
+    );
+    let mut env = Map::new();
+    let mut used = Vec::new();
+    for sealed in bindings::sealed_for_capsule(&st.pool, capsule_id).await? {
+        let b = &sealed.binding;
+        let (what, set) = open_binding(&st.sealer, &sealed).map_err(refused)?;
+        let entries: Vec<(String, String)> = match &set {
+            CredentialSet::Env { env: e } => {
+                e.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+            }
+            CredentialSet::Token { token } => vec![(TOKEN_ENV.to_owned(), token.clone())],
+            CredentialSet::Command { .. } => {
+                return Err(ApiError::conflict(
+                    "relay_command_credential",
+                    format!(
+                        "ProviderBinding {:?} is a command credential, which runs only on the control node's workers",
+                        b.name
+                    ),
+                ));
+            }
+        };
+        for (k, v) in entries {
+            taken.claim(&k, &what).map_err(refused)?;
+            env.insert(k.clone(), json!(v));
+            names.push(k);
+        }
+        used.push(json!({ "id": b.id, "name": b.name, "kind": b.kind }));
+    }
+    // Every injected name, the plain variables' included, as the control node records.
+    names.extend(
+        vars.as_object()
+            .into_iter()
+            .flat_map(|m| m.keys())
+            .map(|k| format!("TF_VAR_{k}")),
+    );
+    names.sort();
+    names.dedup();
     if env.is_empty() && sensitive.is_null() {
         return Ok((None, Value::Array(used), names));
     }

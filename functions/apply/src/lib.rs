@@ -67,39 +67,15 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             .await
             .map_err(store_err)?;
     }
-    let claim = runs::claim_apply(&mut tx, run_id, &ctx.owner, ctx.lease_secs)
-        .await
-        .map_err(store_err)?;
-    let actor = format!("handler:{}", ctx.owner);
-    match &claim {
-        ApplyClaim::Claimed => {
-            ctx.record_claimed(&mut tx, run_id, serde_json::json!({ "step": "apply" }))
-                .await?;
-        }
-        ApplyClaim::GenerationChanged { planned, current } => {
-            events::append(
-                &mut *tx,
-                run_id,
-                "failed",
-                &actor,
-                serde_json::json!({ "code": FailureCode::StateGenerationChanged, "plannedGeneration": planned, "currentGeneration": current, "toolStarted": false }),
-            )
-            .await
-            .map_err(store_err)?;
-        }
-        ApplyClaim::NeedsInspection { blocking } => {
-            events::append(
-                &mut *tx,
-                run_id,
-                "failed",
-                &actor,
-                serde_json::json!({ "code": FailureCode::CapsuleNeedsInspection, "unresolvedRunId": blocking, "toolStarted": false }),
-            )
-            .await
-            .map_err(store_err)?;
-        }
-        ApplyClaim::CapsuleBusy | ApplyClaim::NotClaimable => {}
-    }
+    let claim = takosumi_runtime::step::claim_apply_recorded(
+        &mut tx,
+        run_id,
+        &ctx.owner,
+        ctx.lease_secs,
+        serde_json::json!({ "step": "apply" }),
+        Some(ctx.runner.sandbox_mode().as_str()),
+    )
+    .await?;
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     match claim {
         ApplyClaim::Claimed => {}

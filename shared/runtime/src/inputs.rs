@@ -120,6 +120,74 @@ impl From<StepError> for EnvError {
     }
 }
 
+/// Opens a Capsule's sealed ProviderBinding: `("ProviderBinding \"name\" (pb_…)", set)`.
+/// One that does not open or parse fails the Run `credential_failed` (create it again).
+/// The control node's environment and a relay job's secrets are built through it.
+pub fn open_binding(
+    sealer: &takosumi_seal::Sealer,
+    sealed: &bindings::SealedBinding,
+) -> Result<(String, CredentialSet), EnvError> {
+    let b = &sealed.binding;
+    let what = format!("ProviderBinding {:?} ({})", b.name, b.id);
+    let mut plain = sealer
+        .unseal(Purpose::Credential, &b.id.to_string(), &sealed.sealed)
+        .map_err(|e| {
+            EnvError::Fail(
+                FailureCode::CredentialFailed,
+                format!("{what} cannot be opened ({e}); create it again"),
+            )
+        })?;
+    let parsed: Result<CredentialSet, _> = serde_json::from_slice(&plain);
+    plain.zeroize();
+    let set = parsed.map_err(|_| {
+        EnvError::Fail(
+            FailureCode::CredentialFailed,
+            format!("{what} is not readable; create it again"),
+        )
+    })?;
+    Ok((what, set))
+}
+
+/// The names a Run's environment already injects, and who set each: a credential that
+/// names a reserved or invalid variable, or one something else already sets, is refused
+/// (`invalid_configuration`), never silently overwritten.
+#[derive(Debug, Default)]
+pub struct Injected {
+    taken: BTreeMap<String, String>,
+}
+
+impl Injected {
+    /// Starts from the Run's own variables (`TF_VAR_…` names).
+    pub fn new(variables: impl IntoIterator<Item = String>) -> Self {
+        Self {
+            taken: variables
+                .into_iter()
+                .map(|n| (n, "the run's variables".to_owned()))
+                .collect(),
+        }
+    }
+
+    /// Takes `name` for `what`.
+    pub fn claim(&mut self, name: &str, what: &str) -> Result<(), EnvError> {
+        if let Err(reason) = check_env_name(name) {
+            return Err(EnvError::Fail(
+                FailureCode::InvalidConfiguration,
+                format!("{what} sets {name:?}, which cannot be injected: {reason}"),
+            ));
+        }
+        if let Some(other) = self.taken.get(name) {
+            return Err(EnvError::Fail(
+                FailureCode::InvalidConfiguration,
+                format!(
+                    "{what} and {other} both set {name:?}; detach one of them from the Capsule"
+                ),
+            ));
+        }
+        self.taken.insert(name.to_owned(), what.to_owned());
+        Ok(())
+    }
+}
+
 impl Ctx {
     /// Builds the tool environment for a step of `record_on` (the running Run) from the
     /// inputs of `inputs_of` (the same Run for a plan; the plan Run for an apply) and the
@@ -172,34 +240,13 @@ impl Ctx {
         }
 
         let mut used = Vec::new();
-        let mut taken: BTreeMap<String, String> = env
-            .names()
-            .into_iter()
-            .map(|n| (n, "the run's variables".to_owned()))
-            .collect();
+        let mut taken = Injected::new(env.names());
         for sealed in bindings::sealed_for_capsule(&self.pool, capsule.id)
             .await
             .map_err(store_err)?
         {
             let b = &sealed.binding;
-            let what = format!("ProviderBinding {:?} ({})", b.name, b.id);
-            let mut plain = self
-                .sealer
-                .unseal(Purpose::Credential, &b.id.to_string(), &sealed.sealed)
-                .map_err(|e| {
-                    EnvError::Fail(
-                        FailureCode::CredentialFailed,
-                        format!("{what} cannot be opened ({e}); create it again"),
-                    )
-                })?;
-            let parsed: Result<CredentialSet, _> = serde_json::from_slice(&plain);
-            plain.zeroize();
-            let set = parsed.map_err(|_| {
-                EnvError::Fail(
-                    FailureCode::CredentialFailed,
-                    format!("{what} is not readable; create it again"),
-                )
-            })?;
+            let (what, set) = open_binding(&self.sealer, &sealed)?;
             let entries: Vec<(String, Secret<String>)> = match &set {
                 CredentialSet::Env { env } => env
                     .iter()
@@ -221,21 +268,7 @@ impl Ctx {
             };
             drop(set);
             for (name, value) in entries {
-                if let Err(reason) = check_env_name(&name) {
-                    return Err(EnvError::Fail(
-                        FailureCode::InvalidConfiguration,
-                        format!("{what} sets {name:?}, which cannot be injected: {reason}"),
-                    ));
-                }
-                if let Some(other) = taken.get(&name) {
-                    return Err(EnvError::Fail(
-                        FailureCode::InvalidConfiguration,
-                        format!(
-                            "{what} and {other} both set {name:?}; detach one of them from the Capsule"
-                        ),
-                    ));
-                }
-                taken.insert(name.clone(), what.clone());
+                taken.claim(&name, &what)?;
                 env = env.with_secret_env(&name, value);
             }
             used.push(json!({ "id": b.id, "name": b.name, "kind": b.kind }));

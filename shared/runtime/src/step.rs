@@ -56,28 +56,105 @@ pub fn runner_err(e: RunnerError) -> StepError {
     }
 }
 
+/// [`runs::hand_back`] with its `requeued` event; a failure is logged (the reaper takes the
+/// Run back when the lease runs out). The control node's handlers and the relay endpoint
+/// both hand back through it.
+pub async fn hand_back(pool: &takosumi_store::Pool, run_id: RunId, owner: &str) {
+    match runs::hand_back(pool, run_id, owner).await {
+        Ok(true) => {
+            let data = serde_json::json!({ "reason": "transient fault; the step is retried" });
+            if let Err(e) =
+                events::append(pool, run_id, "requeued", &format!("handler:{owner}"), data).await
+            {
+                tracing::warn!(%run_id, error = %e, "could not record event");
+            }
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(%run_id, error = %e, "could not hand the run back; the reaper will")
+        }
+    }
+}
+
+/// Records, in the claim's transaction, that `owner` claimed the Run (a `claimed` event
+/// with `data`) and which sandbox executes it (a relay worker that did not say: unknown).
+pub async fn record_claimed(
+    tx: &mut takosumi_store::Tx,
+    run_id: RunId,
+    owner: &str,
+    data: serde_json::Value,
+    sandbox: Option<&str>,
+) -> Result<(), StepError> {
+    events::append(
+        &mut **tx,
+        run_id,
+        "claimed",
+        &format!("handler:{owner}"),
+        data,
+    )
+    .await
+    .map_err(store_err)?;
+    if let Some(sandbox) = sandbox {
+        runs::record_sandbox(&mut **tx, run_id, owner, sandbox)
+            .await
+            .map_err(store_err)?;
+    }
+    Ok(())
+}
+
+/// Claims a released apply for `owner` (see [`runs::claim_apply`]) and records, in the
+/// same transaction, what the claim found: `claimed` (with `data`, and the `sandbox` that
+/// executes it) or a `failed` event naming the generation change or the unresolved Run
+/// that keeps the Capsule from applies. One implementation for the apply handler and the
+/// relay endpoint.
+pub async fn claim_apply_recorded(
+    tx: &mut takosumi_store::Tx,
+    run_id: RunId,
+    owner: &str,
+    lease_secs: i64,
+    data: serde_json::Value,
+    sandbox: Option<&str>,
+) -> Result<runs::ApplyClaim, StepError> {
+    let claim = runs::claim_apply(tx, run_id, owner, lease_secs)
+        .await
+        .map_err(store_err)?;
+    let actor = format!("handler:{owner}");
+    let failed = match &claim {
+        runs::ApplyClaim::Claimed => {
+            record_claimed(tx, run_id, owner, data, sandbox).await?;
+            None
+        }
+        runs::ApplyClaim::GenerationChanged { planned, current } => Some(serde_json::json!({
+            "code": FailureCode::StateGenerationChanged,
+            "plannedGeneration": planned,
+            "currentGeneration": current,
+            "toolStarted": false,
+        })),
+        runs::ApplyClaim::NeedsInspection { blocking } => Some(serde_json::json!({
+            "code": FailureCode::CapsuleNeedsInspection,
+            "unresolvedRunId": blocking,
+            "toolStarted": false,
+        })),
+        runs::ApplyClaim::CapsuleBusy | runs::ApplyClaim::NotClaimable => None,
+    };
+    if let Some(failed) = failed {
+        events::append(&mut **tx, run_id, "failed", &actor, failed)
+            .await
+            .map_err(store_err)?;
+    }
+    Ok(claim)
+}
+
 impl Ctx {
-    /// Records, in the claim's transaction, that this handler claimed the Run (a `claimed`
-    /// event with `data`) and which sandbox executes it.
+    /// [`record_claimed`] for this handler and its runner's sandbox.
     pub async fn record_claimed(
         &self,
         tx: &mut takosumi_store::Tx,
         run_id: RunId,
         data: serde_json::Value,
     ) -> Result<(), StepError> {
-        let actor = format!("handler:{}", self.owner);
-        events::append(&mut **tx, run_id, "claimed", &actor, data)
-            .await
-            .map_err(store_err)?;
-        runs::record_sandbox(
-            &mut **tx,
-            run_id,
-            &self.owner,
-            self.runner.sandbox_mode().as_str(),
-        )
-        .await
-        .map_err(store_err)?;
-        Ok(())
+        let sandbox = self.runner.sandbox_mode().as_str();
+        record_claimed(tx, run_id, &self.owner, data, Some(sandbox)).await
     }
 
     /// Ends a claimed Run `failed` (only while this process holds its lease), records the
@@ -132,21 +209,7 @@ impl Ctx {
     /// hand-back is counted (`handbacks`) so that it does not use up the Run's attempts:
     /// those bound handlers that vanished, not outages a handler rode out.
     pub async fn release_claim(&self, run_id: RunId) {
-        let result = sqlx::query("UPDATE runs SET status = CASE status WHEN 'planning' THEN 'queued'::run_status ELSE status END, lease_owner = NULL, lease_until = NULL, handbacks = handbacks + 1, updated_at = now() WHERE id = $1 AND lease_owner = $2 AND status = 'planning'")
-            .bind(run_id.as_uuid())
-            .bind(&self.owner)
-            .execute(&self.pool)
-            .await;
-        match result {
-            Ok(done) if done.rows_affected() == 1 => {
-                let data = serde_json::json!({ "reason": "transient fault; the step is retried" });
-                self.event(run_id, "requeued", data).await;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(%run_id, error = %e, "could not hand the run back; the reaper will")
-            }
-        }
+        hand_back(&self.pool, run_id, &self.owner).await;
     }
 
     /// Writes the Capsule's current state (as of the generation read with `capsule`) into

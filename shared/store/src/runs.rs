@@ -253,6 +253,26 @@ pub async fn claim(
     Ok(done.rows_affected() == 1)
 }
 
+/// Hands a planning Run `owner` holds back to the queue after a transient fault (or a job
+/// that could not be prepared): the hand-back is counted (`handbacks`), so it does not use
+/// up the Run's attempts, which bound handlers that vanished. `false`: not `owner`'s.
+pub async fn hand_back<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: RunId,
+    owner: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE runs SET status = 'queued', lease_owner = NULL, lease_until = NULL,
+                  handbacks = handbacks + 1, updated_at = now()
+            WHERE id = $1 AND lease_owner = $2 AND status = 'planning'"#,
+        id.as_uuid(),
+        owner
+    )
+    .execute(executor)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// Records which sandbox executes the Run, while `owner` holds its claim (on the control
 /// node right after the claim; for a relayed Run, what the worker reported). `false`: the
 /// claim is not `owner`'s.
