@@ -11,11 +11,9 @@ use takosumi_core::{
     CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StateVersionId, StepError, Topic,
 };
 use takosumi_objects::ObjectError;
-use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir, is_stale_plan, public_outputs};
+use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir, public_outputs};
 use takosumi_runtime::Ctx;
-use takosumi_runtime::dependencies::{
-    LockfileError, dependency_snapshot, installed_modules_digest,
-};
+use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::step::{object_err, runner_err, store_err};
 use takosumi_seal::{Purpose, SealError};
 use takosumi_store::runs::ApplyClaim;
@@ -251,136 +249,114 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     )
     .await;
 
-    // Pin 2: the same commit and tree.
+    // Pins 2–6 and the tool: the pipeline both hosts run (takosumi_steps::apply).
     let wd = ctx
         .runner
         .workdir(&run_id.to_string())
         .map_err(runner_err)?;
-    let source = match ctx
-        .runner
-        .checkout(
-            &wd,
-            &capsule.repo,
-            &capsule.branch,
-            Some(commit),
-            &capsule.dir,
-        )
-        .await
-    {
-        Ok(s) => s,
-        Err(e @ RunnerError::CommitNotFound(_)) => {
-            return Err(fail(
-                FailureCode::SourceChanged,
-                format!("{e}; plan again from the current branch"),
-            ));
-        }
-        Err(e) => return Err(tool_failure(e, "checking out the planned commit failed")),
-    };
-    if source.commit != commit || source.tree_digest != tree_digest {
-        return Err(fail(
-            FailureCode::SourceChanged,
-            "the checked-out source differs from the plan's; plan again",
-        ));
-    }
-    ctx.event(
-        run_id,
-        "pin_checked",
-        serde_json::json!({ "pin": "sourceSnapshot", "commit": commit }),
-    )
-    .await;
-
-    // Pin 3: the state the plan saw (the claim checked the generation; restore it).
-    let restored = ctx.restore_state(&wd, &capsule).await?;
-    if capsule.state_generation != generation {
-        return Err(fail(
-            FailureCode::StateGenerationChanged,
-            "the Capsule's state moved on since the plan; plan again",
-        ));
-    }
-    ctx.runner.write_backend_override(&wd).map_err(runner_err)?;
-
-    // Pin 4: the provider lockfile the plan recorded, installed before init.
-    let expected_lock = install_lockfile(ctx, &wd, &plan_run).await?;
-
-    // The plan's variables and sensitive variables, and the Capsule's credentials
-    // resolved fresh for this apply; every secret is in the masker before a tool starts.
-    let env = ctx.run_env(run_id, &plan_run, &capsule, &wd).await?;
-    // Pin 5: the module tree the plan used, downloaded again and accepted only when it
-    // digests (with the lock digest) to the plan's dependency snapshot.
-    check_modules(
+    let host = NodeApplyHost {
         ctx,
         run_id,
-        &wd,
+        capsule: &capsule,
+        plan_run: &plan_run,
+        generation,
+        plan_key,
+    };
+    let inputs = takosumi_steps::ApplyInputs {
         tool,
-        &env,
-        &plan_run,
-        expected_lock.as_deref(),
-    )
-    .await?;
-
-    ctx.event(
-        run_id,
-        "tool_started",
-        serde_json::json!({ "command": "init" }),
-    )
-    .await;
-    let init = ctx.runner.init_without_get(&wd, tool, &env).await;
-    log_result(ctx, env.masker(), run_id, "init", &init).await;
-    init.map_err(|e| tool_failure(e, "init failed"))?;
-    let lock_after = ctx.runner.read_lockfile(&wd).map_err(runner_err)?;
-    if lock_after.as_deref().map(takosumi_store::sha256_hex) != expected_lock {
-        return Err(fail(
-            FailureCode::LockfileMismatch,
-            "init changed the provider lockfile the plan recorded; plan again",
-        ));
-    }
-
-    ctx.runner
-        .write_plan_file(&wd, &plan_bytes)
-        .map_err(runner_err)?;
-    drop(plan_bytes);
-    // Everything the saved plan marks sensitive joins the masker before apply prints.
-    let show = ctx.runner.show_json(&wd, tool, &env).await.map_err(|e| match e.failure_code() {
-        Some(_) => fail(
-            FailureCode::ApplyFailed,
-            format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"),
-        ),
-        None => ApplyError::Step(runner_err(e)),
-    })?;
-    env.masker().add_plan_sensitive(&show);
-    drop(show);
-    ctx.event(
-        run_id,
-        "tool_started",
-        serde_json::json!({ "command": "apply" }),
-    )
-    .await;
-    let applied = ctx.runner.apply(&wd, tool, &env).await;
-    let _ = ctx.runner.wipe_plan_file(&wd);
-    wipe_sealed_plan(ctx, plan_run_id, plan_key).await;
-    let applied = applied.map_err(apply_tool_err)?;
-    ctx.log(run_id, "apply", env.masker(), &applied.output)
-        .await;
-
-    if !applied.success() && is_stale_plan(&applied) {
-        return Err(fail(
-            FailureCode::StalePlan,
-            "the tool refused the saved plan as stale (the state changed after the plan); nothing was applied; submit the plan again and apply the new one",
-        ));
-    }
+        repo: capsule.repo.clone(),
+        branch: capsule.branch.clone(),
+        commit: commit.to_owned(),
+        tree_digest: tree_digest.to_owned(),
+        dir: capsule.dir.clone(),
+        plan_bytes,
+        dependency_snapshot: plan_run.dependency_snapshot.clone(),
+    };
+    let out = takosumi_steps::apply(&host, &ctx.runner, &wd, inputs).await?;
     finish(
         ctx,
         run,
         &capsule,
         wd,
         tool,
-        &env,
-        &applied,
-        restored,
+        &out.env,
+        &out.applied,
+        out.restored,
         generation,
         Some(plan_run_id),
     )
     .await
+}
+
+impl From<takosumi_steps::PlanError<ApplyError>> for ApplyError {
+    fn from(e: takosumi_steps::PlanError<ApplyError>) -> Self {
+        match e {
+            takosumi_steps::PlanError::Fail(code, message) => Self::Fail(code, message),
+            takosumi_steps::PlanError::Runner(e) => Self::Step(runner_err(e)),
+            takosumi_steps::PlanError::Host(e) => e,
+            takosumi_steps::PlanError::AfterTool(message) => Self::AfterTool(message),
+        }
+    }
+}
+
+/// The control node as the pinned apply's host.
+struct NodeApplyHost<'a> {
+    ctx: &'a Ctx,
+    run_id: RunId,
+    capsule: &'a capsules::Capsule,
+    plan_run: &'a runs::Run,
+    /// The generation the plan saw (the claim checked it).
+    generation: i64,
+    /// The plan Run's sealed plan, wiped once the tool ran.
+    plan_key: &'a str,
+}
+
+impl takosumi_steps::Host for NodeApplyHost<'_> {
+    type Error = ApplyError;
+
+    async fn event(&self, kind: &'static str, data: serde_json::Value) {
+        self.ctx.event(self.run_id, kind, data).await;
+    }
+
+    async fn log(&self, step: &'static str, masker: &Masker, text: &str) {
+        self.ctx.log(self.run_id, step, masker, text).await;
+    }
+
+    async fn restore_state(
+        &self,
+        _runner: &takosumi_runner::Runner,
+        wd: &Workdir,
+    ) -> Result<Option<Vec<u8>>, ApplyError> {
+        // Pin 3: the state the plan saw (the claim checked the generation; restore it).
+        let restored = self.ctx.restore_state(wd, self.capsule).await?;
+        if self.capsule.state_generation != self.generation {
+            return Err(fail(
+                FailureCode::StateGenerationChanged,
+                "the Capsule's state moved on since the plan; plan again",
+            ));
+        }
+        Ok(restored)
+    }
+
+    async fn tool_env(&self, wd: &Workdir) -> Result<ToolEnv, ApplyError> {
+        // The plan's variables and sensitive variables, and the Capsule's credentials
+        // resolved fresh for this apply; every secret is in the masker before a tool starts.
+        Ok(self
+            .ctx
+            .run_env(self.run_id, self.plan_run, self.capsule, wd)
+            .await?)
+    }
+}
+
+impl takosumi_steps::ApplyHost for NodeApplyHost<'_> {
+    async fn install_lockfile(&self, wd: &Workdir) -> Result<Option<String>, ApplyError> {
+        // Pin 4: the provider lockfile the plan recorded, installed before init.
+        install_lockfile(self.ctx, wd, self.plan_run).await
+    }
+
+    async fn after_tool(&self) {
+        wipe_sealed_plan(self.ctx, self.plan_run.id, self.plan_key).await;
+    }
 }
 
 /// Commits what an apply did, whichever path it took: a new StateVersion (generation
@@ -629,68 +605,6 @@ async fn install_lockfile(
             "the plan has no lockfile record (made by an older runner); plan again",
         )),
     }
-}
-
-/// Downloads the plan's modules again into this apply's checkout (`get`, with the run's own
-/// environment) and refuses the apply, `dependency_changed`, unless the installed tree
-/// and the lock digest give the plan's dependency snapshot. A module source that moved
-/// (a branch with a new commit) or disappeared since the plan is caught here, before
-/// init, so nothing is applied.
-async fn check_modules(
-    ctx: &Ctx,
-    run_id: RunId,
-    wd: &Workdir,
-    tool: Tool,
-    env: &ToolEnv,
-    plan_run: &runs::Run,
-    lock_digest: Option<&str>,
-) -> Result<(), ApplyError> {
-    let Some(planned) = plan_run.dependency_snapshot.as_deref() else {
-        return Err(fail(
-            FailureCode::DependencyChanged,
-            "the plan has no dependency snapshot (made by an older runner); nothing was applied; plan again",
-        ));
-    };
-    // As in the plan step: no module call, nothing to download, no `get`.
-    let got = if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        ctx.event(
-            run_id,
-            "tool_started",
-            serde_json::json!({ "command": "get" }),
-        )
-        .await;
-        let got = ctx.runner.get_modules(wd, tool, env).await;
-        log_result(ctx, env.masker(), run_id, "get", &got).await;
-        got.map(|_| ())
-    } else {
-        Ok(())
-    };
-    match got {
-        Ok(()) => {}
-        Err(RunnerError::ToolFailed { .. }) => {
-            return Err(fail(
-                FailureCode::DependencyChanged,
-                "the modules the plan used could not be downloaded again (see the run's logs); nothing was applied; plan again",
-            ));
-        }
-        Err(e) => return Err(tool_failure(e, "downloading modules failed")),
-    }
-    let modules = installed_modules_digest(wd)
-        .await
-        .map_err(|e| tool_failure(e, "reading the installed modules"))?;
-    if dependency_snapshot(&modules, lock_digest) != planned {
-        return Err(fail(
-            FailureCode::DependencyChanged,
-            "the modules downloaded for this apply differ from the ones the plan used (a module source changed since the plan); nothing was applied; plan again",
-        ));
-    }
-    ctx.event(
-        run_id,
-        "pin_checked",
-        serde_json::json!({ "pin": "dependencySnapshot", "dependencySnapshot": planned }),
-    )
-    .await;
-    Ok(())
 }
 
 /// Seals and stores the state the tool wrote (retrying, else held in Postgres: see

@@ -155,6 +155,10 @@ impl From<takosumi_steps::PlanError<PlanError>> for PlanError {
             takosumi_steps::PlanError::Fail(code, message) => Self::Fail(code, message),
             takosumi_steps::PlanError::Runner(e) => Self::Step(runner_err(e)),
             takosumi_steps::PlanError::Host(e) => e,
+            // only an apply tool ends this way
+            takosumi_steps::PlanError::AfterTool(message) => {
+                Self::Fail(FailureCode::PlanFailed, message)
+            }
         }
     }
 }
@@ -173,7 +177,7 @@ struct NodeHost<'a> {
     lockfile: std::sync::Mutex<Option<StoredLockfile>>,
 }
 
-impl takosumi_steps::PlanHost for NodeHost<'_> {
+impl takosumi_steps::Host for NodeHost<'_> {
     type Error = PlanError;
 
     async fn event(&self, kind: &'static str, data: serde_json::Value) {
@@ -184,9 +188,12 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
         self.ctx.log(self.run.id, step, masker, text).await;
     }
 
-    async fn restore_state(&self, _runner: &Runner, wd: &Workdir) -> Result<(), PlanError> {
-        self.ctx.restore_state(wd, self.capsule).await?;
-        Ok(())
+    async fn restore_state(
+        &self,
+        _runner: &Runner,
+        wd: &Workdir,
+    ) -> Result<Option<Vec<u8>>, PlanError> {
+        Ok(self.ctx.restore_state(wd, self.capsule).await?)
     }
 
     async fn tool_env(&self, wd: &Workdir) -> Result<ToolEnv, PlanError> {
@@ -197,7 +204,9 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
             .run_env(self.run.id, self.run, self.capsule, wd)
             .await?)
     }
+}
 
+impl takosumi_steps::PlanHost for NodeHost<'_> {
     async fn record_scan(&self, report: &serde_json::Value) -> Result<(), PlanError> {
         takosumi_store::gates::set_scan_report(&self.ctx.pool, self.run.id, report)
             .await

@@ -18,7 +18,7 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 use takosumi_core::{RunKind, Secret};
 use takosumi_policy::scan::ScanReport;
-use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, ToolOutput, Workdir};
+use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, Workdir};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::{DeliveryKeyPair, open_with_any};
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
@@ -228,18 +228,16 @@ struct JobFailure {
     message: String,
 }
 
+/// Not a code the worker reports: the apply tool ran and its outcome is unknown. The
+/// worker reports nothing more (never "failed, nothing applied"); the lease runs out and
+/// the control node's reaper ends the apply `unknown_outcome`, as for a vanished worker.
+const UNKNOWN_OUTCOME: &str = "unknown_outcome";
+
 fn failure(code: &'static str, message: impl Into<String>) -> JobFailure {
     JobFailure {
         code,
         message: message.into(),
     }
-}
-
-fn tool_failure(e: RunnerError, what: &str) -> JobFailure {
-    let code = e
-        .failure_code()
-        .map_or("plan_failed", takosumi_core::FailureCode::as_str);
-    failure(code, format!("{what}: {e}; see the run's logs"))
 }
 
 impl From<takosumi_steps::PlanError<JobFailure>> for JobFailure {
@@ -248,6 +246,7 @@ impl From<takosumi_steps::PlanError<JobFailure>> for JobFailure {
             takosumi_steps::PlanError::Fail(code, message) => failure(code.as_str(), message),
             takosumi_steps::PlanError::Runner(e) => internal(e),
             takosumi_steps::PlanError::Host(f) => f,
+            takosumi_steps::PlanError::AfterTool(message) => failure(UNKNOWN_OUTCOME, message),
         }
     }
 }
@@ -282,14 +281,6 @@ impl Job<'_> {
             .await
         {
             tracing::warn!(run = %self.run, error = %e, "could not send a log");
-        }
-    }
-
-    async fn log_result(&self, step: &str, masker: &Masker, r: &Result<ToolOutput, RunnerError>) {
-        match r {
-            Ok(out) => self.log(step, masker, &out.output).await,
-            Err(RunnerError::ToolFailed { output, .. }) => self.log(step, masker, output).await,
-            Err(_) => {}
         }
     }
 
@@ -405,6 +396,10 @@ pub async fn work(api: &Api, settings: &RelaySettings, job: &Value) -> anyhow::R
     }
     match result {
         Ok(()) => Ok(()),
+        Err(f) if f.code == UNKNOWN_OUTCOME => {
+            tracing::warn!(run = %job_ref.run, reason = %f.message, "apply outcome unknown: reporting nothing; the lease runs out and the control node ends it unknown_outcome");
+            Ok(())
+        }
         Err(f) => {
             tracing::info!(run = %job_ref.run, code = f.code, "job failed");
             api.post(
@@ -514,7 +509,7 @@ struct RelayHost<'a> {
     spec: &'a Value,
 }
 
-impl takosumi_steps::PlanHost for RelayHost<'_> {
+impl takosumi_steps::Host for RelayHost<'_> {
     type Error = JobFailure;
 
     async fn event(&self, kind: &'static str, data: Value) {
@@ -525,19 +520,37 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
         self.job.log(step, masker, text).await;
     }
 
-    async fn restore_state(&self, runner: &Runner, wd: &Workdir) -> Result<(), JobFailure> {
-        if let Some(mut state) = open(self.settings, self.spec, "state", Purpose::State)? {
-            let restored = runner.restore_state(wd, &state).map_err(internal);
-            state.zeroize();
-            restored?;
+    async fn restore_state(
+        &self,
+        runner: &Runner,
+        wd: &Workdir,
+    ) -> Result<Option<Vec<u8>>, JobFailure> {
+        let state = open(self.settings, self.spec, "state", Purpose::State)?;
+        if let Some(state) = &state {
+            runner.restore_state(wd, state).map_err(internal)?;
         }
-        Ok(())
+        Ok(state)
     }
 
     async fn tool_env(&self, _wd: &Workdir) -> Result<ToolEnv, JobFailure> {
         prepared_env(self.job, self.settings, self.spec).await
     }
+}
 
+impl takosumi_steps::ApplyHost for RelayHost<'_> {
+    async fn install_lockfile(&self, wd: &Workdir) -> Result<Option<String>, JobFailure> {
+        if let Some(b64) = self.spec["lockfile"].as_str() {
+            let bytes = B64.decode(b64).map_err(internal)?;
+            std::fs::write(wd.config_dir().join(takosumi_runner::LOCKFILE_NAME), bytes)
+                .map_err(internal)?;
+        }
+        Ok(self.spec["providerLockDigest"].as_str().map(str::to_owned))
+    }
+
+    async fn after_tool(&self) {}
+}
+
+impl takosumi_steps::PlanHost for RelayHost<'_> {
     async fn record_scan(&self, report: &Value) -> Result<(), JobFailure> {
         // The report as audit evidence, recorded at once (a refused plan keeps it too).
         let report: takosumi_policy::scan::ScanReport =
@@ -685,109 +698,31 @@ async fn apply(
         ));
     }
     let src = &spec["source"];
-    let commit = src["commit"].as_str().unwrap_or_default();
-    let source = match runner
-        .checkout(
-            wd,
-            src["repo"].as_str().unwrap_or_default(),
-            src["branch"].as_str().unwrap_or_default(),
-            Some(commit),
-            src["dir"].as_str().unwrap_or_default(),
-        )
+    let inputs = takosumi_steps::ApplyInputs {
+        tool,
+        repo: src["repo"].as_str().unwrap_or_default().to_owned(),
+        branch: src["branch"].as_str().unwrap_or_default().to_owned(),
+        commit: src["commit"].as_str().unwrap_or_default().to_owned(),
+        tree_digest: src["treeDigest"].as_str().unwrap_or_default().to_owned(),
+        dir: src["dir"].as_str().unwrap_or_default().to_owned(),
+        plan_bytes,
+        dependency_snapshot: spec["dependencySnapshot"].as_str().map(str::to_owned),
+    };
+    let host = RelayHost {
+        job,
+        settings,
+        spec,
+    };
+    let out = takosumi_steps::apply(&host, runner, wd, inputs)
         .await
-    {
-        Ok(s) => s,
-        Err(e @ RunnerError::CommitNotFound(_)) => {
-            return Err(failure(
-                "source_changed",
-                format!("{e}; plan again from the current branch"),
-            ));
-        }
-        Err(e) => return Err(tool_failure(e, "checking out the planned commit failed")),
-    };
-    if source.commit != commit || Some(source.tree_digest.as_str()) != src["treeDigest"].as_str() {
-        return Err(failure(
-            "source_changed",
-            "the checked-out source differs from the plan's; plan again",
-        ));
-    }
-    job.event(
-        "pin_checked",
-        json!({ "pin": "sourceSnapshot", "commit": commit }),
-    )
-    .await;
-    let restored = open(settings, spec, "state", Purpose::State)?;
-    if let Some(state) = &restored {
-        runner.restore_state(wd, state).map_err(internal)?;
-    }
-    runner.write_backend_override(wd).map_err(internal)?;
-    let expected_lock = spec["providerLockDigest"].as_str().map(str::to_owned);
-    if let Some(b64) = spec["lockfile"].as_str() {
-        let bytes = B64.decode(b64).map_err(internal)?;
-        std::fs::write(wd.config_dir().join(".terraform.lock.hcl"), bytes).map_err(internal)?;
-    }
-    let env = prepared_env(job, settings, spec).await?;
+        .map_err(|e| match e {
+            takosumi_steps::PlanError::Runner(e) => {
+                failure("apply_failed", format!("the tool could not be run: {e}"))
+            }
+            other => JobFailure::from(other),
+        })?;
+    let (applied, restored, env) = (out.applied, out.restored, out.env);
     let masker = env.masker();
-    let got = if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        job.event("tool_started", json!({ "command": "get" })).await;
-        let got = runner.get_modules(wd, tool, &env).await;
-        job.log_result("get", masker, &got).await;
-        got.map(|_| ())
-    } else {
-        Ok(())
-    };
-    if got.is_err() {
-        return Err(failure(
-            "dependency_changed",
-            "the modules the plan used could not be downloaded again (see the run's logs); nothing was applied; plan again",
-        ));
-    }
-    let modules = takosumi_runner::module_tree_digest(wd.config_dir()).map_err(internal)?;
-    let snapshot =
-        takosumi_runtime::dependencies::dependency_snapshot(&modules, expected_lock.as_deref());
-    if Some(snapshot.as_str()) != spec["dependencySnapshot"].as_str() {
-        return Err(failure(
-            "dependency_changed",
-            "the modules downloaded for this apply differ from the ones the plan used; nothing was applied; plan again",
-        ));
-    }
-    job.event(
-        "pin_checked",
-        json!({ "pin": "dependencySnapshot", "dependencySnapshot": snapshot }),
-    )
-    .await;
-    job.event("tool_started", json!({ "command": "init" }))
-        .await;
-    let init = runner.init_without_get(wd, tool, &env).await;
-    job.log_result("init", masker, &init).await;
-    init.map_err(|e| tool_failure(e, "init failed"))?;
-    let lock_after = runner.read_lockfile(wd).map_err(internal)?;
-    if lock_after.as_deref().map(sha256_hex) != expected_lock {
-        return Err(failure(
-            "lockfile_mismatch",
-            "init changed the provider lockfile the plan recorded; plan again",
-        ));
-    }
-    runner.write_plan_file(wd, &plan_bytes).map_err(internal)?;
-    plan_bytes.zeroize();
-    let show = runner.show_json(wd, tool, &env).await.map_err(|e| {
-        failure("apply_failed", format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"))
-    })?;
-    masker.add_plan_sensitive(&show);
-    drop(show);
-    job.event("tool_started", json!({ "command": "apply" }))
-        .await;
-    let applied = runner.apply(wd, tool, &env).await;
-    let _ = runner.wipe_plan_file(wd);
-    let applied =
-        applied.map_err(|e| failure("apply_failed", format!("the tool could not be run: {e}")))?;
-    job.log("apply", masker, &applied.output).await;
-    if !applied.success() && takosumi_runner::is_stale_plan(&applied) {
-        return Err(failure(
-            "stale_plan",
-            "the tool refused the saved plan as stale (the state changed after the plan); nothing was applied; submit the plan again and apply the new one",
-        ));
-    }
     let state = runner.read_state(wd).map_err(internal)?;
     let changed = state.filter(|s| Some(s) != restored.as_ref());
     let outputs = if applied.success() {
@@ -813,8 +748,8 @@ async fn apply(
         .await
         .map_err(|e| {
             failure(
-                "apply_failed",
-                format!("the result could not be handed back: {e}"),
+                UNKNOWN_OUTCOME,
+                format!("the tool ran, but its result could not be handed back: {e}"),
             )
         })?;
     Ok(())

@@ -47,15 +47,7 @@ pub fn run_prefix(run_id: RunId) -> String {
 /// ([`takosumi_runner::module_tree_digest`]) and the provider lock digest (`None` for a
 /// provider-free run, written as `null` so it can never collide with a digest). Plan and
 /// apply both compute it with this function, so a changed module or lockfile changes it.
-pub fn dependency_snapshot(modules_digest: &str, provider_lock_digest: Option<&str>) -> String {
-    takosumi_store::sha256_hex(
-        format!(
-            "modules:{modules_digest}\nlock:{}",
-            provider_lock_digest.unwrap_or("null")
-        )
-        .as_bytes(),
-    )
-}
+pub use takosumi_steps::dependency_snapshot;
 
 /// [`takosumi_runner::module_tree_digest`] of the run directory's Capsule directory, off
 /// the async threads (a module tree can be large).

@@ -47,8 +47,9 @@ pub enum ScanVerdict {
     Held,
 }
 
-/// Where a plan pipeline's inputs come from and its progress goes.
-pub trait PlanHost: Sync {
+/// Where a pipeline's inputs come from and its progress goes: what every pipeline needs
+/// of its host.
+pub trait Host: Sync {
     /// The host's own failure (a database, the API), passed through untouched.
     type Error: Send;
 
@@ -63,17 +64,21 @@ pub trait PlanHost: Sync {
         text: &str,
     ) -> impl Future<Output = ()> + Send;
 
-    /// Puts the Capsule's current state where the backend override reads it.
+    /// Puts the Capsule's current state where the backend override reads it; returns the
+    /// bytes restored (an apply compares the state it leaves with them).
     fn restore_state(
         &self,
         runner: &Runner,
         wd: &Workdir,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, Self::Error>> + Send;
 
     /// The tool's environment (variables, sensitive variables, credentials), every secret
     /// in its masker. Asked after the checkout, before any tool starts.
     fn tool_env(&self, wd: &Workdir) -> impl Future<Output = Result<ToolEnv, Self::Error>> + Send;
+}
 
+/// What a plan pipeline needs of its host besides [`Host`].
+pub trait PlanHost: Host {
     /// Records the dry-run scan report on the Run (its audit evidence), as soon as it is
     /// made: a plan refused for it keeps it too.
     fn record_scan(&self, report: &Value) -> impl Future<Output = Result<(), Self::Error>> + Send;
@@ -94,6 +99,19 @@ pub trait PlanHost: Sync {
     ) -> impl Future<Output = Result<ScanVerdict, Self::Error>> + Send;
 }
 
+/// What a pinned apply needs of its host besides [`Host`].
+pub trait ApplyHost: Host {
+    /// Installs the provider lockfile the plan recorded into the Capsule directory, before
+    /// init; returns its digest (`None`: the plan was provider-free).
+    fn install_lockfile(
+        &self,
+        wd: &Workdir,
+    ) -> impl Future<Output = Result<Option<String>, Self::Error>> + Send;
+
+    /// Called once the apply tool has run (whatever its result): the saved plan is used up.
+    fn after_tool(&self) -> impl Future<Output = ()> + Send;
+}
+
 /// Why a pipeline stopped.
 #[derive(Debug)]
 pub enum PlanError<E> {
@@ -104,6 +122,9 @@ pub enum PlanError<E> {
     Runner(RunnerError),
     /// The host failed.
     Host(E),
+    /// The apply tool ran (it may have changed infrastructure) but did not end normally
+    /// (stopped at its time limit): the outcome is unknown, never "nothing was applied".
+    AfterTool(String),
 }
 
 /// What a finished plan pipeline hands the host to commit.
@@ -148,7 +169,7 @@ pub fn tool_failure<E>(e: RunnerError, what: &str) -> PlanError<E> {
     }
 }
 
-async fn log_result<H: PlanHost>(
+async fn log_result<H: Host>(
     host: &H,
     step: &'static str,
     masker: &Masker,
@@ -328,6 +349,202 @@ pub async fn plan<H: PlanHost>(
         injected_env_names: env.names(),
         masker: masker.clone(),
     })))
+}
+
+/// What a pinned apply runs: the plan's commit and tree, its saved plan file (its digest
+/// already checked against the reviewed one) and its dependency snapshot.
+pub struct ApplyInputs {
+    /// The Capsule's tool.
+    pub tool: Tool,
+    /// Repository URL.
+    pub repo: String,
+    /// Branch the commit is on.
+    pub branch: String,
+    /// The plan's commit.
+    pub commit: String,
+    /// The plan's tree digest.
+    pub tree_digest: String,
+    /// The Capsule's directory.
+    pub dir: String,
+    /// The saved plan file (a secret: written into the run directory, wiped after).
+    pub plan_bytes: Vec<u8>,
+    /// The plan's dependency snapshot (`None`: made by an older runner; refused).
+    pub dependency_snapshot: Option<String>,
+}
+
+/// What the apply tool did, for the host to record.
+pub struct ApplyOutput {
+    /// The tool's result (its exit code and masked output).
+    pub applied: ToolOutput,
+    /// The state restored before the tool ran.
+    pub restored: Option<Vec<u8>>,
+    /// The environment (for `output -json`), its masker holding every secret.
+    pub env: ToolEnv,
+}
+
+/// A pinned apply: the plan's commit and tree → state → backend override → the plan's
+/// lockfile → environment → the plan's modules (`dependency_changed` unless they digest
+/// to the plan's snapshot) → init (`lockfile_mismatch` if it changed the lockfile) → the
+/// saved plan's sensitive values into the masker → `apply <plan>`.
+pub async fn apply<H: ApplyHost>(
+    host: &H,
+    runner: &Runner,
+    wd: &Workdir,
+    mut inputs: ApplyInputs,
+) -> Result<ApplyOutput, PlanError<H::Error>> {
+    let tool = inputs.tool;
+    let source = match runner
+        .checkout(
+            wd,
+            &inputs.repo,
+            &inputs.branch,
+            Some(&inputs.commit),
+            &inputs.dir,
+        )
+        .await
+    {
+        Ok(s) => s,
+        Err(e @ RunnerError::CommitNotFound(_)) => {
+            return Err(PlanError::Fail(
+                FailureCode::SourceChanged,
+                format!("{e}; plan again from the current branch"),
+            ));
+        }
+        Err(e) => return Err(tool_failure(e, "checking out the planned commit failed")),
+    };
+    if source.commit != inputs.commit || source.tree_digest != inputs.tree_digest {
+        return Err(PlanError::Fail(
+            FailureCode::SourceChanged,
+            "the checked-out source differs from the plan's; plan again".into(),
+        ));
+    }
+    host.event(
+        "pin_checked",
+        json!({ "pin": "sourceSnapshot", "commit": inputs.commit }),
+    )
+    .await;
+    let restored = host
+        .restore_state(runner, wd)
+        .await
+        .map_err(PlanError::Host)?;
+    runner
+        .write_backend_override(wd)
+        .map_err(|e| tool_failure(e, "writing the backend override"))?;
+    let expected_lock = host.install_lockfile(wd).await.map_err(PlanError::Host)?;
+    let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
+    let masker = env.masker();
+
+    // The plan's modules, downloaded again and accepted only when they digest (with the
+    // lock digest) to the plan's dependency snapshot: a module source that moved since
+    // the plan is caught here, before init, so nothing is applied.
+    let Some(planned) = inputs.dependency_snapshot.as_deref() else {
+        return Err(PlanError::Fail(
+            FailureCode::DependencyChanged,
+            "the plan has no dependency snapshot (made by an older runner); nothing was applied; plan again".into(),
+        ));
+    };
+    if takosumi_runner::declares_module_calls(wd.config_dir()) {
+        host.event("tool_started", json!({ "command": "get" }))
+            .await;
+        let got = runner.get_modules(wd, tool, &env).await;
+        log_result(host, "get", masker, &got).await;
+        match got {
+            Ok(_) => {}
+            Err(RunnerError::ToolFailed { .. }) => {
+                return Err(PlanError::Fail(
+                    FailureCode::DependencyChanged,
+                    "the modules the plan used could not be downloaded again (see the run's logs); nothing was applied; plan again".into(),
+                ));
+            }
+            Err(e) => return Err(tool_failure(e, "downloading modules failed")),
+        }
+    }
+    let modules = takosumi_runner::module_tree_digest(wd.config_dir())
+        .map_err(|e| tool_failure(e, "reading the installed modules"))?;
+    if dependency_snapshot(&modules, expected_lock.as_deref()) != planned {
+        return Err(PlanError::Fail(
+            FailureCode::DependencyChanged,
+            "the modules downloaded for this apply differ from the ones the plan used (a module source changed since the plan); nothing was applied; plan again".into(),
+        ));
+    }
+    host.event(
+        "pin_checked",
+        json!({ "pin": "dependencySnapshot", "dependencySnapshot": planned }),
+    )
+    .await;
+
+    host.event("tool_started", json!({ "command": "init" }))
+        .await;
+    let init = runner.init_without_get(wd, tool, &env).await;
+    log_result(host, "init", masker, &init).await;
+    init.map_err(|e| tool_failure(e, "init failed"))?;
+    let lock_after = runner
+        .read_lockfile(wd)
+        .map_err(|e| tool_failure(e, "reading the provider lockfile"))?;
+    if lock_after.as_deref().map(sha256_hex) != expected_lock {
+        return Err(PlanError::Fail(
+            FailureCode::LockfileMismatch,
+            "init changed the provider lockfile the plan recorded; plan again".into(),
+        ));
+    }
+
+    let written = runner.write_plan_file(wd, &inputs.plan_bytes);
+    zeroize::Zeroize::zeroize(&mut inputs.plan_bytes);
+    written.map_err(|e| tool_failure(e, "writing the saved plan"))?;
+    // Everything the saved plan marks sensitive joins the masker before apply prints.
+    let show = runner.show_json(wd, tool, &env).await.map_err(|e| match e.failure_code() {
+        Some(_) => PlanError::Fail(
+            FailureCode::ApplyFailed,
+            format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"),
+        ),
+        None => PlanError::Runner(e),
+    })?;
+    masker.add_plan_sensitive(&show);
+    drop(show);
+    host.event("tool_started", json!({ "command": "apply" }))
+        .await;
+    let applied = runner.apply(wd, tool, &env).await;
+    let _ = runner.wipe_plan_file(wd);
+    host.after_tool().await;
+    let applied = match applied {
+        Ok(a) => a,
+        // Killed mid-run at its time limit: it may have changed infrastructure.
+        Err(RunnerError::TimedOut { limit_secs, .. }) => {
+            return Err(PlanError::AfterTool(format!(
+                "the apply ran past its time limit of {limit_secs} s (TAKOSUMI_LIMIT_APPLY_SECS) and was stopped mid-run: what it changed is unknown; inspect the provider side and the Capsule's current StateVersion, then resolve this Run"
+            )));
+        }
+        Err(e) => return Err(PlanError::Runner(e)),
+    };
+    host.log("apply", masker, &applied.output).await;
+    if !applied.success() && takosumi_runner::is_stale_plan(&applied) {
+        return Err(PlanError::Fail(
+            FailureCode::StalePlan,
+            "the tool refused the saved plan as stale (the state changed after the plan); nothing was applied; submit the plan again and apply the new one".into(),
+        ));
+    }
+    Ok(ApplyOutput {
+        applied,
+        restored,
+        env,
+    })
+}
+
+/// The dependency snapshot: a digest over the module tree digest and the provider lock
+/// digest (`null` for a provider-free run). A plan records it; an apply must match it.
+pub fn dependency_snapshot(modules_digest: &str, lock_digest: Option<&str>) -> String {
+    sha256_hex(
+        format!(
+            "modules:{modules_digest}\nlock:{}",
+            lock_digest.unwrap_or("null")
+        )
+        .as_bytes(),
+    )
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// Whether a saved plan would change anything: a resource action other than no-op/read,
