@@ -40,6 +40,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, StateVersionId, Topic};
 use takosumi_objects::PutOutcome;
+use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::inputs::{
     CredentialSet, EnvError, Injected, TOKEN_ENV, open_binding, sensitive_vars_subject,
@@ -1269,95 +1270,43 @@ async fn applied(
     if let Some(s) = state.as_mut() {
         s.zeroize();
     }
-    let actor = format!("handler:{claim}");
-    let mut tx = st.pool.begin().await?;
-    let new_generation = match &sv {
-        Some((sv, size)) => {
-            state_versions::insert(&mut tx, sv, *size).await?;
-            if !capsules::advance_generation(&mut tx, capsule_id, run_id, generation, sv.id).await?
-            {
-                return Err(internal(takosumi_store::StoreError::Conflict(
-                    "the Capsule's generation moved while this apply held it",
-                )));
-            }
-            events::append(
-                &mut *tx,
-                run_id,
-                "state_version_written",
-                &actor,
-                json!({ "stateVersionId": sv.id, "generation": generation + 1 }),
-            )
-            .await?;
-            takosumi_store::activity::append(
-                &mut *tx,
-                run.workspace_id,
-                "state_version_written",
-                &sv.id.to_string(),
-                &actor,
-                json!({ "capsuleId": capsule_id, "runId": run_id, "generation": generation + 1 }),
-            )
-            .await?;
-            generation + 1
-        }
-        None => {
-            capsules::release_apply(&mut tx, capsule_id, run_id).await?;
-            generation
+    let end = if req.success {
+        let outputs = if req.outputs.is_object() {
+            req.outputs.clone()
+        } else {
+            json!({})
+        };
+        ToolEnd::Applied { outputs }
+    } else {
+        ToolEnd::Failed {
+            exit_code: req.exit_code.unwrap_or(1),
         }
     };
-    runs::clear_plan_object(&mut tx, plan_run_id).await?;
-    bindings::forget_sensitive_vars(&mut *tx, plan_run_id).await?;
-    if req.success {
-        let mut outputs = req.outputs.clone();
-        if !outputs.is_object() {
-            outputs = json!({});
-        }
-        if !runs::record_apply(
-            &mut tx,
-            run_id,
-            &claim,
-            &outputs,
-            sv.as_ref().map(|(s, _)| s.id),
-            new_generation,
-        )
-        .await?
-        {
+    // The same commit as the apply handler's.
+    let new_generation = match apply_commit::commit_apply(
+        &st.ctx,
+        ApplyToCommit {
+            run: &run,
+            owner: &claim,
+            capsule_id,
+            generation,
+            plan_run_id: Some(plan_run_id),
+            state_version: sv,
+            end,
+            event_extra: json!({ "pool": caller.0.name }),
+        },
+    )
+    .await
+    {
+        Ok(g) => g,
+        Err(ApplyCommitError::LeaseLost) => {
             return Err(ApiError::conflict(
                 "not_your_claim",
                 "the lease was lost while applying",
             ));
         }
-        events::append(
-            &mut *tx,
-            run_id,
-            "applied",
-            &actor,
-            json!({ "generation": new_generation, "pool": caller.0.name }),
-        )
-        .await?;
-    } else {
-        let message = if sv.is_some() {
-            "apply failed after changing state; a new StateVersion was recorded. Check the logs and the provider side before planning again"
-        } else {
-            "apply failed; check the run's logs, then plan again"
-        };
-        pools::fail_with_code(&mut tx, run_id, Some(&claim), "apply_failed", message).await?;
-        if let Some((s, _)) = &sv {
-            runs::set_state_version(&mut tx, run_id, s.id).await?;
-        }
-        events::append(
-            &mut *tx,
-            run_id,
-            "failed",
-            &actor,
-            json!({ "code": "apply_failed", "exitCode": req.exit_code }),
-        )
-        .await?;
-    }
-    if let Some(next) = runs::next_waiting_apply(&mut tx, capsule_id).await? {
-        outbox::enqueue(&mut tx, Topic::Apply, next).await?;
-    }
-    tx.commit().await?;
-    st.relay_wake.notify_one();
+        Err(e) => return Err(internal(e)),
+    };
     // The plan file is a secret: once its apply ends, the sealed copies go too.
     if let Some(k) = &plan_run.plan_object_key {
         let _ = st.objects.delete(k).await;

@@ -7,17 +7,16 @@
 //! file is wiped when the apply ends. An apply is never retried automatically once the
 //! tool may have started.
 
-use takosumi_core::{
-    CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StateVersionId, StepError, Topic,
-};
+use takosumi_core::{CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
 use takosumi_objects::ObjectError;
 use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir, public_outputs};
 use takosumi_runtime::Ctx;
+use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::step::{object_err, runner_err, store_err};
 use takosumi_seal::{Purpose, SealError};
 use takosumi_store::runs::ApplyClaim;
-use takosumi_store::{capsules, events, outbox, runs, state_versions};
+use takosumi_store::{capsules, runs, state_versions};
 
 mod one_step;
 mod unrecorded;
@@ -440,126 +439,35 @@ async fn record_result(
         None => None,
     };
 
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    let new_generation = match &sv {
-        Some((sv, size)) => {
-            state_versions::insert(&mut tx, sv, *size)
-                .await
-                .map_err(store_err)?;
-            if !capsules::advance_generation(&mut tx, capsule.id, run_id, generation, sv.id)
-                .await
-                .map_err(store_err)?
-            {
-                return Err(StepError::Internal(
-                    "the Capsule's generation moved while this apply held it".into(),
-                )
-                .into());
-            }
-            generation + 1
+    let end = if applied.success() {
+        ToolEnd::Applied { outputs }
+    } else if ctx.runner.interrupted() {
+        ToolEnd::Canceled {
+            detail: serde_json::json!({ "step": "apply", "exitCode": applied.exit_code }),
         }
-        None => {
-            capsules::release_apply(&mut tx, capsule.id, run_id)
-                .await
-                .map_err(store_err)?;
-            generation
+    } else {
+        ToolEnd::Failed {
+            exit_code: applied.exit_code,
         }
     };
-    let actor = format!("handler:{}", ctx.owner);
-    if let Some((sv, _)) = &sv {
-        events::append(
-            &mut *tx,
-            run_id,
-            "state_version_written",
-            &actor,
-            serde_json::json!({ "stateVersionId": sv.id, "generation": new_generation }),
-        )
-        .await
-        .map_err(store_err)?;
-        takosumi_store::activity::append(
-            &mut *tx,
-            run.workspace_id,
-            "state_version_written",
-            &sv.id.to_string(),
-            &actor,
-            serde_json::json!({ "capsuleId": capsule.id, "runId": run_id, "generation": new_generation }),
-        )
-        .await
-        .map_err(store_err)?;
-    }
-    if let Some(plan_run_id) = plan_run_id {
-        runs::clear_plan_object(&mut tx, plan_run_id)
-            .await
-            .map_err(store_err)?;
-        // The plan's sealed sensitive variables go with its plan file.
-        takosumi_store::bindings::forget_sensitive_vars(&mut *tx, plan_run_id)
-            .await
-            .map_err(store_err)?;
-    }
-    if applied.success() {
-        if !runs::record_apply(
-            &mut tx,
-            run_id,
-            &ctx.owner,
-            &outputs,
-            sv.as_ref().map(|(s, _)| s.id),
-            new_generation,
-        )
-        .await
-        .map_err(store_err)?
-        {
-            return Err(StepError::Internal("lease lost while applying".into()).into());
-        }
-        events::append(
-            &mut *tx,
-            run_id,
-            "applied",
-            &actor,
-            serde_json::json!({ "generation": new_generation }),
-        )
-        .await
-        .map_err(store_err)?;
-    } else if ctx.runner.interrupted() {
-        // Canceled mid-tool: the state the interrupted tool wrote is recorded above.
-        let detail = serde_json::json!({ "step": "apply", "exitCode": applied.exit_code,
-            "stateVersionId": sv.as_ref().map(|(s, _)| s.id) });
-        ctx.cancel_claimed_in(&mut tx, run_id, None, detail).await?;
-        sqlx_state_version(&mut tx, run_id, sv.as_ref().map(|(s, _)| s.id)).await?;
-    } else {
-        let message = if sv.is_some() {
-            "apply failed after changing state; a new StateVersion was recorded. Check the logs and the provider side before planning again"
-        } else {
-            "apply failed; check the run's logs, then plan again"
-        };
-        runs::fail(
-            &mut tx,
-            run_id,
-            Some(&ctx.owner),
-            FailureCode::ApplyFailed,
-            message,
-        )
-        .await
-        .map_err(store_err)?;
-        sqlx_state_version(&mut tx, run_id, sv.as_ref().map(|(s, _)| s.id)).await?;
-        events::append(
-            &mut *tx,
-            run_id,
-            "failed",
-            &actor,
-            serde_json::json!({ "code": FailureCode::ApplyFailed, "exitCode": applied.exit_code }),
-        )
-        .await
-        .map_err(store_err)?;
-    }
-    if let Some(next) = runs::next_waiting_apply(&mut tx, capsule.id)
-        .await
-        .map_err(store_err)?
-    {
-        outbox::enqueue(&mut tx, Topic::Apply, next)
-            .await
-            .map_err(store_err)?;
-    }
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
-    ctx.relay_wake.notify_one();
+    apply_commit::commit_apply(
+        ctx,
+        ApplyToCommit {
+            run,
+            owner: &ctx.owner,
+            capsule_id: capsule.id,
+            generation,
+            plan_run_id,
+            state_version: sv,
+            end,
+            event_extra: serde_json::Value::Null,
+        },
+    )
+    .await
+    .map_err(|e| match e {
+        ApplyCommitError::Step(e) => ApplyError::Step(e),
+        other => ApplyError::Step(StepError::Internal(other.to_string().into())),
+    })?;
     wd.close().map_err(runner_err)?;
     // A canceled apply committed its (canceled) result: that is done, not a failure.
     Ok(if applied.success() || ctx.runner.interrupted() {
@@ -617,19 +525,6 @@ async fn seal_state(
     bytes: &[u8],
 ) -> Result<(state_versions::StateVersion, i64), ApplyError> {
     unrecorded::seal_and_store_state(ctx, capsule_id, run_id, generation, bytes).await
-}
-
-async fn sqlx_state_version(
-    tx: &mut takosumi_store::Tx,
-    run_id: RunId,
-    sv: Option<StateVersionId>,
-) -> Result<(), ApplyError> {
-    if let Some(sv) = sv {
-        runs::set_state_version(tx, run_id, sv)
-            .await
-            .map_err(store_err)?;
-    }
-    Ok(())
 }
 
 /// The plan file is a secret: once its apply ends, the sealed copy goes too.

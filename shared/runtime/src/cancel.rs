@@ -51,36 +51,48 @@ impl Ctx {
         capsule_for_apply: Option<CapsuleId>,
         detail: serde_json::Value,
     ) -> Result<bool, StepError> {
-        let Some(canceled) = records::cancel_claimed(tx, run_id, &self.owner)
-            .await
-            .map_err(store_err)?
-        else {
-            return Ok(false);
-        };
-        if let Some(capsule_id) = capsule_for_apply {
-            takosumi_store::capsules::release_apply(tx, capsule_id, run_id)
-                .await
-                .map_err(store_err)?;
-            if let Some(next) = runs::next_waiting_apply(tx, capsule_id)
-                .await
-                .map_err(store_err)?
-            {
-                outbox::enqueue(tx, Topic::Apply, next)
-                    .await
-                    .map_err(store_err)?;
-            }
-        }
-        let actor = format!("handler:{}", self.owner);
-        let mut data = serde_json::json!({ "canceledBy": canceled.by, "whileRunning": true });
-        if let (Some(map), serde_json::Value::Object(extra)) = (data.as_object_mut(), detail) {
-            map.extend(extra);
-        }
-        events::append(&mut **tx, run_id, "canceled", &actor, data)
+        cancel_claimed_in(tx, &self.owner, run_id, capsule_for_apply, detail).await
+    }
+}
+
+/// Ends a Run `owner` holds the claim of `canceled`, inside the caller's transaction (see
+/// [`Ctx::cancel_claimed_in`]; the relay endpoints end a worker's Run through it too).
+pub async fn cancel_claimed_in(
+    tx: &mut Tx,
+    owner: &str,
+    run_id: RunId,
+    capsule_for_apply: Option<CapsuleId>,
+    detail: serde_json::Value,
+) -> Result<bool, StepError> {
+    let Some(canceled) = records::cancel_claimed(tx, run_id, owner)
+        .await
+        .map_err(store_err)?
+    else {
+        return Ok(false);
+    };
+    if let Some(capsule_id) = capsule_for_apply {
+        takosumi_store::capsules::release_apply(tx, capsule_id, run_id)
             .await
             .map_err(store_err)?;
-        record_activity(tx, canceled.workspace_id, run_id, &canceled.by).await?;
-        Ok(true)
+        if let Some(next) = runs::next_waiting_apply(tx, capsule_id)
+            .await
+            .map_err(store_err)?
+        {
+            outbox::enqueue(tx, Topic::Apply, next)
+                .await
+                .map_err(store_err)?;
+        }
     }
+    let actor = format!("handler:{owner}");
+    let mut data = serde_json::json!({ "canceledBy": canceled.by, "whileRunning": true });
+    if let (Some(map), serde_json::Value::Object(extra)) = (data.as_object_mut(), detail) {
+        map.extend(extra);
+    }
+    events::append(&mut **tx, run_id, "canceled", &actor, data)
+        .await
+        .map_err(store_err)?;
+    record_activity(tx, canceled.workspace_id, run_id, &canceled.by).await?;
+    Ok(true)
 }
 
 async fn record_activity(

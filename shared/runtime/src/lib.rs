@@ -4,6 +4,7 @@
 //! binary runs. It owns wiring only; the steps live in `functions/*`.
 #![deny(missing_docs)]
 
+pub mod apply_commit;
 mod cancel;
 mod ctx;
 pub mod dependencies;

@@ -1,0 +1,209 @@
+//! The apply commit, written once (issue 13): what an apply's tool run becomes on the
+//! control node, in one transaction — a new StateVersion with the generation
+//! compare-and-set when the tool changed the state (even if it failed), the plan's sealed
+//! plan and sensitive variables forgotten, the Run `applied`, `failed` or `canceled` with
+//! its event, the Capsule released, and the next waiting apply woken. The apply handler
+//! calls it for its own applies, the API's relay endpoint for a relay worker's (`owner` is
+//! the claim either way). Sealing the new state is the caller's (the control node retries
+//! and holds it in Postgres when storage refuses; see `functions/apply`).
+
+use serde_json::{Value, json};
+use takosumi_core::{CapsuleId, FailureCode, RunId, StepError, Topic};
+use takosumi_store::{capsules, events, outbox, runs, state_versions};
+
+use crate::Ctx;
+use crate::step::store_err;
+
+/// How the apply tool ended.
+#[derive(Debug, Clone)]
+pub enum ToolEnd {
+    /// It applied: the Run is `applied` with these public outputs.
+    Applied {
+        /// Published (non-sensitive, masked) outputs.
+        outputs: Value,
+    },
+    /// It failed with this exit code: the Run is `failed` (`apply_failed`).
+    Failed {
+        /// The tool's exit code.
+        exit_code: i32,
+    },
+    /// A cancel interrupted it: the Run is `canceled`; `detail` goes into the event.
+    Canceled {
+        /// Added to the `canceled` event.
+        detail: Value,
+    },
+}
+
+/// An apply's result, for [`commit_apply`].
+pub struct ApplyToCommit<'a> {
+    /// The apply Run.
+    pub run: &'a runs::Run,
+    /// The claim it was run under.
+    pub owner: &'a str,
+    /// Its Capsule.
+    pub capsule_id: CapsuleId,
+    /// The generation the plan saw (the claim checked it).
+    pub generation: i64,
+    /// The plan Run it carried out (`None`: a one-step apply).
+    pub plan_run_id: Option<RunId>,
+    /// The StateVersion of the state the tool left, already sealed and stored (`None`:
+    /// the state did not change), with its size.
+    pub state_version: Option<(state_versions::StateVersion, i64)>,
+    /// How the tool ended.
+    pub end: ToolEnd,
+    /// Added to the `applied` event (a relayed apply names its pool).
+    pub event_extra: Value,
+}
+
+/// Why the commit did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyCommitError {
+    /// `owner` no longer held the Run.
+    #[error("the lease was lost while applying")]
+    LeaseLost,
+    /// The Capsule's generation moved while this apply held it (a broken invariant).
+    #[error("the Capsule's generation moved while this apply held it")]
+    GenerationMoved,
+    /// The database failed.
+    #[error(transparent)]
+    Step(#[from] StepError),
+}
+
+/// Commits an apply (see the module documentation). Returns the Capsule's generation
+/// after it.
+pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyCommitError> {
+    let run_id = c.run.id;
+    let actor = format!("handler:{}", c.owner);
+    let sv_id = c.state_version.as_ref().map(|(s, _)| s.id);
+    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    let new_generation = match &c.state_version {
+        Some((sv, size)) => {
+            state_versions::insert(&mut tx, sv, *size)
+                .await
+                .map_err(store_err)?;
+            if !capsules::advance_generation(&mut tx, c.capsule_id, run_id, c.generation, sv.id)
+                .await
+                .map_err(store_err)?
+            {
+                return Err(ApplyCommitError::GenerationMoved);
+            }
+            let generation = c.generation + 1;
+            events::append(
+                &mut *tx,
+                run_id,
+                "state_version_written",
+                &actor,
+                json!({ "stateVersionId": sv.id, "generation": generation }),
+            )
+            .await
+            .map_err(store_err)?;
+            takosumi_store::activity::append(
+                &mut *tx,
+                c.run.workspace_id,
+                "state_version_written",
+                &sv.id.to_string(),
+                &actor,
+                json!({ "capsuleId": c.capsule_id, "runId": run_id, "generation": generation }),
+            )
+            .await
+            .map_err(store_err)?;
+            generation
+        }
+        None => {
+            capsules::release_apply(&mut tx, c.capsule_id, run_id)
+                .await
+                .map_err(store_err)?;
+            c.generation
+        }
+    };
+    if let Some(plan_run_id) = c.plan_run_id {
+        runs::clear_plan_object(&mut tx, plan_run_id)
+            .await
+            .map_err(store_err)?;
+        // The plan's sealed sensitive variables go with its plan file.
+        takosumi_store::bindings::forget_sensitive_vars(&mut *tx, plan_run_id)
+            .await
+            .map_err(store_err)?;
+    }
+    match &c.end {
+        ToolEnd::Applied { outputs } => {
+            if !runs::record_apply(&mut tx, run_id, c.owner, outputs, sv_id, new_generation)
+                .await
+                .map_err(store_err)?
+            {
+                return Err(ApplyCommitError::LeaseLost);
+            }
+            let mut data = json!({ "generation": new_generation });
+            if let (Some(d), Some(extra)) = (data.as_object_mut(), c.event_extra.as_object()) {
+                d.extend(extra.clone());
+            }
+            events::append(&mut *tx, run_id, "applied", &actor, data)
+                .await
+                .map_err(store_err)?;
+        }
+        ToolEnd::Canceled { detail } => {
+            // Canceled mid-tool: the state the interrupted tool wrote is recorded above.
+            let mut detail = detail.clone();
+            if let Some(d) = detail.as_object_mut() {
+                d.insert("stateVersionId".into(), json!(sv_id));
+            }
+            if !crate::cancel::cancel_claimed_in(&mut tx, c.owner, run_id, None, detail).await? {
+                return Err(ApplyCommitError::LeaseLost);
+            }
+            record_state_version(&mut tx, run_id, sv_id).await?;
+        }
+        ToolEnd::Failed { exit_code } => {
+            let message = if sv_id.is_some() {
+                "apply failed after changing state; a new StateVersion was recorded. Check the logs and the provider side before planning again"
+            } else {
+                "apply failed; check the run's logs, then plan again"
+            };
+            if !runs::fail(
+                &mut tx,
+                run_id,
+                Some(c.owner),
+                FailureCode::ApplyFailed,
+                message,
+            )
+            .await
+            .map_err(store_err)?
+            {
+                return Err(ApplyCommitError::LeaseLost);
+            }
+            record_state_version(&mut tx, run_id, sv_id).await?;
+            events::append(
+                &mut *tx,
+                run_id,
+                "failed",
+                &actor,
+                json!({ "code": FailureCode::ApplyFailed, "exitCode": exit_code }),
+            )
+            .await
+            .map_err(store_err)?;
+        }
+    }
+    if let Some(next) = runs::next_waiting_apply(&mut tx, c.capsule_id)
+        .await
+        .map_err(store_err)?
+    {
+        outbox::enqueue(&mut tx, Topic::Apply, next)
+            .await
+            .map_err(store_err)?;
+    }
+    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    ctx.relay_wake.notify_one();
+    Ok(new_generation)
+}
+
+async fn record_state_version(
+    tx: &mut takosumi_store::Tx,
+    run_id: RunId,
+    sv: Option<takosumi_core::StateVersionId>,
+) -> Result<(), StepError> {
+    if let Some(sv) = sv {
+        runs::set_state_version(tx, run_id, sv)
+            .await
+            .map_err(store_err)?;
+    }
+    Ok(())
+}
