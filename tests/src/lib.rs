@@ -801,3 +801,49 @@ pub fn spawn_relay(
         .kill_on_drop(true)
         .spawn()?)
 }
+
+/// A Capsule that drifts without a cloud: a `null_resource` whose trigger reads an
+/// out-of-band state file (`var.input_state`, written with [`watched_input`]); change that
+/// file and the next plan replaces the resource (terraform 1.0.3 has no `terraform_data`).
+pub const WATCHED_CONFIG: &str = r#"
+variable "input_state" { type = string }
+data "terraform_remote_state" "input" {
+  backend = "local"
+  config = { path = var.input_state }
+}
+resource "null_resource" "watched" {
+  triggers = { value = data.terraform_remote_state.input.outputs.value }
+}
+"#;
+
+/// The out-of-band state file [`WATCHED_CONFIG`] reads, with output `value`.
+pub fn watched_input(value: &str) -> String {
+    serde_json::json!({
+        "version": 4, "terraform_version": "1.0.3", "serial": 1, "lineage": "takosumi-test-input",
+        "outputs": { "value": { "value": value, "type": "string" } }, "resources": []
+    })
+    .to_string()
+}
+
+impl Stack {
+    /// Plans `capsule`, applies that plan, and returns both finished Runs, asserting the
+    /// plan `planned` and the apply `applied`.
+    pub async fn plan_and_apply(
+        &self,
+        capsule: takosumi_core::CapsuleId,
+    ) -> anyhow::Result<(takosumi_client::Run, takosumi_client::Run)> {
+        let plan = self.wait(self.client.plan(capsule, None).await?.id).await?;
+        anyhow::ensure!(
+            plan.status == takosumi_core::RunStatus::Planned,
+            "the plan did not plan: {plan:?}"
+        );
+        let apply = self
+            .wait(self.client.apply(plan.id, None).await?.id)
+            .await?;
+        anyhow::ensure!(
+            apply.status == takosumi_core::RunStatus::Applied,
+            "the apply did not apply: {apply:?}"
+        );
+        Ok((plan, apply))
+    }
+}

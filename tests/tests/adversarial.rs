@@ -12,7 +12,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, json};
 use takosumi_client::{NewCapsule, NewProviderBinding, Source};
-use takosumi_core::{RunStatus, WorkspaceId};
+use takosumi_core::WorkspaceId;
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::{GitRepo, Stack, keys_env, spawn_relay};
 
@@ -199,14 +199,7 @@ async fn hostile_run_in(
         assert_eq!(status, 200, "{v}");
     }
 
-    let plan = stack
-        .wait(stack.client.plan(capsule.id, None).await?.id)
-        .await?;
-    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
-    let apply = stack
-        .wait(stack.client.apply(plan.id, None).await?.id)
-        .await?;
-    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    let (plan, apply) = stack.plan_and_apply(capsule.id).await?;
     let log = stack.client.logs(apply.id).await?;
     assert!(
         log.contains("PROBE_DONE"),

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, RunStatus, WorkspaceId};
-use takosumi_tests::{GitRepo, Options, Stack, Steps};
+use takosumi_tests::{GitRepo, Options, Stack, Steps, WATCHED_CONFIG, watched_input};
 
 async fn workspace(stack: &Stack) -> anyhow::Result<WorkspaceId> {
     Ok(stack
@@ -42,25 +42,6 @@ async fn capsule(
     Ok(stack.client.create_capsule(ws, &req).await?)
 }
 
-const WATCHED: &str = r#"
-variable "input_state" { type = string }
-data "terraform_remote_state" "input" {
-  backend = "local"
-  config = { path = var.input_state }
-}
-resource "null_resource" "watched" {
-  triggers = { value = data.terraform_remote_state.input.outputs.value }
-}
-"#;
-
-fn input_state(value: &str) -> String {
-    json!({
-        "version": 4, "terraform_version": "1.0.3", "serial": 1, "lineage": "takosumi-test-input",
-        "outputs": { "value": { "value": value, "type": "string" } }, "resources": []
-    })
-    .to_string()
-}
-
 async fn drift_check(stack: &Stack, cap: &Capsule) -> anyhow::Result<takosumi_client::Run> {
     let (s, b) = stack
         .call(
@@ -82,8 +63,8 @@ async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> 
     let stack = Stack::start().await?;
     let dir = takosumi_tests::fixture_dir()?;
     let input = dir.path().join("input.tfstate");
-    std::fs::write(&input, input_state("a"))?;
-    let repo = GitRepo::new(&[("infra/watched/main.tf", WATCHED)])?;
+    std::fs::write(&input, watched_input("a"))?;
+    let repo = GitRepo::new(&[("infra/watched/main.tf", WATCHED_CONFIG)])?;
     let ws = workspace(&stack).await?;
     let cap = capsule(
         &stack,
@@ -122,7 +103,7 @@ async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> 
         .await?;
     assert_eq!((s, b["code"].as_str()), (409, Some("no_kept_plan")), "{b}");
 
-    std::fs::write(&input, input_state("b"))?;
+    std::fs::write(&input, watched_input("b"))?;
     let older = drift_check(&stack, &cap).await?;
     assert_eq!(older.drift, Some(true), "{older:?}");
     // The tool itself was asked (`-detailed-exitcode`; its exit code 2 is not a failure).
@@ -688,9 +669,9 @@ async fn pull_request_plans_are_speculative_and_scanned() -> anyhow::Result<()> 
 async fn drift_view_rolls_up_capsules_by_changed_resources() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
     let dir = takosumi_tests::fixture_dir()?;
-    let other_tf = WATCHED.replace("\"watched\"", "\"other\"");
+    let other_tf = WATCHED_CONFIG.replace("\"watched\"", "\"other\"");
     let repo = GitRepo::new(&[
-        ("infra/watched/main.tf", WATCHED),
+        ("infra/watched/main.tf", WATCHED_CONFIG),
         ("infra/other/main.tf", &other_tf),
     ])?;
     let ws = workspace(&stack).await?;
@@ -702,7 +683,7 @@ async fn drift_view_rolls_up_capsules_by_changed_resources() -> anyhow::Result<(
         ("clean", "infra/watched"),
     ] {
         let input = dir.path().join(format!("{name}.tfstate"));
-        std::fs::write(&input, input_state("1"))?;
+        std::fs::write(&input, watched_input("1"))?;
         let cap = capsule(
             &stack,
             ws,
@@ -723,7 +704,7 @@ async fn drift_view_rolls_up_capsules_by_changed_resources() -> anyhow::Result<(
         caps.push((cap, input));
     }
     for (_, input) in &caps[..3] {
-        std::fs::write(input, input_state("2"))?;
+        std::fs::write(input, watched_input("2"))?;
     }
     let (s, group) = stack
         .call(

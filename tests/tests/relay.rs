@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, RunStatus};
 use takosumi_seal::delivery::DeliveryKeyPair;
-use takosumi_tests::{GitRepo, Stack, keys_env, spawn_relay};
+use takosumi_tests::{GitRepo, Stack, WATCHED_CONFIG, keys_env, spawn_relay, watched_input};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -87,6 +87,44 @@ impl<'a> Admin<'a> {
         v
     }
 
+    /// Creates a credential set `name` with `env` in the Capsule's Workspace and attaches
+    /// it to the Capsule; returns the binding.
+    async fn credential(&self, cap: &Capsule, name: &str, env: Value) -> Value {
+        let (status, b) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/v1/workspaces/{}/provider-bindings", cap.workspace_id),
+                json!({ "name": name, "kind": "env", "env": env }),
+            )
+            .await;
+        assert_eq!(status, 201, "{b}");
+        let (status, v) = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/v1/capsules/{}/provider-bindings", cap.id),
+                json!({ "bindingId": b["id"] }),
+            )
+            .await;
+        assert!(status < 300, "{v}");
+        b
+    }
+
+    /// A new pool (prefix `prefix`) with `key`'s public half, the Capsule moved onto it;
+    /// returns (pool name, pool token).
+    async fn pool_for(
+        &self,
+        cap: &Capsule,
+        prefix: &str,
+        key: &DeliveryKeyPair,
+    ) -> (String, String) {
+        let pool = uniq(prefix);
+        let token = self
+            .pool(&cap.workspace_id.to_string(), &pool, Some(key))
+            .await;
+        self.set_pool(cap, Some(&pool)).await;
+        (pool, token)
+    }
+
     async fn set_pool(&self, cap: &Capsule, pool: Option<&str>) {
         let (status, v) = self
             .call(
@@ -155,29 +193,12 @@ async fn a_relay_worker_plans_and_applies_a_pool_capsule() -> anyhow::Result<()>
     let admin = Admin::new(&stack);
     let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
     let key = DeliveryKeyPair::generate("k1")?;
-    let pool = uniq("edge");
-    let token = admin
-        .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
-        .await;
-    admin.set_pool(&cap, Some(&pool)).await;
+    let (pool, token) = admin.pool_for(&cap, "edge", &key).await;
     // A credential: delivered sealed to the pool, injected, never shown.
     let canary = format!("relay-canary-{}", uuid::Uuid::new_v4().simple());
-    let (status, b) = admin
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/v1/workspaces/{}/provider-bindings", cap.workspace_id),
-            json!({ "name": "cloud", "kind": "env", "env": { "CLOUD_SECRET": canary } }),
-        )
+    admin
+        .credential(&cap, "cloud", json!({ "CLOUD_SECRET": canary }))
         .await;
-    assert_eq!(status, 201, "{b}");
-    let (status, v) = admin
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/v1/capsules/{}/provider-bindings", cap.id),
-            json!({ "bindingId": b["id"] }),
-        )
-        .await;
-    assert!(status < 300, "{v}");
     let work = tempfile::tempdir()?;
     let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
 
@@ -682,28 +703,11 @@ async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Res
     let admin = Admin::new(&stack);
     let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
     let key = DeliveryKeyPair::generate("k1")?;
-    let pool = uniq("edge");
-    let token = admin
-        .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
-        .await;
-    admin.set_pool(&cap, Some(&pool)).await;
+    let (pool, token) = admin.pool_for(&cap, "edge", &key).await;
     let canary = format!("boundary-canary-{}", uuid::Uuid::new_v4().simple());
-    let (status, b) = admin
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/v1/workspaces/{}/provider-bindings", cap.workspace_id),
-            json!({ "name": "cloud", "kind": "env", "env": { "CLOUD_SECRET": canary } }),
-        )
+    admin
+        .credential(&cap, "cloud", json!({ "CLOUD_SECRET": canary }))
         .await;
-    assert_eq!(status, 201, "{b}");
-    let (status, v) = admin
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/v1/capsules/{}/provider-bindings", cap.id),
-            json!({ "bindingId": b["id"] }),
-        )
-        .await;
-    assert!(status < 300, "{v}");
 
     let plan = stack.client.plan(cap.id, None).await?;
     let http = reqwest::Client::new();
@@ -834,32 +838,12 @@ async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Res
     stack.stop().await
 }
 
-const WATCHED: &str = r#"
-variable "region" { type = string }
-variable "input_state" { type = string }
-data "terraform_remote_state" "input" {
-  backend = "local"
-  config = { path = var.input_state }
-}
-resource "null_resource" "watched" {
-  triggers = { value = data.terraform_remote_state.input.outputs.value }
-}
-"#;
-
 const ACTING: &str = r#"
 variable "region" { type = string }
 data "external" "lookup" {
   program = ["sh", "-c", "echo {}"]
 }
 "#;
-
-fn input_state(value: &str) -> String {
-    json!({
-        "version": 4, "terraform_version": "1.0.3", "serial": 1, "lineage": "takosumi-relay-input",
-        "outputs": { "value": { "value": value, "type": "string" } }, "resources": []
-    })
-    .to_string()
-}
 
 /// Kinds of a Run's events, in order, without the handler-only ones that name where it ran.
 async fn event_kinds(stack: &Stack, run: RunId) -> Vec<String> {
@@ -911,11 +895,10 @@ async fn the_control_node_and_a_relay_worker_keep_the_same_record() -> anyhow::R
         } else {
             "node.tfstate"
         });
-        std::fs::write(&input, input_state("a"))?;
-        let repo = GitRepo::new(&[("infra/main.tf", WATCHED)])?;
+        std::fs::write(&input, watched_input("a"))?;
+        let repo = GitRepo::new(&[("infra/main.tf", WATCHED_CONFIG)])?;
         let ws = stack.client.create_workspace(&uniq("ws")).await?;
         let mut vars = Map::new();
-        vars.insert("region".into(), json!("eu"));
         vars.insert("input_state".into(), json!(input.display().to_string()));
         let cap = stack
             .client
@@ -970,7 +953,7 @@ async fn the_control_node_and_a_relay_worker_keep_the_same_record() -> anyhow::R
             .wait(stack.client.drift_check(cap.id).await?.id)
             .await?;
         assert_eq!(clean.drift, Some(false), "{clean:?}");
-        std::fs::write(&input, input_state("b"))?;
+        std::fs::write(&input, watched_input("b"))?;
         let drifted = stack
             .wait(stack.client.drift_check(cap.id).await?.id)
             .await?;
