@@ -617,3 +617,114 @@ async fn poison_messages_are_dead_lettered_and_visible() -> anyhow::Result<()> {
     );
     stack.stop().await
 }
+
+/// Host pids of processes whose command line is exactly `argv`.
+fn processes_exactly(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want)
+                })
+                .filter(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                        !s.rsplit(')')
+                            .next()
+                            .unwrap_or("")
+                            .trim_start()
+                            .starts_with('Z')
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The sandbox's promise under a hard crash: an apply handler SIGKILLed while its tool
+/// runs a provisioner takes the tool and everything it started with it (bubblewrap's
+/// `--die-with-parent` and the pid namespace), and the next apply handler that starts
+/// removes the dead one's Run directory. The apply ends `unknown_outcome`, never re-applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_killed_mid_apply_leaves_no_tool_and_no_run_directory() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps {
+            api: true,
+            plan: true,
+            gate: true,
+            apply: false,
+        },
+        lease_secs: 3,
+    })
+    .await?;
+    let marker = "61.2468";
+    let config = format!(
+        "resource \"null_resource\" \"slow\" {{\n  provisioner \"local-exec\" {{\n    command = \"sleep {marker}\"\n  }}\n}}\n"
+    );
+    let repo = GitRepo::new(&[("infra/network/main.tf", &config)])?;
+    let capsule = register(&stack, &repo, json!({})).await?;
+    let plan = stack
+        .wait(stack.client.plan(capsule.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let mut handler = stack.spawn_process("apply")?;
+    let apply = stack.client.apply(plan.id, None).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while processes_exactly(&["sleep", marker]).is_empty() {
+        assert!(Instant::now() < deadline, "the provisioner never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let runs_dir = std::path::PathBuf::from(&stack.env_vars()["TAKOSUMI_WORK_DIR"]);
+    let run_dirs = || -> Vec<String> {
+        std::fs::read_dir(&runs_dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                    .filter(|n| n.starts_with(&apply.id.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        run_dirs().len(),
+        1,
+        "the apply's run directory exists while it runs"
+    );
+
+    handler.kill().await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_exactly(&["sleep", marker]).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the tool's provisioner outlived its SIGKILLed handler"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        run_dirs().len(),
+        1,
+        "nothing removed the dead handler's directory yet"
+    );
+
+    // The next apply handler removes it when it starts; the reaper ends the apply.
+    let mut next = stack.spawn_process("apply")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !run_dirs().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted handler left the dead one's run directory: {:?}",
+            run_dirs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let done = stack.wait(apply.id).await?;
+    assert_eq!(done.status, RunStatus::UnknownOutcome, "{done:?}");
+    assert_eq!(stack.tool_count("apply"), 1, "the apply ran again");
+    next.kill().await?;
+    record("faults", "handlers SIGKILLed mid-apply, nothing left", 1);
+    stack.stop().await
+}
