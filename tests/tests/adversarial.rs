@@ -29,6 +29,7 @@ echo "PROBE_PROCS=$(ls /proc | grep -c '^[0-9]')"
 for target in /var/tmp/pwned /etc/pwned /usr/pwned "$HOME/../../pwned-parent"; do
   if (echo x > "$target") 2>/dev/null; then echo "PROBE_WROTE $target"; fi
 done
+echo "PROBE_S3=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8014/)"
 echo "PROBE_GUEST=$(curl -s -o /dev/null -w '%{http_code}' -u guest:guest http://127.0.0.1:15672/api/overview)"
 if PGPASSWORD=takosumi psql -h 127.0.0.1 -U takosumi -d postgres -tAc 'select 1' >/dev/null 2>&1; then echo PROBE_PG_OPEN; fi
 (setsid sleep 25.1357 >/dev/null 2>&1 &)
@@ -276,6 +277,12 @@ async fn hostile_run_in(
     }
     // Loopback is shared, so the stack's services must not take well-known passwords.
     assert_ne!(field("PROBE_GUEST"), "200", "RabbitMQ accepted guest/guest");
+    // The S3 server answers, but lists nothing without the secret the sandbox never sees.
+    let s3 = field("PROBE_S3");
+    assert!(
+        s3 != "200" && s3 != "000",
+        "S3 from the sandbox answered {s3}"
+    );
     assert!(
         !log.contains("PROBE_PG_OPEN"),
         "Postgres accepted a well-known password"

@@ -71,6 +71,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn secret_settings_come_from_the_variable_or_its_file() {
+        let dir = std::env::temp_dir().join(format!("takosumi-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("seal");
+        std::fs::write(&file, "canary-file-value\n").unwrap();
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "").unwrap();
+        let vars = |pairs: &[(&str, &str)]| -> std::collections::HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let path = file.display().to_string();
+        assert_eq!(
+            read_secret(&vars(&[("K", "direct")]), "K"),
+            Ok(Some("direct".into()))
+        );
+        assert_eq!(
+            read_secret(&vars(&[("K_FILE", &path)]), "K"),
+            Ok(Some("canary-file-value".into())),
+            "one trailing newline is dropped"
+        );
+        assert_eq!(read_secret(&vars(&[]), "K"), Ok(None));
+        let both = read_secret(&vars(&[("K", "x"), ("K_FILE", &path)]), "K").unwrap_err();
+        assert!(both.contains("both set"), "{both}");
+        let missing = read_secret(&vars(&[("K_FILE", "/nonexistent/k")]), "K").unwrap_err();
+        assert!(
+            missing.contains("K_FILE") && missing.contains("cannot be read"),
+            "{missing}"
+        );
+        let empty = read_secret(&vars(&[("K_FILE", &empty.display().to_string())]), "K");
+        assert!(empty.unwrap_err().contains("is empty"));
+        // An error names the setting and the file, never a value.
+        assert!(!both.contains("canary") && !missing.contains("canary"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn secrets_never_print() {
         let s = Secret::new(String::from("canary-7d1f"));
         assert!(!format!("{s:?} {s}").contains("canary"));

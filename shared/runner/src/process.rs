@@ -434,3 +434,47 @@ async fn read_stream<R: AsyncRead + Unpin>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_over_long_line_is_cut_and_says_so() {
+        let long = [b'x'; 200];
+        let input = [&long[..], b"\nshort\n", b"tail-without-newline"].concat();
+        let mut reader = tokio::io::BufReader::with_capacity(16, &input[..]);
+        let mut line = Vec::new();
+        let n = read_line_capped(&mut reader, &mut line, 50).await.unwrap();
+        assert_eq!(n, 201, "the whole line is consumed");
+        assert!(line.starts_with(&[b'x'; 50]));
+        assert!(
+            line.ends_with(LINE_CUT_MARK),
+            "{}",
+            String::from_utf8_lossy(&line)
+        );
+        assert_eq!(line.len(), 50 + LINE_CUT_MARK.len());
+        line.clear();
+        read_line_capped(&mut reader, &mut line, 50).await.unwrap();
+        assert_eq!(line, b"short\n");
+        line.clear();
+        read_line_capped(&mut reader, &mut line, 50).await.unwrap();
+        assert_eq!(line, b"tail-without-newline");
+        line.clear();
+        assert_eq!(
+            read_line_capped(&mut reader, &mut line, 50).await.unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_capped_log_states_its_cap() {
+        let mut sink = Sink::default();
+        sink.log(&"y".repeat(MAX_LOG_BYTES - 10));
+        sink.log(&"z".repeat(100));
+        sink.log("more");
+        assert!(sink.output.ends_with(TRUNCATED_MARK));
+        assert!(TRUNCATED_MARK.contains("16 MiB"));
+        assert!(sink.output.len() <= MAX_LOG_BYTES + TRUNCATED_MARK.len());
+    }
+}

@@ -403,6 +403,28 @@ mod tests {
         assert!(cli_config_paths(&dir.path().join("missing")).is_empty());
     }
 
+    #[tokio::test]
+    async fn a_runner_without_a_working_sandbox_refuses_to_start_unless_told_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = SandboxConfig {
+            bwrap_bin: "/nonexistent/bwrap".into(),
+            ..SandboxConfig::default()
+        };
+        let err = missing.check(dir.path()).await.unwrap_err();
+        assert!(matches!(err, RunnerError::SandboxUnavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("install bubblewrap"), "{err}");
+        // `none` is an explicit choice: nothing to check.
+        let none = SandboxConfig {
+            mode: SandboxMode::None,
+            ..missing
+        };
+        none.check(dir.path()).await.unwrap();
+        // Where bubblewrap is installed (CI installs it), the real probe passes.
+        if std::path::Path::new("/usr/bin/bwrap").exists() {
+            SandboxConfig::default().check(dir.path()).await.unwrap();
+        }
+    }
+
     #[test]
     fn only_the_run_directory_is_writable() {
         let cfg = SandboxConfig {
