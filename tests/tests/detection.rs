@@ -172,8 +172,8 @@ async fn concurrent_sweeps_enqueue_each_capsule_once() -> anyhow::Result<()> {
     let repo = GitRepo::with_example("network")?;
     let ws = workspace(&stack).await?;
     let n = 40;
-    for i in 0..n {
-        capsule(
+    for i in 0..n + 5 {
+        let c = capsule(
             &stack,
             ws,
             &format!("c{i}"),
@@ -183,6 +183,11 @@ async fn concurrent_sweeps_enqueue_each_capsule_once() -> anyhow::Result<()> {
             json!({ "region": "eu" }),
         )
         .await?;
+        // The first n were applied (seeded, as this stack runs no tool); five never were,
+        // and the sweep leaves those out.
+        if i < n {
+            seed_applied(&stack, ws, c.id).await?;
+        }
     }
     let (s, b) = stack
         .call(
@@ -198,17 +203,68 @@ async fn concurrent_sweeps_enqueue_each_capsule_once() -> anyhow::Result<()> {
         takosumi_sweep::sweep_once(&other)
     );
     assert_eq!(a? + b?, n);
-    let per_capsule: Vec<i64> = sqlx::query_scalar("SELECT count(*) FROM runs GROUP BY capsule_id")
-        .fetch_all(&stack.ctx.pool)
-        .await?;
+    let per_capsule: Vec<i64> = sqlx::query_scalar(
+        "SELECT count(*) FROM runs WHERE actor_id = 'sweep' GROUP BY capsule_id",
+    )
+    .fetch_all(&stack.ctx.pool)
+    .await?;
     assert_eq!(per_capsule.len() as i64, n);
     assert!(per_capsule.iter().all(|c| *c == 1), "{per_capsule:?}");
-    let kinds: Vec<String> = sqlx::query_scalar("SELECT DISTINCT kind::text FROM runs")
-        .fetch_all(&stack.ctx.pool)
-        .await?;
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT kind::text FROM runs WHERE actor_id = 'sweep'")
+            .fetch_all(&stack.ctx.pool)
+            .await?;
     assert_eq!(kinds, vec!["drift_check".to_owned()]);
+    let others: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM runs WHERE actor_id <> 'sweep' AND actor_id <> 'seeded'",
+    )
+    .fetch_one(&stack.ctx.pool)
+    .await?;
+    assert_eq!(
+        others, 0,
+        "the sweep created a Run that is not a drift check"
+    );
     assert_eq!(takosumi_sweep::sweep_once(&stack.ctx).await?, 0);
     stack.stop().await
+}
+
+/// Records `capsule` as applied at some commit (an applied Run and its StateVersion), for a
+/// stack that runs no tool.
+async fn seed_applied(
+    stack: &Stack,
+    ws: WorkspaceId,
+    capsule: takosumi_core::CapsuleId,
+) -> anyhow::Result<()> {
+    let run = uuid::Uuid::new_v4();
+    let sv = uuid::Uuid::new_v4();
+    let mut tx = stack.ctx.pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO runs (id, kind, status, workspace_id, capsule_id, actor_kind, actor_id, source_commit)
+         VALUES ($1, 'apply', 'applied', $2, $3, 'system', 'seeded', 'abcdef0123456789')",
+    )
+    .bind(run)
+    .bind(ws.as_uuid())
+    .bind(capsule.as_uuid())
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO state_versions (id, capsule_id, generation, run_id, object_key, digest, size_bytes)
+         VALUES ($1, $2, 1, $3, 'seeded', 'sha256:seeded', 0)",
+    )
+    .bind(sv)
+    .bind(capsule.as_uuid())
+    .bind(run)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE capsules SET current_state_version_id = $2, state_generation = 1 WHERE id = $1",
+    )
+    .bind(capsule.as_uuid())
+    .bind(sv)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 fn sign(secret: &str, body: &[u8]) -> String {
@@ -793,6 +849,9 @@ async fn agent_drift_checks_and_plan_updates_are_held_before_planning() -> anyho
         json!({ "region": "eu" }),
     )
     .await?;
+    // applied once, so a drift check has something to compare with
+    stack.plan_and_apply(cap.id).await?;
+    let plans_before = stack.tool_count("plan");
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
     let agent = format!("tks_agent_{suffix}");
     let approver = format!("tks_human_{suffix}");
@@ -840,7 +899,7 @@ async fn agent_drift_checks_and_plan_updates_are_held_before_planning() -> anyho
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
     assert_eq!(
         stack.tool_count("plan"),
-        0,
+        plans_before,
         "an agent's Run planned before a person released it"
     );
     for (_, run) in &group_runs {
@@ -885,5 +944,170 @@ async fn agent_drift_checks_and_plan_updates_are_held_before_planning() -> anyho
             .await?;
         assert_eq!(run.status, RunStatus::Planned, "{run:?}");
     }
+    stack.stop().await
+}
+
+/// Drift is reality against what was applied (issue 14), exactly as a user meets it: apply
+/// at commit A, push commit B (the Capsule goes `stale`), check: the check plans A, not B,
+/// finds no drift and records that it checked A; the Capsule is stale and not drifted.
+/// Reality then moves out of band: the check, still at A, reports only that; the reconcile
+/// carries out exactly that check's plan and B is never applied. A Capsule never applied
+/// is refused (409 `not_applied`, nothing created), skipped by a Workspace check and left
+/// out by the sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drift_checks_compare_reality_with_the_applied_commit() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let dir = takosumi_tests::fixture_dir()?;
+    let input = dir.path().join("input.tfstate");
+    std::fs::write(&input, watched_input("a"))?;
+    let repo = GitRepo::new(&[("infra/watched/main.tf", WATCHED_CONFIG)])?;
+    let ws = workspace(&stack).await?;
+    let vars = json!({ "input_state": input.display().to_string() });
+    let cap = capsule(
+        &stack,
+        ws,
+        "watched",
+        &repo.url(),
+        "main",
+        "infra/watched",
+        vars.clone(),
+    )
+    .await?;
+    let never = capsule(
+        &stack,
+        ws,
+        "never-applied",
+        &repo.url(),
+        "main",
+        "infra/watched",
+        vars,
+    )
+    .await?;
+
+    let runs_before: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/capsules/{}/drift-check", never.id),
+            json!({}),
+        )
+        .await?;
+    assert_eq!((s, b["code"].as_str()), (409, Some("not_applied")), "{b}");
+    assert!(
+        b["message"].as_str().unwrap().contains("apply it first"),
+        "{b}"
+    );
+    let runs_after: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    assert_eq!(runs_before, runs_after, "a refused check created a Run");
+
+    let (_, applied) = stack.plan_and_apply(cap.id).await?;
+    let commit_a = applied.source_snapshot.clone().unwrap().commit;
+
+    // Commit B adds a resource nobody applied; a signed push marks the Capsule stale.
+    let with_b = format!("{WATCHED_CONFIG}\nresource \"null_resource\" \"added_in_b\" {{}}\n");
+    let commit_b = repo.commit(&[("infra/watched/main.tf", &with_b)], "B")?;
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/webhook-secret"),
+            json!({}),
+        )
+        .await?;
+    assert_eq!(s, 201, "{b}");
+    let secret = b["secret"].as_str().unwrap().to_owned();
+    let event = json!({ "ref": "refs/heads/main", "after": commit_b, "repository": { "clone_url": format!("{}.git", repo.url()) } });
+    let (s, b) = push(
+        &stack,
+        ws,
+        &sign(&secret, &serde_json::to_vec(&event)?),
+        &event,
+    )
+    .await?;
+    assert_eq!(s, 202, "{b}");
+    let shown = stack.client.get_capsule(cap.id).await?;
+    assert_eq!((shown.status.as_str(), shown.stale), ("stale", true));
+
+    let clean = drift_check(&stack, &cap).await?;
+    assert_eq!(
+        (clean.status, clean.drift),
+        (RunStatus::Planned, Some(false)),
+        "B's new resource is not drift: {clean:?}"
+    );
+    let checked = clean.source_snapshot.clone().unwrap().commit;
+    assert_eq!(checked, commit_a, "the check planned the applied commit");
+    assert_ne!(checked, commit_b);
+    let shown = stack.client.get_capsule(cap.id).await?;
+    assert!(shown.stale && !shown.drifted, "{shown:?}");
+
+    std::fs::write(&input, watched_input("b"))?;
+    let drifted = drift_check(&stack, &cap).await?;
+    assert_eq!(drifted.drift, Some(true), "{drifted:?}");
+    assert_eq!(drifted.source_snapshot.clone().unwrap().commit, commit_a);
+    let c = drifted.changes.clone().unwrap();
+    assert_eq!(
+        (c.add, c.change, c.destroy),
+        (1, 0, 1),
+        "only the out-of-band change (the watched resource replaced), not B's addition"
+    );
+    let shown = stack.client.get_capsule(cap.id).await?;
+    assert!(shown.stale && shown.drifted, "{shown:?}");
+
+    let reconcile = stack
+        .wait(stack.client.apply(drifted.id, None).await?.id)
+        .await?;
+    assert_eq!(reconcile.status, RunStatus::Applied, "{reconcile:?}");
+    assert_eq!(reconcile.plan_digest, drifted.plan_digest);
+    assert_eq!(reconcile.source_snapshot.clone().unwrap().commit, commit_a);
+    let after = drift_check(&stack, &cap).await?;
+    assert_eq!(after.drift, Some(false), "{after:?}");
+    // B was never applied: planning the branch now still adds B's resource.
+    let plan_b = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan_b.source_snapshot.clone().unwrap().commit, commit_b);
+    assert_eq!(plan_b.changes.clone().unwrap().add, 1, "{plan_b:?}");
+
+    // The sweep checks only what was applied; a Workspace check skips the rest and says so.
+    let (s, b) = stack
+        .call(
+            "PATCH",
+            &format!("/api/v1/workspaces/{ws}/settings"),
+            json!({ "driftIntervalSecs": 3600 }),
+        )
+        .await?;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(takosumi_sweep::sweep_once(&stack.ctx).await?, 1);
+    let swept: Vec<uuid::Uuid> = sqlx::query_scalar(
+        "SELECT capsule_id FROM runs WHERE actor_id = 'sweep' AND kind = 'drift_check'",
+    )
+    .fetch_all(&stack.ctx.pool)
+    .await?;
+    assert_eq!(swept, vec![cap.id.as_uuid()]);
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/drift-check"),
+            json!({}),
+        )
+        .await?;
+    assert_eq!(s, 202, "{b}");
+    assert_eq!(b["runIds"].as_array().unwrap().len(), 1, "{b}");
+    assert_eq!(
+        b["skipped"],
+        json!([{ "capsuleId": never.id, "code": "not_applied" }])
+    );
+    let group_run: RunId = b["runIds"][0].as_str().unwrap().parse()?;
+    assert_eq!(stack.wait(group_run).await?.drift, Some(false));
+    let sweep_run: RunId = sqlx::query_scalar::<_, uuid::Uuid>(
+        "SELECT id FROM runs WHERE actor_id = 'sweep' AND kind = 'drift_check'",
+    )
+    .fetch_one(&stack.ctx.pool)
+    .await
+    .map(RunId::from_uuid)?;
+    stack.wait(sweep_run).await?;
     stack.stop().await
 }

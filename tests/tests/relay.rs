@@ -313,9 +313,8 @@ async fn a_pool_without_a_delivery_key_cannot_run_a_gated_apply() -> anyhow::Res
 }
 
 /// A plan file over 19 MiB does not cross the relay: a real plan that large fails
-/// `plan_too_large` with its size and the limit in the message and proposes nothing, a
-/// drift check of it keeps no plan and says no reconcile can be proposed;
-/// at the boundary the control node takes exactly 19 MiB and refuses 19 MiB + 1 byte.
+/// `plan_too_large` with its size and the limit in the message and proposes nothing; at
+/// the boundary the control node takes exactly 19 MiB and refuses 19 MiB + 1 byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plan_over_19_mib_is_refused_at_the_relay() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
@@ -382,24 +381,6 @@ async fn a_plan_over_19_mib_is_refused_at_the_relay() -> anyhow::Result<()> {
         )
         .await;
     assert_eq!(status, 409, "no apply is proposed from it: {v}");
-    // A drift check of it keeps no plan and says a reconcile cannot be proposed.
-    let check = stack.client.drift_check(cap.id).await?;
-    let check = stack.wait(check.id).await?;
-    assert_eq!(check.status, RunStatus::Failed, "{check:?}");
-    let error = check.error.clone().expect("error");
-    assert_eq!(error.code, "plan_too_large");
-    assert!(
-        error
-            .message
-            .contains("keeps no plan, so a reconcile cannot be proposed"),
-        "{}",
-        error.message
-    );
-    let kept: Option<String> = sqlx::query_scalar("SELECT plan_object_key FROM runs WHERE id = $1")
-        .bind(check.id.as_uuid())
-        .fetch_one(&stack.ctx.pool)
-        .await?;
-    assert!(kept.is_none());
     worker.kill().await?;
 
     // The boundary, measured by the control node itself: a worker (this test, with the
@@ -441,6 +422,152 @@ async fn a_plan_over_19_mib_is_refused_at_the_relay() -> anyhow::Result<()> {
                 .error_for_status()?;
         }
     }
+    stack.stop().await
+}
+
+/// Sixteen resources whose triggers are read from an out-of-band state file: the input a
+/// drift check can make arbitrarily large without the configuration changing (each value
+/// stays under the provider protocol's 4 MiB message limit).
+const CHUNKS_CONFIG: &str = r#"
+variable "input_state" { type = string }
+data "terraform_remote_state" "input" {
+  backend = "local"
+  config = { path = var.input_state }
+}
+resource "null_resource" "chunk" {
+  count    = 16
+  triggers = { value = data.terraform_remote_state.input.outputs.chunks[count.index] }
+}
+"#;
+
+/// The input [`CHUNKS_CONFIG`] reads: sixteen strings of `len` random base64 characters.
+fn chunks_input(len: usize) -> String {
+    use sha2::Digest;
+    let mut block = [0u8; 32];
+    let chunks: Vec<String> = (0u64..16)
+        .map(|c| {
+            let mut raw = Vec::with_capacity(len);
+            let mut i = 0u64;
+            while raw.len() * 4 / 3 < len {
+                block =
+                    sha2::Sha256::digest([&block[..], &c.to_le_bytes(), &i.to_le_bytes()].concat())
+                        .into();
+                raw.extend_from_slice(&block);
+                i += 1;
+            }
+            let mut text = B64.encode(&raw);
+            text.truncate(len);
+            text
+        })
+        .collect();
+    json!({
+        "version": 4, "terraform_version": "1.0.3", "serial": 1, "lineage": "takosumi-test-chunks",
+        "outputs": { "chunks": { "value": chunks, "type": ["list", "string"] } }, "resources": []
+    })
+    .to_string()
+}
+
+/// The seed: "a drift check keeps no plan and says a reconcile cannot be proposed from it"
+/// when its plan file is over the relay limit, and it still reports its drift. Applied on
+/// a pool, reality moves out of band twice: the first check keeps its plan; the second,
+/// whose plan is about 24 MB, reports `drift: true` with its changes, keeps no plan, drops
+/// the first check's kept plan, and a reconcile from either is refused with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oversized_relayed_drift_check_reports_drift_and_keeps_no_plan() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let dir = takosumi_tests::fixture_dir()?;
+    let input = dir.path().join("chunks.tfstate");
+    std::fs::write(&input, chunks_input(1))?;
+    let repo = GitRepo::new(&[("infra/main.tf", CHUNKS_CONFIG)])?;
+    let ws = stack.client.create_workspace(&uniq("ws")).await?;
+    let cap = stack
+        .client
+        .create_capsule(
+            ws.id,
+            &NewCapsule {
+                name: "chunks".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra".into(),
+                tool: "terraform".into(),
+                vars: json!({ "input_state": input.display().to_string() })
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+            },
+        )
+        .await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let pool = uniq("chunks");
+    let token = admin.pool(&ws.id.to_string(), &pool, Some(&key)).await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+    stack.plan_and_apply(cap.id).await?;
+
+    std::fs::write(&input, chunks_input(2))?;
+    let kept = stack
+        .wait(stack.client.drift_check(cap.id).await?.id)
+        .await?;
+    assert_eq!(
+        (kept.status, kept.drift),
+        (RunStatus::Planned, Some(true)),
+        "{kept:?}"
+    );
+    assert!(kept.plan_digest.is_some(), "a small check keeps its plan");
+
+    std::fs::write(&input, chunks_input(1_000_000))?;
+    let big = stack
+        .wait(stack.client.drift_check(cap.id).await?.id)
+        .await?;
+    assert_eq!(
+        (big.status, big.drift),
+        (RunStatus::Planned, Some(true)),
+        "{big:?}"
+    );
+    let c = big.changes.clone().unwrap();
+    assert_eq!((c.add, c.change, c.destroy), (16, 0, 16));
+    assert!(big.plan_digest.is_none(), "{big:?}");
+    let keys: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT plan_object_key FROM runs WHERE id = ANY($1) ORDER BY created_at",
+    )
+    .bind(vec![kept.id.as_uuid(), big.id.as_uuid()])
+    .fetch_all(&stack.ctx.pool)
+    .await?;
+    assert_eq!(keys, vec![None, None], "neither check keeps a plan now");
+    let events = stack.client.events(big.id).await?;
+    let planned = events
+        .iter()
+        .find(|e| e.kind == "planned")
+        .expect("planned");
+    let why = planned.data["planNotKept"]
+        .as_str()
+        .expect("the reason is recorded");
+    assert!(why.contains("19922944-byte (19 MiB) limit"), "{why}");
+    assert!(why.contains("a reconcile cannot be proposed"), "{why}");
+    for (check, says) in [
+        (big.id, "too large to cross the relay"),
+        (kept.id, "replaced it"),
+    ] {
+        let (status, v) = admin
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/v1/runs/{check}/apply"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (409, Some("no_kept_plan")),
+            "{v}"
+        );
+        assert!(v["message"].as_str().unwrap().contains(says), "{v}");
+    }
+    assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 1);
+    worker.kill().await?;
     stack.stop().await
 }
 

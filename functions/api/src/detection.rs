@@ -602,6 +602,15 @@ async fn capsule_drift_check(
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = load_capsule(&st, &caller, &cap).await?;
     caller.require(Action::Submit, Some(capsule.workspace_id))?;
+    // Reality is compared with what was applied; a Capsule never applied (or destroyed)
+    // has nothing to drift from, and planning its branch instead would report changes
+    // nobody applied.
+    if !has_baseline(&st, capsule.id).await? {
+        return Err(ApiError::conflict(
+            "not_applied",
+            format!("Capsule {}: {}", capsule.id, detection::NOT_APPLIED),
+        ));
+    }
     let hold_for = agent_to_hold(&st, &caller, &capsule).await?;
     let mut tx = st.pool.begin().await?;
     let start = Start {
@@ -623,6 +632,12 @@ async fn capsule_drift_check(
     Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
 }
 
+async fn has_baseline(st: &AppState, capsule: CapsuleId) -> Result<bool, ApiError> {
+    Ok(detection::applied_baseline(&st.pool, capsule)
+        .await?
+        .is_some_and(|b| !b.destroyed))
+}
+
 async fn start_group(
     st: &AppState,
     caller: &Caller,
@@ -640,10 +655,15 @@ async fn start_group(
     let mut tx = st.pool.begin().await?;
     let group = detection::create_group(&mut tx, ws, group_kind, &caller.actor()).await?;
     let mut created = Vec::new();
+    let mut skipped = Vec::new();
     for id in ids {
         let Some(capsule) = capsules::get(&mut *tx, id).await? else {
             continue;
         };
+        if kind == RunKind::DriftCheck && !has_baseline(st, capsule.id).await? {
+            skipped.push(json!({ "capsuleId": capsule.id, "code": "not_applied" }));
+            continue;
+        }
         let hold_for = agent_to_hold(st, caller, &capsule).await?;
         let start = Start {
             kind,
@@ -661,7 +681,9 @@ async fn start_group(
     st.relay_wake.notify_one();
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "id": group, "workspaceId": ws, "kind": group_kind, "runIds": created })),
+        Json(
+            json!({ "id": group, "workspaceId": ws, "kind": group_kind, "runIds": created, "skipped": skipped }),
+        ),
     ))
 }
 

@@ -38,7 +38,7 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, StateVersionId, Topic};
+use takosumi_core::{CapsuleId, FailureCode, RunId, RunKind, RunStatus, StateVersionId, Topic};
 use takosumi_objects::PutOutcome;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dry_run::{self, DryRunDecision};
@@ -562,8 +562,18 @@ async fn plan_job(
     let capsule = capsules::get(&st.pool, run.capsule_id)
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
-    let (source_ref, pinned_commit, speculative) =
-        takosumi_store::detection::run_source(&st.pool, run_id).await?;
+    let source = takosumi_store::detection::run_source(&st.pool, run_id).await?;
+    if source.no_baseline {
+        end_failed(
+            st,
+            run_id,
+            owner,
+            FailureCode::NotApplied.as_str(),
+            takosumi_store::detection::NOT_APPLIED,
+        )
+        .await?;
+        return Ok(Prepared::Failed);
+    }
     let (secrets, used, names) = match secret_inputs(st, &run, capsule.id).await {
         Ok(s) => s,
         Err(ApiError::Client { code, message, .. }) => {
@@ -599,8 +609,8 @@ async fn plan_job(
         "attempt": run.attempts,
         "source": {
             "repo": capsule.repo,
-            "branch": source_ref.unwrap_or_else(|| capsule.branch.clone()),
-            "commit": pinned_commit,
+            "branch": source.source_ref.unwrap_or_else(|| capsule.branch.clone()),
+            "commit": source.pinned_commit,
             "dir": capsule.dir,
         },
         "tool": capsule.tool,
@@ -613,7 +623,7 @@ async fn plan_job(
         "maxPlanBytes": MAX_RELAY_PLAN_BYTES,
         // A pull request's plan: refused rather than run when the dry-run scan finds a
         // data source that acts when planned (the worker scans before `plan`).
-        "speculative": speculative,
+        "speculative": source.speculative,
     })))
 }
 
@@ -1006,6 +1016,19 @@ struct Planned {
     /// A drift check's `-detailed-exitcode` answer.
     #[serde(default)]
     tool_says_drift: Option<bool>,
+    /// A drift check whose saved plan is over the relay limit reports its result without
+    /// it: the plan file's size in bytes (no plan file was uploaded).
+    #[serde(default)]
+    plan_not_kept: Option<u64>,
+}
+
+/// Why an oversized relayed drift check kept no plan (its `planned` event, and the 409 a
+/// reconcile from it gets).
+fn drift_plan_not_kept(size: u64) -> String {
+    let mib = MAX_RELAY_PLAN_BYTES / (1024 * 1024);
+    format!(
+        "the drift check's saved plan is {size} bytes, over the {MAX_RELAY_PLAN_BYTES}-byte ({mib} MiB) limit of a plan file crossing the relay; the check reports its drift but keeps no plan, so a reconcile cannot be proposed from it. Run the check on a queue the control node executes (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}}) and reconcile from that check, or split the configuration"
+    )
 }
 
 /// Ends a claimed relayed Run the way an [`EnvError`] says: a failure code fails it (and
@@ -1034,23 +1057,42 @@ async fn planned(
     let req: Planned = crate::routes::parse_body(&body)?;
     drop(body);
     let run_id = run.id;
-    let key = plan_key(run_id, run.attempts);
-    let sealed = match st.objects.get(&key, MAX_SEALED_PLAN).await {
-        Ok(s) => s,
-        Err(takosumi_objects::ObjectError::NotFound) => {
-            return Err(ApiError::conflict(
-                "plan_file_missing",
-                "upload the plan file (PUT …/plan-file) first",
-            ));
+    let mut event_extra = json!({ "pool": caller.0.name });
+    let plan = match req.plan_not_kept {
+        Some(size) => {
+            if run.kind != RunKind::DriftCheck || size <= MAX_RELAY_PLAN_BYTES {
+                return Err(ApiError::invalid(
+                    "invalid_report",
+                    format!(
+                        "planNotKept is for a drift check whose plan file is over {MAX_RELAY_PLAN_BYTES} bytes; upload the plan file (PUT …/plan-file) instead"
+                    ),
+                ));
+            }
+            event_extra["planNotKept"] = json!(drift_plan_not_kept(size));
+            None
         }
-        Err(e) => return Err(object_error(e)),
+        None => {
+            let key = plan_key(run_id, run.attempts);
+            let sealed = match st.objects.get(&key, MAX_SEALED_PLAN).await {
+                Ok(s) => s,
+                Err(takosumi_objects::ObjectError::NotFound) => {
+                    return Err(ApiError::conflict(
+                        "plan_file_missing",
+                        "upload the plan file (PUT …/plan-file) first",
+                    ));
+                }
+                Err(e) => return Err(object_error(e)),
+            };
+            let mut plan_bytes = st
+                .sealer
+                .unseal(Purpose::Plan, &run_id.to_string(), &sealed)
+                .map_err(internal)?;
+            let digest = takosumi_store::sha256_hex(&plan_bytes);
+            plan_bytes.zeroize();
+            Some(StoredPlan { key, digest })
+        }
     };
-    let mut plan_bytes = st
-        .sealer
-        .unseal(Purpose::Plan, &run_id.to_string(), &sealed)
-        .map_err(internal)?;
-    let plan_digest = takosumi_store::sha256_hex(&plan_bytes);
-    plan_bytes.zeroize();
+    let plan_digest = plan.as_ref().map(|p| p.digest.clone());
     let lockfile = match &req.lockfile {
         None => None,
         Some(b64) => {
@@ -1081,14 +1123,11 @@ async fn planned(
             modules_digest: req.modules_digest,
             lockfile,
             show: req.show,
-            plan: StoredPlan {
-                key,
-                digest: plan_digest.clone(),
-            },
+            plan,
             tool_says_drift: req.tool_says_drift,
             injected_env_names: run.injected_env_names.clone(),
             masker,
-            event_extra: json!({ "pool": caller.0.name }),
+            event_extra,
         },
     )
     .await;

@@ -294,6 +294,7 @@ async fn get_capsule(
     // The latest finished drift check decides whether the Capsule shows as drifted.
     let drift = takosumi_store::detection::capsule_drifted(&st.pool, capsule.id).await?;
     body["drift"] = json!(drift);
+    body["drifted"] = json!(drift == Some(true));
     // The worker pool it runs on (issue 8); `null`: the control node's own queues.
     let pool = takosumi_store::pools::of_capsule(&st.pool, capsule.id).await?;
     body["pool"] = json!(pool.map(|p| p.name));
@@ -529,12 +530,21 @@ pub(crate) async fn propose_apply(
             takosumi_store::unrecorded::needs_inspection_message(blocking),
         ));
     }
-    let (_, _, speculative) = takosumi_store::detection::run_source(&st.pool, plan.id).await?;
+    let speculative = takosumi_store::detection::speculative(&st.pool, plan.id).await?;
     if speculative {
         return Err(ApiError::conflict(
             "speculative_plan",
             format!(
                 "{} is a pull request's speculative plan and can never be applied",
+                plan.id
+            ),
+        ));
+    }
+    if plan.kind == RunKind::DriftCheck && plan.drift == Some(true) && plan.plan_digest.is_none() {
+        return Err(ApiError::conflict(
+            "no_kept_plan",
+            format!(
+                "{} found drift, but its plan was too large to cross the relay and was not kept, so a reconcile cannot be proposed from it; run the check on a queue the control node executes (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}}) and reconcile from that check",
                 plan.id
             ),
         ));

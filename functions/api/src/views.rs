@@ -96,6 +96,9 @@ pub fn capsule(c: &Capsule) -> Value {
         "stateGeneration": c.state_generation,
         "currentStateVersionId": c.current_state_version_id,
         "status": status,
+        // `stale` (the branch moved past what was planned) and `drifted` (reality moved
+        // away from what was applied) are independent; `status` shows the first that holds.
+        "stale": c.stale,
         "createdAt": c.created_at,
     })
 }

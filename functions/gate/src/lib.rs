@@ -69,7 +69,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         .map_err(store_err)?;
         // autoApplyRequested: the plan continues to an Apply Run, which this gate then
         // decides on like any other (deletions and rules stop it for review).
-        let (_, _, speculative) = takosumi_store::detection::run_source(&mut *tx, run_id)
+        let speculative = takosumi_store::detection::speculative(&mut *tx, run_id)
             .await
             .map_err(store_err)?;
         if run.auto_apply_requested

@@ -271,19 +271,25 @@ async fn plan(
         .workdir(&run_id.to_string())
         .map_err(runner_err)?;
 
-    // A webhook-started plan checks out exactly the pushed (or pull request head) commit.
-    let (source_ref, pinned_commit, speculative) =
-        takosumi_store::detection::run_source(&ctx.pool, run_id)
-            .await
-            .map_err(store_err)?;
+    // A webhook-started plan checks out exactly the pushed (or pull request head) commit;
+    // a drift check, the commit that was last applied.
+    let source = takosumi_store::detection::run_source(&ctx.pool, run_id)
+        .await
+        .map_err(store_err)?;
+    if source.no_baseline {
+        return Err(PlanError::Fail(
+            FailureCode::NotApplied,
+            takosumi_store::detection::NOT_APPLIED.into(),
+        ));
+    }
     let inputs = PlanInputs {
         kind: run.kind,
         tool,
         repo: capsule.repo.clone(),
-        branch: source_ref.unwrap_or_else(|| capsule.branch.clone()),
-        commit: pinned_commit,
+        branch: source.source_ref.unwrap_or_else(|| capsule.branch.clone()),
+        commit: source.pinned_commit,
         dir: capsule.dir.clone(),
-        speculative,
+        speculative: source.speculative,
     };
     let host = NodeHost {
         ctx,
@@ -326,7 +332,7 @@ async fn plan(
             modules_digest: out.modules_digest,
             lockfile,
             show: out.show,
-            plan,
+            plan: Some(plan),
             tool_says_drift: out.tool_says_drift,
             injected_env_names: out.injected_env_names,
             masker: out.masker,

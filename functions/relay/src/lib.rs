@@ -638,22 +638,28 @@ async fn plan(
         Planned::Done(out) => *out,
     };
     let max = spec["maxPlanBytes"].as_u64().unwrap_or(19 * 1024 * 1024);
-    match job
-        .api
-        .put_plan(&job.run, &job.claim, out.plan_bytes, max)
-        .await
-    {
-        Ok(_) => {}
-        // The control node refused it and failed the Run itself (the size and the limit
-        // are in its message): nothing more to report.
-        Err(e)
-            if e.downcast_ref::<ApiRefusal>()
-                .is_some_and(|r| r.code == "plan_too_large") =>
+    let size = out.plan_bytes.len() as u64;
+    // An oversized drift check still reports what it found; only its plan stays behind.
+    let plan_not_kept = (kind == RunKind::DriftCheck && size > max).then_some(size);
+    match plan_not_kept {
+        Some(_) => drop(out.plan_bytes),
+        None => match job
+            .api
+            .put_plan(&job.run, &job.claim, out.plan_bytes, max)
+            .await
         {
-            tracing::info!(run = %job.run, "plan file over the relay limit: refused");
-            return Ok(());
-        }
-        Err(e) => return Err(internal(e)),
+            Ok(_) => {}
+            // The control node refused it and failed the Run itself (the size and the limit
+            // are in its message): nothing more to report.
+            Err(e)
+                if e.downcast_ref::<ApiRefusal>()
+                    .is_some_and(|r| r.code == "plan_too_large") =>
+            {
+                tracing::info!(run = %job.run, "plan file over the relay limit: refused");
+                return Ok(());
+            }
+            Err(e) => return Err(internal(e)),
+        },
     }
     let body = json!({
         "sourceCommit": out.source.commit,
@@ -663,6 +669,7 @@ async fn plan(
         "lockfile": out.lockfile.map(|l| B64.encode(l)),
         "modulesDigest": out.modules_digest,
         "toolSaysDrift": out.tool_says_drift,
+        "planNotKept": plan_not_kept,
     });
     match job.api.post(&job.run, &job.claim, "planned", &body).await {
         Ok(_) => Ok(()),

@@ -290,6 +290,12 @@ pub struct Capsule {
     /// The Capsule's status as the API reports it (e.g. `ok`, `stale`).
     #[serde(default, deserialize_with = "null_as_default")]
     pub status: String,
+    /// The branch moved past what was planned (a push was seen).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub stale: bool,
+    /// The latest drift check found reality differing from what was applied.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub drifted: bool,
     /// Fields this client does not know, kept so they can be printed as received.
     #[serde(flatten)]
     pub extra: Map<String, Value>,

@@ -61,6 +61,9 @@ pub enum FailureCode {
     TimedOut,
     /// The runner sandbox could not start the Run's processes.
     SandboxUnavailable,
+    /// A drift check of a Capsule with nothing applied to compare against (no StateVersion,
+    /// or its last apply was a destroy): it never plans the branch head instead.
+    NotApplied,
 }
 
 impl FailureCode {
@@ -89,6 +92,7 @@ impl FailureCode {
             Self::CapsuleNeedsInspection => "capsule_needs_inspection",
             Self::TimedOut => "timed_out",
             Self::SandboxUnavailable => "sandbox_unavailable",
+            Self::NotApplied => "not_applied",
         }
     }
 }

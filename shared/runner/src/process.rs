@@ -397,6 +397,29 @@ async fn read_line_capped<R: tokio::io::AsyncBufRead + Unpin>(
     Ok(consumed)
 }
 
+/// Reads a data stdout whole into the sink, up to [`MAX_STDOUT_BYTES`]; past that the rest
+/// is drained and dropped and the overflow is flagged (the caller refuses the output).
+async fn read_data<R: AsyncRead + Unpin>(reader: &mut BufReader<R>, sink: &Mutex<Sink>) {
+    let mut data = Vec::new();
+    let mut overflow = false;
+    loop {
+        let chunk = match reader.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(chunk) => chunk,
+        };
+        let n = chunk.len();
+        if data.len() + n > MAX_STDOUT_BYTES {
+            overflow = true;
+        } else {
+            data.extend_from_slice(chunk);
+        }
+        reader.consume(n);
+    }
+    let mut sink = sink.lock().unwrap_or_else(|e| e.into_inner());
+    sink.stdout = data;
+    sink.stdout_overflow |= overflow;
+}
+
 #[derive(Clone, Copy)]
 enum Stream {
     Stdout(StdoutMode),
@@ -410,6 +433,12 @@ async fn read_stream<R: AsyncRead + Unpin>(
 ) {
     let Some(pipe) = pipe else { return };
     let mut reader = BufReader::new(pipe);
+    if let Stream::Stdout(StdoutMode::Data) = stream {
+        // Machine-readable output is one document (`show -json` prints a single line of
+        // tens of MB): kept whole up to its own cap, never cut at the line cap.
+        read_data(&mut reader, &sink).await;
+        return;
+    }
     let mut line = Vec::with_capacity(256);
     loop {
         line.clear();
@@ -419,13 +448,7 @@ async fn read_stream<R: AsyncRead + Unpin>(
         }
         let mut sink = sink.lock().unwrap_or_else(|e| e.into_inner());
         match stream {
-            Stream::Stdout(StdoutMode::Data) => {
-                if sink.stdout.len() + line.len() > MAX_STDOUT_BYTES {
-                    sink.stdout_overflow = true;
-                } else {
-                    sink.stdout.extend_from_slice(&line);
-                }
-            }
+            Stream::Stdout(StdoutMode::Data) => unreachable!("read by read_data"),
             Stream::Stdout(StdoutMode::Log) => sink.log_bytes(&line),
             Stream::Stderr => {
                 sink.log_bytes(&line);
@@ -438,6 +461,24 @@ async fn read_stream<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn data_stdout_is_kept_whole_past_the_line_cap() {
+        // one line, well over the line cap: `show -json` of a big plan
+        let doc = format!("{{\"v\":\"{}\"}}\n", "y".repeat(MAX_LINE_BYTES * 3));
+        let sink = Arc::new(Mutex::new(Sink::default()));
+        read_stream(
+            Some(doc.as_bytes()),
+            sink.clone(),
+            Stream::Stdout(StdoutMode::Data),
+        )
+        .await;
+        let sink = sink.lock().unwrap();
+        assert!(!sink.stdout_overflow);
+        assert_eq!(sink.stdout, doc.as_bytes());
+        let parsed: serde_json::Value = serde_json::from_slice(&sink.stdout).unwrap();
+        assert_eq!(parsed["v"].as_str().unwrap().len(), MAX_LINE_BYTES * 3);
+    }
 
     #[tokio::test]
     async fn an_over_long_line_is_cut_and_says_so() {

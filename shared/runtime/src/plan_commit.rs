@@ -42,8 +42,10 @@ pub struct PlanToCommit {
     pub lockfile: Option<StoredLockfile>,
     /// `show -json` of the saved plan.
     pub show: Value,
-    /// The sealed, stored plan file.
-    pub plan: StoredPlan,
+    /// The sealed, stored plan file; `None` only for a drift check whose plan could not
+    /// cross the relay: the check still reports drift, keeps no plan, and drops any plan an
+    /// earlier check kept.
+    pub plan: Option<StoredPlan>,
     /// A drift check's `-detailed-exitcode` answer.
     pub tool_says_drift: Option<bool>,
     /// Names of every injected variable.
@@ -160,6 +162,12 @@ pub async fn commit_plan(
     p: PlanToCommit,
 ) -> Result<Committed, EnvError> {
     let run_id = run.id;
+    if p.plan.is_none() && run.kind != RunKind::DriftCheck {
+        return Err(EnvError::Step(StepError::Poison(format!(
+            "{run_id} is a {:?} and cannot be recorded without its plan file",
+            run.kind
+        ))));
+    }
     let capsule = takosumi_store::capsules::get(&ctx.pool, run.capsule_id)
         .await
         .map_err(store_err)?
@@ -202,8 +210,8 @@ pub async fn commit_plan(
         source_commit: p.source.commit.clone(),
         tree_digest: p.source.tree_digest.clone(),
         tool_version: p.tool_version,
-        plan_digest: p.plan.digest.clone(),
-        plan_object_key: p.plan.key.clone(),
+        plan_digest: p.plan.as_ref().map(|p| p.digest.clone()),
+        plan_object_key: p.plan.as_ref().map(|p| p.key.clone()),
         lockfile_object_key: lock_key,
         provider_lock_digest: lock_digest.clone(),
         dependency_snapshot: dependency_snapshot(&p.modules_digest, lock_digest.as_deref()),
@@ -222,7 +230,7 @@ pub async fn commit_plan(
     takosumi_store::records::set_resource_changes(&mut tx, run_id, &resources)
         .await
         .map_err(store_err)?;
-    let mut data = json!({ "changes": changes, "planDigest": p.plan.digest, "stateGeneration": capsule.state_generation });
+    let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": capsule.state_generation });
     if let (Some(d), Some(extra)) = (data.as_object_mut(), p.event_extra.as_object()) {
         d.extend(extra.clone());
     }
@@ -245,11 +253,13 @@ pub async fn commit_plan(
         dropped = takosumi_store::detection::drop_kept_drift_plans(&mut tx, capsule.id, run_id)
             .await
             .map_err(store_err)?;
-        if record.drift != Some(true) {
+        if record.drift != Some(true)
+            && let Some(key) = &record.plan_object_key
+        {
             runs::clear_plan_object(&mut tx, run_id)
                 .await
                 .map_err(store_err)?;
-            dropped.push(record.plan_object_key.clone());
+            dropped.push(key.clone());
         }
     }
     outbox::enqueue(&mut tx, Topic::Gate, run_id)

@@ -2,7 +2,7 @@
 //! webhook-started plan must check out. Nothing here starts an apply.
 
 use chrono::{DateTime, Utc};
-use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
+use takosumi_core::{CapsuleId, RunGroupId, RunId, RunKind, WorkspaceId};
 
 use crate::{StoreError, Tx};
 
@@ -206,18 +206,97 @@ pub async fn set_run_source(
     Ok(())
 }
 
-/// What a plan step must check out, and whether the plan is speculative.
-pub async fn run_source<'e, E: sqlx::PgExecutor<'e>>(
+/// What a plan step checks out (DESIGN §5, issue 14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSource {
+    /// The branch (or pull request ref) to clone; `None`: the Capsule's branch.
+    pub source_ref: Option<String>,
+    /// The exact commit to plan, if pinned: a webhook's pushed commit, or — for a drift
+    /// check — the commit of the Capsule's current StateVersion, read at claim time.
+    pub pinned_commit: Option<String>,
+    /// A pull request's plan: never applied.
+    pub speculative: bool,
+    /// A drift check with nothing applied to compare against (the Capsule has no
+    /// StateVersion, or its last apply was a destroy): it must not plan the branch instead.
+    pub no_baseline: bool,
+}
+
+/// Why a drift check of a Capsule with no baseline does not plan (the Run's error, and the
+/// API's 409 `not_applied`).
+pub const NOT_APPLIED: &str = "nothing was applied to this Capsule (no StateVersion, or its last apply destroyed everything), so there is nothing to check drift against; plan and apply it first";
+
+/// What the Capsule's current StateVersion was applied from: the commit of the plan the
+/// apply carried out, and whether that plan destroyed everything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedBaseline {
+    /// The applied plan's commit.
+    pub commit: String,
+    /// The applied plan was a destroy plan: nothing the configuration declares is meant to
+    /// exist, so there is nothing to drift from.
+    pub destroyed: bool,
+}
+
+/// The baseline a drift check of `capsule` compares reality with; `None` when nothing was
+/// ever applied (or the StateVersion records no commit).
+pub async fn applied_baseline<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
-    id: RunId,
-) -> Result<(Option<String>, Option<String>, bool), StoreError> {
+    capsule: CapsuleId,
+) -> Result<Option<AppliedBaseline>, StoreError> {
     let row = sqlx::query!(
-        "SELECT source_ref, pinned_commit, speculative FROM runs WHERE id = $1",
+        r#"SELECT a.source_commit as "commit?", p.kind as "plan_kind?: RunKind"
+             FROM capsules c
+             JOIN state_versions sv ON sv.id = c.current_state_version_id
+             JOIN runs a ON a.id = sv.run_id
+             LEFT JOIN runs p ON p.id = a.plan_run_id
+            WHERE c.id = $1"#,
+        capsule.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.and_then(|r| {
+        r.commit.map(|commit| AppliedBaseline {
+            commit,
+            destroyed: r.plan_kind == Some(RunKind::Destroy),
+        })
+    }))
+}
+
+/// What a plan step must check out, and whether the plan is speculative. A drift check
+/// plans the commit that was last applied, never the branch head: it reports what changed
+/// outside Takosumi, and the plan it keeps brings reality back to what was applied.
+pub async fn run_source(executor: &sqlx::PgPool, id: RunId) -> Result<RunSource, StoreError> {
+    let row = sqlx::query!(
+        r#"SELECT source_ref, pinned_commit, speculative, kind as "kind: RunKind", capsule_id
+             FROM runs WHERE id = $1"#,
         id.as_uuid()
     )
     .fetch_one(executor)
     .await?;
-    Ok((row.source_ref, row.pinned_commit, row.speculative))
+    let mut source = RunSource {
+        source_ref: row.source_ref,
+        pinned_commit: row.pinned_commit,
+        speculative: row.speculative,
+        no_baseline: false,
+    };
+    if row.kind == RunKind::DriftCheck {
+        match applied_baseline(executor, CapsuleId::from_uuid(row.capsule_id)).await? {
+            Some(b) if !b.destroyed => source.pinned_commit = Some(b.commit),
+            _ => source.no_baseline = true,
+        }
+    }
+    Ok(source)
+}
+
+/// Whether a Run is a pull request's speculative plan.
+pub async fn speculative<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: RunId,
+) -> Result<bool, StoreError> {
+    Ok(
+        sqlx::query_scalar!("SELECT speculative FROM runs WHERE id = $1", id.as_uuid())
+            .fetch_one(executor)
+            .await?,
+    )
 }
 
 /// Drops the plans earlier drift checks of a Capsule kept; returns their object keys so
@@ -299,7 +378,8 @@ pub async fn capsule_drifted<'e, E: sqlx::PgExecutor<'e>>(
 
 /// Enqueues a drift check for up to `limit` due Capsules in one statement: due means an
 /// interval is set (the Capsule's, else its Workspace's), it has passed since the last
-/// sweep enqueued one, and no check of the Capsule is queued or running. Returns how many
+/// sweep enqueued one, no check of the Capsule is queued or running, and something was
+/// applied to check against. Returns how many
 /// were enqueued. Read-only towards infrastructure: it only creates drift-check Runs.
 pub async fn sweep_due(tx: &mut Tx, limit: i64) -> Result<i64, StoreError> {
     let row = sqlx::query!(
@@ -312,6 +392,11 @@ pub async fn sweep_due(tx: &mut Tx, limit: i64) -> Result<i64, StoreError> {
                           < now() - make_interval(secs => COALESCE(c.drift_interval_secs, w.drift_interval_secs)))
                   AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.capsule_id = c.id AND r.kind = 'drift_check'
                                      AND r.status IN ('queued', 'held', 'planning'))
+                  -- only what was applied can drift (see `applied_baseline`)
+                  AND EXISTS (SELECT 1 FROM state_versions sv JOIN runs a ON a.id = sv.run_id
+                                LEFT JOIN runs p ON p.id = a.plan_run_id
+                               WHERE sv.id = c.current_state_version_id AND a.source_commit IS NOT NULL
+                                 AND p.kind IS DISTINCT FROM 'destroy')
                 ORDER BY c.last_drift_enqueued_at NULLS FIRST, c.id
                 LIMIT $1
                   FOR UPDATE OF c SKIP LOCKED),

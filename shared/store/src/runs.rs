@@ -322,10 +322,11 @@ pub struct PlanRecord {
     pub tree_digest: String,
     /// Tool version JSON.
     pub tool_version: serde_json::Value,
-    /// SHA-256 of the plan file.
-    pub plan_digest: String,
-    /// Private: sealed plan object.
-    pub plan_object_key: String,
+    /// SHA-256 of the plan file; `None` only for a drift check whose plan was not kept
+    /// (too large to cross the relay).
+    pub plan_digest: Option<String>,
+    /// Private: sealed plan object (`None` as `plan_digest`).
+    pub plan_object_key: Option<String>,
     /// Private: sealed lockfile object (when a lockfile exists).
     pub lockfile_object_key: Option<String>,
     /// Lockfile digest; `None` = provider-free (explicit null).
