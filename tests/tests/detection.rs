@@ -1047,7 +1047,7 @@ async fn drift_checks_compare_reality_with_the_applied_commit() -> anyhow::Resul
     let drifted = drift_check(&stack, &cap).await?;
     assert_eq!(drifted.drift, Some(true), "{drifted:?}");
     assert_eq!(drifted.source_snapshot.clone().unwrap().commit, commit_a);
-    let c = drifted.changes.clone().unwrap();
+    let c = drifted.changes.unwrap();
     assert_eq!(
         (c.add, c.change, c.destroy),
         (1, 0, 1),
@@ -1069,7 +1069,7 @@ async fn drift_checks_compare_reality_with_the_applied_commit() -> anyhow::Resul
         .wait(stack.client.plan(cap.id, None).await?.id)
         .await?;
     assert_eq!(plan_b.source_snapshot.clone().unwrap().commit, commit_b);
-    assert_eq!(plan_b.changes.clone().unwrap().add, 1, "{plan_b:?}");
+    assert_eq!(plan_b.changes.unwrap().add, 1, "{plan_b:?}");
 
     // The sweep checks only what was applied; a Workspace check skips the rest and says so.
     let (s, b) = stack

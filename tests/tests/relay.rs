@@ -528,7 +528,7 @@ async fn an_oversized_relayed_drift_check_reports_drift_and_keeps_no_plan() -> a
         (RunStatus::Planned, Some(true)),
         "{big:?}"
     );
-    let c = big.changes.clone().unwrap();
+    let c = big.changes.unwrap();
     assert_eq!((c.add, c.change, c.destroy), (16, 0, 16));
     assert!(big.plan_digest.is_none(), "{big:?}");
     let keys: Vec<Option<String>> = sqlx::query_scalar(
