@@ -172,6 +172,8 @@ tmp=$(mktemp "$STACK/.env.XXXXXX")
     # the only host path (besides the system and the tool) a Run's sandbox may read:
     # local Git repositories served as file:// sources (the quick start's)
     q TAKOSUMI_SANDBOX_RO_PATHS "$REPOS"
+    # and Capsules may name such local repositories (off unless set; local use only)
+    q TAKOSUMI_ALLOW_FILE_REPOS true
     q TAKOSUMI_ADMIN_TOKEN "$ADMIN_TOKEN"
     q TAKOSUMI_LISTEN 127.0.0.1:8080
     q TAKOSUMI_DEPLOY_CONTROL_URL http://127.0.0.1:8080

@@ -248,6 +248,8 @@ impl Stack {
             ("TAKOSUMI_SEAL_KEY_ID", "test-1".to_owned()),
             ("TAKOSUMI_TERRAFORM_BIN", tool_bin.display().to_string()),
             ("TAKOSUMI_SANDBOX_RO_PATHS", ro_paths.join(":")),
+            // the test repositories are local paths
+            ("TAKOSUMI_ALLOW_FILE_REPOS", "true".to_owned()),
             ("TAKOSUMI_SANDBOX_RW_PATHS", probe.display().to_string()),
             ("TAKOSUMI_TF_CLI_CONFIG", env("TAKOSUMI_TF_CLI_CONFIG")?),
             (

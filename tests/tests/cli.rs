@@ -191,10 +191,9 @@ async fn login_lists_and_plans_with_variables() -> anyhow::Result<()> {
     assert_eq!(code, 0, "{out}{err}");
     let plan: Value = serde_json::from_str(&out)?;
     assert_eq!(plan["status"], json!("planned"), "{plan}");
-    assert_eq!(
-        plan["vars"],
-        json!({ "region": "eu", "zones": ["eu-1a", "eu-1b"], "tags": { "env": "prod" } })
-    );
+    // names only on the Run; the values are checked through the outputs below
+    assert_eq!(plan["varNames"], json!(["region", "tags", "zones"]));
+    assert!(!plan.to_string().contains("eu-1a"), "{plan}");
     let plan_id = plan["id"].as_str().unwrap().to_owned();
     let (code, out, err) = cli(&saved, &["--json", "apply", &plan_id, "--wait"], None).await?;
     assert_eq!(code, 0, "{out}{err}");

@@ -41,6 +41,12 @@ impl Caller {
         )
     }
 
+    /// Whether the role allows `action` within `workspace`, without refusing anything (what
+    /// a view shows depends on it).
+    pub fn may(&self, action: Action, workspace: Option<WorkspaceId>) -> bool {
+        self.require(action, workspace).is_ok()
+    }
+
     /// Checks the role allows `action` within `workspace` (`None`: instance-wide).
     pub fn require(&self, action: Action, workspace: Option<WorkspaceId>) -> Result<(), ApiError> {
         let g = &self.0;

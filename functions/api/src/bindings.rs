@@ -564,8 +564,8 @@ impl PlanInputs {
         Ok(Value::Object(merged))
     }
 
-    /// Stores the Run's variables and seals its sensitive ones, in the submission's
-    /// transaction.
+    /// Seals and stores the Run's variables (their names stay readable on the record) and
+    /// its sensitive ones, in the submission's transaction.
     pub(crate) async fn store(
         &self,
         st: &AppState,
@@ -573,7 +573,14 @@ impl PlanInputs {
         run_id: RunId,
         vars: &Value,
     ) -> Result<(), ApiError> {
-        bindings::set_run_vars(tx, run_id, vars).await?;
+        let plain = vars.as_object().cloned().unwrap_or_default();
+        let (names, sealed) = takosumi_runtime::inputs::seal_run_vars(&st.sealer, run_id, &plain)
+            .map_err(|e| ApiError::Internal {
+            transient: false,
+            source: Box::new(e),
+        })?;
+        drop(plain);
+        bindings::set_run_vars(tx, run_id, &names, &sealed).await?;
         if self.sensitive_vars.is_empty() {
             return Ok(());
         }

@@ -553,7 +553,10 @@ async fn capsule_settings(
         .await?
         .ok_or_else(|| ApiError::not_found("the Capsule"))?;
     tx.commit().await?;
-    Ok(Json(views::capsule(&capsule)))
+    Ok(Json(views::capsule(
+        &capsule,
+        caller.may(Action::Operate, Some(capsule.workspace_id)),
+    )))
 }
 
 #[derive(Deserialize)]

@@ -47,6 +47,8 @@ pub struct AppState {
     /// The control node's context: relay endpoints commit a relayed Run through the same
     /// functions the step handlers call (the plan commit, the dry-run hold).
     pub ctx: takosumi_runtime::Ctx,
+    /// `TAKOSUMI_ALLOW_FILE_REPOS`: Capsules may name local repositories.
+    pub allow_file_repos: bool,
 }
 
 /// The API's routes.
@@ -97,6 +99,7 @@ pub async fn serve(
         bus: ctx.bus.clone(),
         objects: ctx.objects.clone(),
         ctx: ctx.clone(),
+        allow_file_repos: settings.allow_file_repos,
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening");

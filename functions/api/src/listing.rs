@@ -46,6 +46,7 @@ async fn list_capsules(
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
     let list = listing::capsules(&st.pool, ws).await?;
-    let items: Vec<_> = list.iter().map(views::capsule).collect();
+    let may_edit = caller.may(Action::Operate, Some(ws));
+    let items: Vec<_> = list.iter().map(|c| views::capsule(c, may_edit)).collect();
     Ok(Json(json!({ "workspaceId": ws, "capsules": items })))
 }

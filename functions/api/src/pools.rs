@@ -249,7 +249,10 @@ async fn set_capsule_pool(
     )
     .await?;
     tx.commit().await?;
-    let mut body = views::capsule(&capsule);
+    let mut body = views::capsule(
+        &capsule,
+        caller.may(Action::Operate, Some(capsule.workspace_id)),
+    );
     body["pool"] = json!(req.pool);
     Ok(Json(body))
 }

@@ -368,7 +368,7 @@ async fn secret_inputs(
     st: &AppState,
     inputs_of: &runs::Run,
     capsule_id: CapsuleId,
-) -> Result<(Option<Vec<u8>>, Value, Vec<String>), ApiError> {
+) -> Result<RelayInputs, ApiError> {
     // The same opening and the same clash rules as the control node's environment
     // (`Ctx::run_env`): a binding that does not open is `credential_failed`, a variable
     // two sources set is refused, never overwritten.
@@ -394,17 +394,16 @@ async fn secret_inputs(
         sensitive = parsed.map_err(internal)?;
         names.extend(sv_names.into_iter().map(|n| format!("TF_VAR_{n}")));
     }
-    let vars = match &inputs_of.vars {
-        Some(v) => v.clone(),
-        None => capsules::get(&st.pool, capsule_id)
-            .await?
-            .map(|c| c.vars)
-            .unwrap_or_default(),
-    };
+    let capsule = capsules::get(&st.pool, capsule_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {capsule_id}")))?;
+    let vars = st
+        .ctx
+        .run_variables(inputs_of, &capsule)
+        .await
+        .map_err(refused)?;
     let mut taken = Injected::new(
-        vars.as_object()
-            .into_iter()
-            .flat_map(|m| m.keys())
+        vars.keys()
             .map(|k| format!("TF_VAR_{k}"))
             .chain(names.iter().cloned()),
     );
@@ -436,20 +435,39 @@ async fn secret_inputs(
         used.push(json!({ "id": b.id, "name": b.name, "kind": b.kind }));
     }
     // Every injected name, the plain variables' included, as the control node records.
-    names.extend(
-        vars.as_object()
-            .into_iter()
-            .flat_map(|m| m.keys())
-            .map(|k| format!("TF_VAR_{k}")),
-    );
+    names.extend(vars.keys().map(|k| format!("TF_VAR_{k}")));
     names.sort();
     names.dedup();
-    if env.is_empty() && sensitive.is_null() {
-        return Ok((None, Value::Array(used), names));
+    let secrets = if env.is_empty() && sensitive.is_null() {
+        None
+    } else {
+        Some(
+            serde_json::to_vec(&json!({ "env": env, "sensitiveVars": sensitive }))
+                .map_err(internal)?,
+        )
+    };
+    Ok(RelayInputs {
+        secrets,
+        used: Value::Array(used),
+        names,
+        vars,
+    })
+}
+
+/// What a relayed step is delivered besides its source: the secrets (credential values and
+/// sensitive variables, JSON, sealed to the pool's key before they leave), the bindings'
+/// ids and names, every injected variable name, and the plain variables.
+struct RelayInputs {
+    secrets: Option<Vec<u8>>,
+    used: Value,
+    names: Vec<String>,
+    vars: Map<String, Value>,
+}
+
+impl RelayInputs {
+    fn var_names(&self) -> Vec<String> {
+        self.vars.keys().cloned().collect()
     }
-    let plain =
-        serde_json::to_vec(&json!({ "env": env, "sensitiveVars": sensitive })).map_err(internal)?;
-    Ok((Some(plain), Value::Array(used), names))
 }
 
 fn no_key_message(pool: &WorkerPool, what: &str) -> String {
@@ -574,7 +592,7 @@ async fn plan_job(
         .await?;
         return Ok(Prepared::Failed);
     }
-    let (secrets, used, names) = match secret_inputs(st, &run, capsule.id).await {
+    let inputs = match secret_inputs(st, &run, capsule.id).await {
         Ok(s) => s,
         Err(ApiError::Client { code, message, .. }) => {
             end_failed(st, run_id, owner, code, &message).await?;
@@ -583,7 +601,7 @@ async fn plan_job(
         Err(e) => return Err(e),
     };
     let state = current_state(st, &capsule).await?;
-    if key.is_none() && (secrets.is_some() || state.is_some()) {
+    if key.is_none() && (inputs.secrets.is_some() || state.is_some()) {
         let what = if state.is_some() {
             "the Capsule's state"
         } else {
@@ -599,8 +617,15 @@ async fn plan_job(
         .await?;
         return Ok(Prepared::Failed);
     }
-    let vars = run.vars.clone().unwrap_or_else(|| capsule.vars.clone());
-    bindings::record_run_env(&st.pool, run_id, owner, &used, &names, None).await?;
+    bindings::record_run_env(
+        &st.pool,
+        run_id,
+        owner,
+        &inputs.used,
+        &inputs.names,
+        &inputs.var_names(),
+    )
+    .await?;
     Ok(Prepared::Job(json!({
         "runId": run_id,
         "kind": run.kind,
@@ -614,11 +639,11 @@ async fn plan_job(
             "dir": capsule.dir,
         },
         "tool": capsule.tool,
-        "vars": vars,
+        "vars": inputs.vars,
         "deliveryKeyId": key.map(|k| k.key_id.clone()),
         // ids and names of the credential sets delivered (never their values)
-        "providerBindings": used,
-        "secrets": match &secrets { Some(s) => seal_to(key, Purpose::Credential, run_id, s)?, None => None },
+        "providerBindings": inputs.used,
+        "secrets": match &inputs.secrets { Some(s) => seal_to(key, Purpose::Credential, run_id, s)?, None => None },
         "state": match &state { Some(s) => seal_to(key, Purpose::State, run_id, s)?, None => None },
         "maxPlanBytes": MAX_RELAY_PLAN_BYTES,
         // A pull request's plan: refused rather than run when the dry-run scan finds a
@@ -742,7 +767,7 @@ async fn apply_job(
         }
         _ => None,
     };
-    let (secrets, used, names) = match secret_inputs(st, &plan_run, capsule.id).await {
+    let inputs = match secret_inputs(st, &plan_run, capsule.id).await {
         Ok(s) => s,
         Err(ApiError::Client { code, message, .. }) => {
             end_failed(st, run_id, owner, code, &message).await?;
@@ -751,11 +776,15 @@ async fn apply_job(
         Err(e) => return Err(e),
     };
     let state = current_state(st, &capsule).await?;
-    let vars = plan_run
-        .vars
-        .clone()
-        .unwrap_or_else(|| capsule.vars.clone());
-    bindings::record_run_env(&st.pool, run_id, owner, &used, &names, Some(&vars)).await?;
+    bindings::record_run_env(
+        &st.pool,
+        run_id,
+        owner,
+        &inputs.used,
+        &inputs.names,
+        &inputs.var_names(),
+    )
+    .await?;
     events::append(
         &st.pool,
         run_id,
@@ -773,15 +802,15 @@ async fn apply_job(
         "planDigest": plan_digest,
         "source": { "repo": capsule.repo, "branch": capsule.branch, "commit": commit, "treeDigest": tree, "dir": capsule.dir },
         "tool": capsule.tool,
-        "vars": vars,
+        "vars": inputs.vars,
         "dependencySnapshot": plan_run.dependency_snapshot,
         "providerLockDigest": plan_run.provider_lock_digest,
         "lockfile": lockfile,
         "stateGeneration": plan_run.state_generation,
         "deliveryKeyId": key.key_id,
-        "providerBindings": used,
+        "providerBindings": inputs.used,
         "plan": sealed_plan,
-        "secrets": match &secrets { Some(s) => seal_to(Some(key), Purpose::Credential, run_id, s)?, None => None },
+        "secrets": match &inputs.secrets { Some(s) => seal_to(Some(key), Purpose::Credential, run_id, s)?, None => None },
         "state": match &state { Some(s) => seal_to(Some(key), Purpose::State, run_id, s)?, None => None },
     })))
 }
@@ -854,8 +883,7 @@ async fn run_masker(st: &AppState, run: &runs::Run) -> Result<takosumi_runner::M
             .ok_or_else(|| ApiError::not_found(&format!("Run {plan}")))?,
         _ => run.clone(),
     };
-    let (plain, _, _) = secret_inputs(st, &inputs_of, run.capsule_id).await?;
-    if let Some(mut plain) = plain {
+    if let Some(mut plain) = secret_inputs(st, &inputs_of, run.capsule_id).await?.secrets {
         let parsed: Result<Value, _> = serde_json::from_slice(&plain);
         plain.zeroize();
         let mut stack = vec![parsed.map_err(internal)?];

@@ -191,12 +191,8 @@ async fn create_capsule(
         ));
     }
     let repo = req.source.repo.trim();
-    if repo.is_empty() || repo.starts_with('-') || repo.chars().any(char::is_whitespace) {
-        return Err(ApiError::invalid(
-            "invalid_source",
-            "source.repo must be a Git URL (https://, ssh://, git@…, or file://)",
-        ));
-    }
+    takosumi_runner::check_repo_url(repo, st.allow_file_repos)
+        .map_err(|e| ApiError::invalid("invalid_source", e.0))?;
     let branch = req.source.branch.trim();
     if branch.is_empty()
         || branch.starts_with('-')
@@ -259,7 +255,13 @@ async fn create_capsule(
         .await?
         .ok_or_else(|| ApiError::not_found("the new Capsule"))?;
     tx.commit().await?;
-    Ok((StatusCode::CREATED, Json(views::capsule(&capsule))))
+    Ok((
+        StatusCode::CREATED,
+        Json(views::capsule(
+            &capsule,
+            caller.may(Action::Operate, Some(capsule.workspace_id)),
+        )),
+    ))
 }
 
 async fn load_capsule(
@@ -290,7 +292,10 @@ async fn get_capsule(
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = load_capsule(&st, &caller, &cap).await?;
-    let mut body = views::capsule(&capsule);
+    let mut body = views::capsule(
+        &capsule,
+        caller.may(Action::Operate, Some(capsule.workspace_id)),
+    );
     // The latest finished drift check decides whether the Capsule shows as drifted.
     let drift = takosumi_store::detection::capsule_drifted(&st.pool, capsule.id).await?;
     body["drift"] = json!(drift);

@@ -66,8 +66,16 @@ pub fn run(r: &Run) -> Value {
     m.insert("sandbox".into(), json!(r.sandbox));
     // Ids and names of the credential sets used; their values are never stored here.
     m.insert("providerBindings".into(), r.provider_bindings.clone());
-    // Non-secret variables only (sensitive ones appear as names in injectedEnvNames).
-    m.insert("vars".into(), r.vars.clone().unwrap_or(Value::Null));
+    // Names, not values (the seed's record keeps "the names of the injected environment
+    // variables — values are not stored"): the values stay sealed where the pipeline reads
+    // them. `null`: the Capsule's variables, named once a step ran.
+    let names = r.var_names.clone().or_else(|| {
+        r.vars
+            .as_ref()
+            .and_then(Value::as_object)
+            .map(|m| m.keys().cloned().collect())
+    });
+    m.insert("varNames".into(), json!(names));
     m.insert("attempts".into(), json!(r.attempts));
     m.insert("canceledBy".into(), json!(r.canceled_by));
     m.insert("canceledAt".into(), json!(r.canceled_at));
@@ -76,8 +84,36 @@ pub fn run(r: &Run) -> Value {
     Value::Object(m)
 }
 
-/// A Capsule as the API shows it.
-pub fn capsule(c: &Capsule) -> Value {
+/// A Capsule's variables as `caller_may_edit` sees them: every name, and a value only for
+/// a variable its configuration does not declare `sensitive` (as its plans read it: before
+/// the first plan, none is known, so none is shown) and only to a role that may edit the
+/// Capsule. `(shown, withheld names)`.
+fn capsule_vars(c: &Capsule, caller_may_edit: bool) -> (Map<String, Value>, Vec<String>) {
+    let mut shown = Map::new();
+    let mut withheld = Vec::new();
+    for (name, value) in c.vars.as_object().into_iter().flatten() {
+        let declared_plain = c
+            .sensitive_var_names
+            .as_ref()
+            .is_some_and(|sensitive| !sensitive.contains(name));
+        if caller_may_edit && declared_plain {
+            shown.insert(name.clone(), value.clone());
+        } else {
+            withheld.push(name.clone());
+        }
+    }
+    (shown, withheld)
+}
+
+/// A Capsule as the API shows it (its variables as [`capsule_vars`] says).
+pub fn capsule(c: &Capsule, caller_may_edit: bool) -> Value {
+    let (vars, withheld) = capsule_vars(c, caller_may_edit);
+    let names: Vec<&String> = c
+        .vars
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.keys())
+        .collect();
     let status = if c.running_apply_id.is_some() {
         "applying"
     } else if c.stale {
@@ -89,10 +125,12 @@ pub fn capsule(c: &Capsule) -> Value {
         "id": c.id,
         "workspaceId": c.workspace_id,
         "name": c.name,
-        "source": { "repo": c.repo, "branch": c.branch },
+        "source": { "repo": takosumi_runner::redact_repo_url(&c.repo), "branch": c.branch },
         "dir": c.dir,
         "tool": c.tool,
-        "vars": c.vars,
+        "vars": vars,
+        "varNames": names,
+        "withheldVars": withheld,
         "stateGeneration": c.state_generation,
         "currentStateVersionId": c.current_state_version_id,
         "status": status,

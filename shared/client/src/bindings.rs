@@ -105,9 +105,12 @@ impl Run {
             .unwrap_or_default()
     }
 
-    /// The non-secret variables the Run is planned with (`None` when not recorded).
-    pub fn vars(&self) -> Option<Map<String, Value>> {
-        self.extra.get("vars").and_then(Value::as_object).cloned()
+    /// The names of the plain variables the Run is planned with (`None` when not recorded
+    /// yet); their values are never served.
+    pub fn var_names(&self) -> Option<Vec<String>> {
+        self.extra
+            .get("varNames")
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
     }
 }
 

@@ -585,7 +585,28 @@ fn format_capsule(c: &Capsule) -> String {
         Some(sv) => b.line("state version", sv),
         None => b.line("state version", "(none)"),
     };
+    if c.stale || c.drifted {
+        let both = [(c.stale, "stale"), (c.drifted, "drifted")]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, what)| *what)
+            .collect::<Vec<_>>()
+            .join(", ");
+        b.line("detected", both);
+    }
     b.json_map("vars", &c.vars);
+    if let Some(withheld) = c.extra.get("withheldVars").and_then(|v| v.as_array())
+        && !withheld.is_empty()
+    {
+        let names: Vec<&str> = withheld.iter().filter_map(|n| n.as_str()).collect();
+        b.line(
+            "withheld vars",
+            format!(
+                "{} (sensitive in the configuration, not planned yet, or your role may not edit the Capsule)",
+                names.join(", ")
+            ),
+        );
+    }
     b.0
 }
 

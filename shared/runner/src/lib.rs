@@ -50,5 +50,5 @@ pub use runner::{
     SourceSnapshot, TOOL_PATH,
 };
 pub use sandbox::{SANDBOX_UID, SandboxConfig, SandboxMode, parse_path_list};
-pub use source::tree_digest;
+pub use source::{RepoUrlRefused, check_repo_url, redact_repo_url, tree_digest};
 pub use workdir::Workdir;

@@ -69,6 +69,99 @@ pub(crate) fn validate_repo(repo: &str) -> Result<(), RunnerError> {
     Ok(())
 }
 
+/// Why a repository URL is refused as a Capsule's source (issue 14): the message says
+/// which forms are accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RepoUrlRefused(pub String);
+
+/// Which repository URLs a Capsule may name: `https://host/path`, `ssh://[user@]host/path`
+/// and scp-style `user@host:path`; local repositories (`file://…` or an absolute path)
+/// only when the server allows them (`TAKOSUMI_ALLOW_FILE_REPOS`, for local use). A URL
+/// carrying a password or token (`https://user:token@…`) is refused: credentials reach
+/// the runner as ProviderBindings, never inside a URL that is stored and shown.
+pub fn check_repo_url(repo: &str, allow_file: bool) -> Result<(), RepoUrlRefused> {
+    const FORMS: &str = "give https://host/path, ssh://[user@]host/path or user@host:path";
+    let refuse = |why: String| Err(RepoUrlRefused(format!("source.repo {why}; {FORMS}")));
+    if repo.is_empty() {
+        return refuse("is empty".into());
+    }
+    if repo.starts_with('-') || repo.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return refuse(
+            "must not start with '-' or contain whitespace or control characters".into(),
+        );
+    }
+    if repo.contains("::") {
+        return refuse("names a remote helper (`<helper>::…`)".into());
+    }
+    let local = |what: &str| {
+        if allow_file {
+            Ok(())
+        } else {
+            Err(RepoUrlRefused(format!(
+                "source.repo is {what}; local repositories are accepted only when the server sets TAKOSUMI_ALLOW_FILE_REPOS=true (for local use); {FORMS}"
+            )))
+        }
+    };
+    if let Some((scheme, rest)) = repo.split_once("://") {
+        let authority = rest.split('/').next().unwrap_or_default();
+        match scheme.to_ascii_lowercase().as_str() {
+            "https" | "ssh" => {}
+            "file" => return local("a file:// URL"),
+            other => return refuse(format!("uses {other}://, which is not accepted")),
+        }
+        if authority.is_empty() {
+            return refuse("names no host".into());
+        }
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            if scheme.eq_ignore_ascii_case("https") || userinfo.contains(':') {
+                return refuse(
+                    "carries credentials (`user:secret@` or `user@` in the URL); remove them and attach the credential to the Capsule as a ProviderBinding".into(),
+                );
+            }
+        }
+        return Ok(());
+    }
+    if repo.starts_with('/') {
+        return local("a local path");
+    }
+    // scp-style `[user@]host:path` (git's own rule: a ':' before any '/')
+    let head = repo.split('/').next().unwrap_or(repo);
+    let host_path = match head.rsplit_once('@') {
+        Some((user, _)) if user.is_empty() || user.contains(':') => {
+            return refuse("carries credentials (`user:secret@`) or an empty user".into());
+        }
+        Some((user, _)) => &repo[user.len() + 1..],
+        None => repo,
+    };
+    if let Some((host, path)) = host_path.split_once(':')
+        && !host.is_empty()
+        && !host.contains('/')
+        && !path.is_empty()
+    {
+        return Ok(());
+    }
+    refuse("is not a URL Takosumi accepts".into())
+}
+
+/// `repo` with any userinfo replaced by `***`: how a URL stored before the check above is
+/// shown (never with its credentials).
+pub fn redact_repo_url(repo: &str) -> String {
+    if let Some((scheme, rest)) = repo.split_once("://") {
+        let (authority, path) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        // an ssh user name (`git@`) is not a secret; anything else before '@' may be
+        if let Some((user, host)) = authority.rsplit_once('@')
+            && (!scheme.eq_ignore_ascii_case("ssh") || user.contains(':'))
+        {
+            return format!("{scheme}://***@{host}{path}");
+        }
+    }
+    repo.to_owned()
+}
+
 pub(crate) fn validate_branch(branch: &str) -> Result<(), RunnerError> {
     plain_text("branch", branch)?;
     if branch.chars().any(char::is_whitespace) {
@@ -312,6 +405,61 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     use super::*;
+
+    #[test]
+    fn repo_urls_are_accepted_only_in_the_stated_forms() {
+        for ok in [
+            "https://github.com/acme/infra.git",
+            "https://git.example.com:8443/acme/infra",
+            "ssh://git@github.com/acme/infra.git",
+            "ssh://github.com:2222/acme/infra",
+            "git@github.com:acme/infra.git",
+            "host.example:infra",
+        ] {
+            check_repo_url(ok, false).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for (bad, says) in [
+            ("https://user:token@github.com/acme/infra", "credentials"),
+            ("https://token@github.com/acme/infra", "credentials"),
+            ("ssh://git:pw@github.com/acme/infra", "credentials"),
+            ("git:pw@github.com:acme/infra", "credentials"),
+            ("http://github.com/acme/infra", "http://"),
+            ("git://github.com/acme/infra", "git://"),
+            ("ext::sh -c id", "whitespace"),
+            ("fd::3", "remote helper"),
+            ("file:///srv/repo", "TAKOSUMI_ALLOW_FILE_REPOS"),
+            ("/srv/repo", "TAKOSUMI_ALLOW_FILE_REPOS"),
+            ("-uhttps://x", "'-'"),
+            ("relative/dir", "not a URL"),
+            ("https:///path", "no host"),
+            ("", "empty"),
+        ] {
+            let e = check_repo_url(bad, false).expect_err(bad).0;
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(
+                bad.is_empty() || !e.contains(bad),
+                "the refusal quotes the URL: {e}"
+            );
+        }
+        check_repo_url("file:///srv/repo", true).unwrap();
+        check_repo_url("/srv/repo", true).unwrap();
+        check_repo_url("https://u:t@h/p", true).unwrap_err();
+    }
+
+    #[test]
+    fn stored_urls_are_shown_without_credentials() {
+        assert_eq!(
+            redact_repo_url("https://user:s3cret@github.com/acme/infra"),
+            "https://***@github.com/acme/infra"
+        );
+        assert_eq!(
+            redact_repo_url("git@github.com:acme/x"),
+            "git@github.com:acme/x"
+        );
+        assert_eq!(redact_repo_url("https://h/p"), "https://h/p");
+        assert_eq!(redact_repo_url("ssh://git@h/p"), "ssh://git@h/p");
+        assert_eq!(redact_repo_url("ssh://git:pw@h/p"), "ssh://***@h/p");
+    }
 
     #[test]
     fn dirs() {

@@ -104,6 +104,73 @@ pub fn sensitive_vars_subject(run_id: RunId) -> String {
     format!("{run_id}/sensitive-vars")
 }
 
+/// The sealing subject of a Run's plain variables (issue 14: values are not stored on
+/// the record; they stay sealed where the pipeline reads them).
+pub fn run_vars_subject(run_id: RunId) -> String {
+    format!("{run_id}/vars")
+}
+
+/// Seals a Run's plain variables for [`bindings::set_run_vars`]: their names (sorted) and
+/// the sealed JSON object.
+pub fn seal_run_vars(
+    sealer: &takosumi_seal::Sealer,
+    run_id: RunId,
+    vars: &Map<String, Value>,
+) -> Result<(Vec<String>, Vec<u8>), StepError> {
+    let names: Vec<String> = vars.keys().cloned().collect();
+    let mut plain = serde_json::to_vec(vars).map_err(StepError::internal)?;
+    let sealed = sealer.seal(Purpose::Credential, &run_vars_subject(run_id), &plain);
+    plain.zeroize();
+    Ok((names, sealed.map_err(StepError::internal)?))
+}
+
+impl Ctx {
+    /// The plain variables a step of `inputs_of` runs with: the ones sealed at its
+    /// submission, a Run recorded before sealing's plain ones, else the Capsule's own.
+    pub async fn run_variables(
+        &self,
+        inputs_of: &Run,
+        capsule: &Capsule,
+    ) -> Result<Map<String, Value>, EnvError> {
+        let value =
+            match bindings::sealed_run_vars(&self.pool, inputs_of.id)
+                .await
+                .map_err(store_err)?
+            {
+                Some(sealed) => {
+                    let mut plain = self
+                    .sealer
+                    .unseal(Purpose::Credential, &run_vars_subject(inputs_of.id), &sealed)
+                    .map_err(|e| {
+                        EnvError::Fail(
+                            FailureCode::CredentialFailed,
+                            format!(
+                                "the variables of {} cannot be opened ({e}); submit the plan again",
+                                inputs_of.id
+                            ),
+                        )
+                    })?;
+                    let parsed = serde_json::from_slice(&plain);
+                    plain.zeroize();
+                    parsed.map_err(|_| {
+                        EnvError::Fail(
+                            FailureCode::CredentialFailed,
+                            format!(
+                                "the variables of {} are not readable; submit the plan again",
+                                inputs_of.id
+                            ),
+                        )
+                    })?
+                }
+                None => inputs_of
+                    .vars
+                    .clone()
+                    .unwrap_or_else(|| capsule.vars.clone()),
+            };
+        Ok(value.as_object().cloned().unwrap_or_default())
+    }
+}
+
 /// Why the environment could not be built.
 #[derive(Debug)]
 pub enum EnvError {
@@ -200,11 +267,8 @@ impl Ctx {
         capsule: &Capsule,
         wd: &Workdir,
     ) -> Result<ToolEnv, EnvError> {
-        let vars_value = inputs_of
-            .vars
-            .clone()
-            .unwrap_or_else(|| capsule.vars.clone());
-        let vars: Map<String, Value> = vars_value.as_object().cloned().unwrap_or_default();
+        let vars = self.run_variables(inputs_of, capsule).await?;
+        let var_names: Vec<String> = vars.keys().cloned().collect();
         let mut env = ToolEnv::new()
             .with_variables(&vars)
             .map_err(|e| EnvError::Fail(FailureCode::InvalidConfiguration, e.to_string()))?;
@@ -276,15 +340,14 @@ impl Ctx {
 
         let names = env.names();
         let used = Value::Array(used);
-        // An apply has no variables of its own: it shows the plan's.
-        let apply_vars = (record_on != inputs_of.id).then_some(&vars_value);
+        // An apply has no variables of its own: it shows the names of the plan's.
         bindings::record_run_env(
             &self.pool,
             record_on,
             &self.owner,
             &used,
             &names,
-            apply_vars,
+            &var_names,
         )
         .await
         .map_err(store_err)?;

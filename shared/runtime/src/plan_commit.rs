@@ -153,6 +153,20 @@ pub async fn store_lockfile(
     }
 }
 
+/// The root module's variables the configuration declares `sensitive = true`, from
+/// `show -json` (`configuration.root_module.variables.<name>.sensitive`).
+pub fn declared_sensitive_vars(show: &Value) -> Vec<String> {
+    show.pointer("/configuration/root_module/variables")
+        .and_then(Value::as_object)
+        .map(|vars| {
+            vars.iter()
+                .filter(|(_, v)| v.get("sensitive") == Some(&Value::Bool(true)))
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Commits a plan `owner` holds the claim of. See the module documentation.
 pub async fn commit_plan(
     ctx: &Ctx,
@@ -230,6 +244,13 @@ pub async fn commit_plan(
     takosumi_store::records::set_resource_changes(&mut tx, run_id, &resources)
         .await
         .map_err(store_err)?;
+    takosumi_store::capsules::add_sensitive_var_names(
+        &mut tx,
+        capsule.id,
+        &declared_sensitive_vars(&p.show),
+    )
+    .await
+    .map_err(store_err)?;
     let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": capsule.state_generation });
     if let (Some(d), Some(extra)) = (data.as_object_mut(), p.event_extra.as_object()) {
         d.extend(extra.clone());

@@ -60,6 +60,9 @@ pub struct Settings {
     /// `infra/pricing/catalogue.json`) the gate's cost check uses instead of the built-in
     /// one, for a team's own negotiated prices. Unset: the built-in catalogue.
     pub pricing_catalogue: Option<PathBuf>,
+    /// `TAKOSUMI_ALLOW_FILE_REPOS=true`: Capsules may name local repositories (`file://…`
+    /// or an absolute path). For local use only; off by default.
+    pub allow_file_repos: bool,
 }
 
 impl Settings {
@@ -127,6 +130,14 @@ impl Settings {
             .unwrap_or(2000)
             .max(50);
         let stuck_queued_secs = number("TAKOSUMI_STUCK_QUEUED_SECS", 60).max(1);
+        let allow_file_repos = match get("TAKOSUMI_ALLOW_FILE_REPOS").as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(_) => {
+                problems.push("TAKOSUMI_ALLOW_FILE_REPOS must be true or false".into());
+                false
+            }
+        };
         if !problems.is_empty() {
             return Err(SettingsError { problems });
         }
@@ -150,6 +161,7 @@ impl Settings {
             reaper_interval_ms,
             stuck_queued_secs,
             pricing_catalogue: get("TAKOSUMI_PRICING_CATALOGUE").map(PathBuf::from),
+            allow_file_repos,
         })
     }
 }

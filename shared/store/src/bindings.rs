@@ -222,32 +222,38 @@ pub async fn detach(
 }
 
 /// Sets a just-inserted Run's variables (the Capsule's defaults with the submission's
-/// overrides merged over them). Only while it is queued and has none yet.
+/// overrides merged over them), sealed, with their names. Only while it is queued and has
+/// none yet.
 pub async fn set_run_vars(
     tx: &mut Tx,
     run_id: RunId,
-    vars: &serde_json::Value,
+    names: &[String],
+    sealed: &[u8],
 ) -> Result<bool, StoreError> {
     let done = sqlx::query!(
-        "UPDATE runs SET vars = $2 WHERE id = $1 AND status = 'queued' AND vars IS NULL",
+        r#"UPDATE runs SET vars_sealed = $2, var_names = $3
+            WHERE id = $1 AND status = 'queued' AND vars IS NULL AND vars_sealed IS NULL"#,
         run_id.as_uuid(),
-        vars
+        sealed,
+        names
     )
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected() == 1)
 }
 
-/// The variables a Run was submitted with (`None` for Runs from before per-run
-/// variables: the Capsule's apply).
-pub async fn run_vars<'e, E: sqlx::PgExecutor<'e>>(
+/// A Run's sealed variables, if it was submitted with its own.
+pub async fn sealed_run_vars<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     run_id: RunId,
-) -> Result<Option<serde_json::Value>, StoreError> {
-    let row = sqlx::query!("SELECT vars FROM runs WHERE id = $1", run_id.as_uuid())
-        .fetch_optional(executor)
-        .await?;
-    Ok(row.and_then(|r| r.vars))
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT vars_sealed FROM runs WHERE id = $1",
+        run_id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.and_then(|r| r.vars_sealed))
 }
 
 /// Stores a plan Run's sealed sensitive variables (once).
@@ -297,25 +303,25 @@ pub async fn forget_sensitive_vars<'e, E: sqlx::PgExecutor<'e>>(
 }
 
 /// Records what a running step injected: the bindings (`[{id, name}]`), the names of every
-/// injected variable, and (for an apply, which has none of its own) the variables of the
-/// plan it carries out. Only for the lease holder of a running step.
+/// injected variable, and the names of the plain variables it ran with (an apply shows its
+/// plan's; never their values). Only for the lease holder of a running step.
 pub async fn record_run_env<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     run_id: RunId,
     owner: &str,
     provider_bindings: &serde_json::Value,
     injected_env_names: &[String],
-    vars: Option<&serde_json::Value>,
+    var_names: &[String],
 ) -> Result<bool, StoreError> {
     let done = sqlx::query!(
-        r#"UPDATE runs SET provider_bindings = $3, injected_env_names = $4, vars = COALESCE(vars, $5),
-                  updated_at = now()
+        r#"UPDATE runs SET provider_bindings = $3, injected_env_names = $4,
+                  var_names = COALESCE(var_names, $5), updated_at = now()
             WHERE id = $1 AND lease_owner = $2 AND status IN ('planning', 'applying')"#,
         run_id.as_uuid(),
         owner,
         provider_bindings,
         injected_env_names,
-        vars
+        var_names
     )
     .execute(executor)
     .await?;

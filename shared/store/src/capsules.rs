@@ -33,6 +33,9 @@ pub struct Capsule {
     pub running_apply_id: Option<RunId>,
     /// A push moved the branch since the last plan.
     pub stale: bool,
+    /// The variables its configuration declares `sensitive = true`, as its latest plan
+    /// read them (`None`: never planned, so unknown).
+    pub sensitive_var_names: Option<Vec<String>>,
     /// When it was registered.
     pub created_at: DateTime<Utc>,
 }
@@ -81,29 +84,38 @@ pub async fn get<'e, E>(executor: E, id: CapsuleId) -> Result<Option<Capsule>, S
 where
     E: sqlx::PgExecutor<'e>,
 {
-    let row = sqlx::query!(
-        r#"SELECT id, workspace_id, name, repo, branch, dir, tool, vars, state_generation,
-                  current_state_version_id, running_apply_id, stale, created_at
+    Ok(sqlx::query_as!(
+        Capsule,
+        r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
+                  branch, dir, tool, vars, state_generation,
+                  current_state_version_id as "current_state_version_id: StateVersionId",
+                  running_apply_id as "running_apply_id: RunId", stale, sensitive_var_names,
+                  created_at
              FROM capsules WHERE id = $1"#,
         id.as_uuid()
     )
     .fetch_optional(executor)
+    .await?)
+}
+
+/// Records which variables the configuration a plan just read declares sensitive, added to
+/// those earlier plans saw: once a configuration marked a variable sensitive its value stays
+/// withheld (a pull request's plan cannot unmark one).
+pub async fn add_sensitive_var_names(
+    tx: &mut Tx,
+    id: CapsuleId,
+    names: &[String],
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        r#"UPDATE capsules SET sensitive_var_names = ARRAY(
+                  SELECT DISTINCT n FROM unnest(COALESCE(sensitive_var_names, '{}') || $2::text[]) n ORDER BY n)
+            WHERE id = $1"#,
+        id.as_uuid(),
+        names
+    )
+    .execute(&mut **tx)
     .await?;
-    Ok(row.map(|r| Capsule {
-        id: CapsuleId::from_uuid(r.id),
-        workspace_id: WorkspaceId::from_uuid(r.workspace_id),
-        name: r.name,
-        repo: r.repo,
-        branch: r.branch,
-        dir: r.dir,
-        tool: r.tool,
-        vars: r.vars,
-        state_generation: r.state_generation,
-        current_state_version_id: r.current_state_version_id.map(StateVersionId::from_uuid),
-        running_apply_id: r.running_apply_id.map(RunId::from_uuid),
-        stale: r.stale,
-        created_at: r.created_at,
-    }))
+    Ok(())
 }
 
 /// Takes the Capsule for an apply: only where no other apply holds it. Returns the

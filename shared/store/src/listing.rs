@@ -30,30 +30,16 @@ pub async fn workspaces(
 
 /// The Capsules of a Workspace.
 pub async fn capsules(pool: &sqlx::PgPool, ws: WorkspaceId) -> Result<Vec<Capsule>, StoreError> {
-    let rows = sqlx::query!(
-        r#"SELECT id, workspace_id, name, repo, branch, dir, tool, vars, state_generation,
-                  current_state_version_id, running_apply_id, stale, created_at
+    Ok(sqlx::query_as!(
+        Capsule,
+        r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
+                  branch, dir, tool, vars, state_generation,
+                  current_state_version_id as "current_state_version_id: StateVersionId",
+                  running_apply_id as "running_apply_id: RunId", stale, sensitive_var_names,
+                  created_at
              FROM capsules WHERE workspace_id = $1 ORDER BY created_at, id"#,
         ws.as_uuid()
     )
     .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| Capsule {
-            id: CapsuleId::from_uuid(r.id),
-            workspace_id: WorkspaceId::from_uuid(r.workspace_id),
-            name: r.name,
-            repo: r.repo,
-            branch: r.branch,
-            dir: r.dir,
-            tool: r.tool,
-            vars: r.vars,
-            state_generation: r.state_generation,
-            current_state_version_id: r.current_state_version_id.map(StateVersionId::from_uuid),
-            running_apply_id: r.running_apply_id.map(RunId::from_uuid),
-            stale: r.stale,
-            created_at: r.created_at,
-        })
-        .collect())
+    .await?)
 }

@@ -64,9 +64,11 @@ pub struct Run {
     pub state_version_id: Option<StateVersionId>,
     /// Names of injected environment variables.
     pub injected_env_names: Vec<String>,
-    /// The non-secret variables the Run is planned with (`None`: recorded before per-run
-    /// variables existed; the Capsule's apply).
+    /// Plain variable values of a Run recorded before they were sealed (issue 14): read by
+    /// the pipeline for such a Run, never shown. New Runs keep theirs sealed.
     pub vars: Option<serde_json::Value>,
+    /// The names of the Run's plain variables (`None`: the Capsule's, read at execution).
+    pub var_names: Option<Vec<String>>,
     /// `[{"id": "pb_…", "name": …}]`: the ProviderBindings a step injected.
     pub provider_bindings: serde_json::Value,
     /// Why it is held.
@@ -119,7 +121,7 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
                   lockfile_object_key, provider_lock_state, provider_lock_digest, dependency_snapshot,
                   state_generation, changes, drift, outputs,
                   state_version_id as "state_version_id: StateVersionId", injected_env_names,
-                  vars, provider_bindings, hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
+                  vars, var_names, provider_bindings, hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
                   canceled_at, lease_owner, sandbox, attempts, created_at, updated_at
              FROM runs WHERE id = $1"#,
         id.as_uuid()

@@ -1,0 +1,230 @@
+//! End-to-end (real API, Postgres, RabbitMQ, the S3 server and terraform): the seed's
+//! sentences that issue 14 found the product not keeping, each tested as written.
+
+use serde_json::{Value, json};
+use takosumi_client::{NewCapsule, PlanRequest, Source};
+use takosumi_core::RunStatus;
+use takosumi_tests::{Endpoints, GitRepo, Options, Stack};
+
+/// `db_password` is declared sensitive; it is given as a plain Capsule variable and as a
+/// plain Run variable, the two ways the first cut served it in clear.
+const NAMES_TF: &str = r#"
+variable "db_password" {
+  type      = string
+  sensitive = true
+}
+variable "region" { type = string }
+resource "null_resource" "db" {
+  triggers = { region = var.region, password_len = length(var.db_password) }
+}
+output "region" { value = var.region }
+"#;
+
+fn obj(v: Value) -> serde_json::Map<String, Value> {
+    v.as_object().cloned().unwrap_or_default()
+}
+
+/// "The names of the injected environment variables — values are not stored": a Run shows
+/// its variables by name only, wherever it is served (the Run, the Workspace's run list,
+/// events), and its row keeps them sealed. A Capsule's own variables are shown by name,
+/// with a value only for a variable the configuration does not mark sensitive, only once a
+/// plan has read the configuration, and only to a role that may edit the Capsule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_carry_variable_names_never_values() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let capsule_canary = format!("capsule-pw-{}", uuid::Uuid::new_v4().simple());
+    let run_canary = format!("run-pw-{}", uuid::Uuid::new_v4().simple());
+    let repo = GitRepo::new(&[("infra/main.tf", NAMES_TF)])?;
+    let ws = stack.client.create_workspace("names").await?;
+    let cap = stack
+        .client
+        .create_capsule(
+            ws.id,
+            &NewCapsule {
+                name: "db".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra".into(),
+                tool: "terraform".into(),
+                vars: obj(json!({ "region": "eu", "db_password": capsule_canary })),
+            },
+        )
+        .await?;
+    // Before any plan nothing is known about which variables are sensitive: no value shown.
+    assert!(cap.vars.is_empty(), "{cap:?}");
+    assert_eq!(cap.extra["withheldVars"], json!(["db_password", "region"]));
+    assert_eq!(cap.extra["varNames"], json!(["db_password", "region"]));
+
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let overridden = PlanRequest {
+        vars: obj(json!({ "db_password": run_canary })),
+        ..PlanRequest::default()
+    };
+    let with_run_var = stack
+        .wait(stack.client.plan_with(cap.id, None, &overridden).await?.id)
+        .await?;
+    assert_eq!(with_run_var.status, RunStatus::Planned, "{with_run_var:?}");
+    assert_eq!(
+        with_run_var.var_names(),
+        Some(vec!["db_password".to_owned(), "region".to_owned()])
+    );
+    let apply = stack
+        .wait(stack.client.apply(with_run_var.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    assert_eq!(
+        apply.var_names(),
+        with_run_var.var_names(),
+        "an apply shows its plan's names"
+    );
+
+    let mut served = Vec::new();
+    for path in [
+        format!("/api/v1/runs/{}", plan.id),
+        format!("/api/v1/runs/{}", with_run_var.id),
+        format!("/api/v1/runs/{}", apply.id),
+        format!("/api/v1/runs/{}/events", with_run_var.id),
+        format!("/api/v1/runs/{}/events", apply.id),
+        format!("/api/v1/workspaces/{}/runs", ws.id),
+        format!("/api/v1/workspaces/{}/activity", ws.id),
+        format!("/api/v1/capsules/{}", cap.id),
+        format!("/api/v1/workspaces/{}/capsules", ws.id),
+    ] {
+        let (status, body) = stack.call("GET", &path, Value::Null).await?;
+        assert_eq!(status, 200, "{path}: {body}");
+        served.push((path, body.to_string()));
+    }
+    for (path, body) in &served {
+        for canary in [&capsule_canary, &run_canary] {
+            assert!(
+                !body.contains(canary.as_str()),
+                "{path} serves {canary}: {body}"
+            );
+        }
+    }
+    // The row keeps the Run's variables sealed: no plain copy, no canary in the bytes.
+    let (plain, sealed): (Option<Value>, Option<Vec<u8>>) =
+        sqlx::query_as("SELECT vars, vars_sealed FROM runs WHERE id = $1")
+            .bind(with_run_var.id.as_uuid())
+            .fetch_one(&stack.ctx.pool)
+            .await?;
+    assert!(plain.is_none());
+    let sealed = sealed.expect("sealed variables");
+    assert!(
+        !sealed
+            .windows(run_canary.len())
+            .any(|w| w == run_canary.as_bytes())
+    );
+
+    // The configuration marks db_password sensitive: an editor sees region's value only.
+    let shown = stack.client.get_capsule(cap.id).await?;
+    assert_eq!(shown.vars, obj(json!({ "region": "eu" })));
+    assert_eq!(shown.extra["withheldVars"], json!(["db_password"]));
+    // A viewer sees names only.
+    let viewer = format!("tks_viewer_{}", uuid::Uuid::new_v4().simple());
+    takosumi_store::tokens::upsert(&stack.ctx.pool, &viewer, "reader", "viewer", None).await?;
+    let (status, as_viewer) = stack
+        .request(
+            "GET",
+            &format!("/api/v1/capsules/{}", cap.id),
+            Some(&viewer),
+            None,
+        )
+        .await?;
+    assert_eq!(status, 200, "{as_viewer}");
+    assert_eq!(as_viewer["vars"], json!({}));
+    assert_eq!(as_viewer["withheldVars"], json!(["db_password", "region"]));
+    stack.stop().await
+}
+
+/// Repository URLs: credentials inside a URL are refused (and never quoted back), so are
+/// plain http and git:// URLs; local repositories only behind the server's explicit
+/// `TAKOSUMI_ALLOW_FILE_REPOS`. A refusal creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repository_urls_with_credentials_or_local_paths_are_refused() -> anyhow::Result<()> {
+    let stack = Stack::start_on(
+        Options::default(),
+        &Endpoints {
+            settings: vec![("TAKOSUMI_ALLOW_FILE_REPOS".into(), "false".into())],
+            ..Endpoints::default()
+        },
+    )
+    .await?;
+    let ws = stack.client.create_workspace("urls").await?;
+    let token = format!("ghp_{}", uuid::Uuid::new_v4().simple());
+    let local = GitRepo::with_example("network")?;
+    for (repo, says) in [
+        (
+            format!("https://deploy:{token}@github.com/acme/infra.git"),
+            "credentials",
+        ),
+        (
+            format!("https://{token}@github.com/acme/infra.git"),
+            "credentials",
+        ),
+        ("http://github.com/acme/infra.git".to_owned(), "http://"),
+        ("git://github.com/acme/infra.git".to_owned(), "git://"),
+        (local.url(), "TAKOSUMI_ALLOW_FILE_REPOS"),
+        (
+            format!("file://{}", local.url()),
+            "TAKOSUMI_ALLOW_FILE_REPOS",
+        ),
+    ] {
+        let (status, body) = stack
+            .call(
+                "POST",
+                &format!("/api/v1/workspaces/{}/capsules", ws.id),
+                json!({ "name": "c", "source": { "repo": repo, "branch": "main" }, "dir": "infra/network", "tool": "terraform" }),
+            )
+            .await?;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (422, Some("invalid_source")),
+            "{repo}: {body}"
+        );
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(says), "{repo}: {message}");
+        assert!(
+            !body.to_string().contains(&token),
+            "the token was quoted back: {body}"
+        );
+    }
+    let (status, body) = stack
+        .call(
+            "GET",
+            &format!("/api/v1/workspaces/{}/capsules", ws.id),
+            Value::Null,
+        )
+        .await?;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body["capsules"],
+        json!([]),
+        "a refusal created a Capsule: {body}"
+    );
+    // The accepted forms register (nothing is fetched at registration).
+    for (i, repo) in [
+        "https://github.com/acme/infra.git",
+        "ssh://git@github.com/acme/infra.git",
+        "git@github.com:acme/infra.git",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (status, body) = stack
+            .call(
+                "POST",
+                &format!("/api/v1/workspaces/{}/capsules", ws.id),
+                json!({ "name": format!("ok{i}"), "source": { "repo": repo, "branch": "main" }, "dir": "infra", "tool": "terraform" }),
+            )
+            .await?;
+        assert_eq!(status, 201, "{repo}: {body}");
+        assert_eq!(body["source"]["repo"], json!(repo));
+    }
+    stack.stop().await
+}
