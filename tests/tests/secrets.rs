@@ -42,7 +42,7 @@ resource "null_resource" "uses_secret" {
 resource "null_resource" "env_probe" {
   triggers = { seed = var.seed }
   provisioner "local-exec" {
-    command = "echo cred=$CANARY_CRED token=$TAKOSUMI_TOKEN cmd=$CMD_CRED checkpoint=$CHECKPOINT_DISABLE; echo cred-sha=$(printf %s \"$CANARY_CRED\" | sha256sum | cut -c1-64); echo token-sha=$(printf %s \"$TAKOSUMI_TOKEN\" | sha256sum | cut -c1-64); echo cmd-sha=$(printf %s \"$CMD_CRED\" | sha256sum | cut -c1-64)"
+    command = "echo cred=$CANARY_CRED token=$TAKOSUMI_TOKEN cmd=$CMD_CRED checkpoint=$CHECKPOINT_DISABLE; echo cred-sha=$(printf %s \"$CANARY_CRED\" | sha256sum | cut -c1-64); echo token-sha=$(printf %s \"$TAKOSUMI_TOKEN\" | sha256sum | cut -c1-64); echo switchtender-sha=$(printf %s \"$SWITCHTENDER_TOKEN\" | sha256sum | cut -c1-64); echo cmd-sha=$(printf %s \"$CMD_CRED\" | sha256sum | cut -c1-64)"
   }
 }
 
@@ -290,7 +290,7 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
         names,
         vec![
             vec!["CANARY_CRED".to_owned()],
-            vec!["TAKOSUMI_TOKEN".to_owned()],
+            vec!["TAKOSUMI_TOKEN".to_owned(), "SWITCHTENDER_TOKEN".to_owned()],
             vec!["CMD_CRED".to_owned()]
         ]
     );
@@ -339,6 +339,7 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
     for name in [
         "CANARY_CRED",
         "TAKOSUMI_TOKEN",
+        "SWITCHTENDER_TOKEN",
         "CMD_CRED",
         "TF_VAR_secret",
         "TF_VAR_api_key",
@@ -402,6 +403,8 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
     for line in [
         format!("cred-sha={}", sha(&cred)),
         format!("token-sha={}", sha(&token)),
+        // the seed's name for the same token
+        format!("switchtender-sha={}", sha(&token)),
         format!("cmd-sha={}", sha(&cmd_b)),
     ] {
         assert!(apply_log.contains(&line), "{line} missing:\n{apply_log}");

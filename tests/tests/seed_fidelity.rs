@@ -228,3 +228,84 @@ async fn repository_urls_with_credentials_or_local_paths_are_refused() -> anyhow
     }
     stack.stop().await
 }
+
+const NULL_TF: &str = r#"
+resource "null_resource" "n" {}
+output "tool" { value = "ran" }
+"#;
+
+/// "The tofu binary must be on the PATH of the process executing runs … Nothing else is
+/// configured." A `tofu` Capsule plans and applies with a binary named `tofu` found on the
+/// handlers' PATH and no setting naming it; the Run records that binary's path and version.
+/// Honest note: the `tofu` here is a symbolic link to the terraform 1.0.3 the tests pin (no
+/// OpenTofu release is installable offline); what is tested is the lookup, not OpenTofu.
+/// With no `tofu` on PATH and none named, the Run fails `invalid_configuration` saying
+/// what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tofu_capsule_runs_with_the_tofu_found_on_path() -> anyhow::Result<()> {
+    let real = std::env::var("TAKOSUMI_TERRAFORM_BIN")?;
+    let bin = takosumi_tests::fixture_dir()?;
+    let tofu = bin.path().join("tofu");
+    std::os::unix::fs::symlink(&real, &tofu)?;
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", bin.path().display());
+    for (path, found) in [(path.as_str(), true), ("/usr/bin:/bin", false)] {
+        let stack = Stack::start_on(
+            Options::default(),
+            &Endpoints {
+                settings: vec![("PATH".into(), path.into())],
+                ..Endpoints::default()
+            },
+        )
+        .await?;
+        let repo = GitRepo::new(&[("infra/main.tf", NULL_TF)])?;
+        let ws = stack.client.create_workspace("tofu").await?;
+        let cap = stack
+            .client
+            .create_capsule(
+                ws.id,
+                &NewCapsule {
+                    name: "t".into(),
+                    source: Source {
+                        repo: repo.url(),
+                        branch: "main".into(),
+                    },
+                    dir: "infra".into(),
+                    tool: "tofu".into(),
+                    vars: Default::default(),
+                },
+            )
+            .await?;
+        let plan = stack
+            .wait(stack.client.plan(cap.id, None).await?.id)
+            .await?;
+        if !found {
+            assert_eq!(plan.status, RunStatus::Failed, "{plan:?}");
+            let error = plan.error.clone().unwrap();
+            assert_eq!(error.code, "invalid_configuration");
+            assert!(
+                error.message.contains("put `tofu` on the PATH")
+                    && error.message.contains("TAKOSUMI_TOFU_BIN"),
+                "{}",
+                error.message
+            );
+            stack.stop().await?;
+            continue;
+        }
+        assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+        let version = plan.tool_version.clone().unwrap();
+        assert_eq!(
+            version["path"],
+            json!(tofu.display().to_string()),
+            "{version}"
+        );
+        assert_eq!(version["terraform_version"], json!("1.0.3"), "{version}");
+        let apply = stack
+            .wait(stack.client.apply(plan.id, None).await?.id)
+            .await?;
+        assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+        assert_eq!(apply.outputs.clone().unwrap()["tool"], json!("ran"));
+        assert_eq!(apply.tool_version.clone().unwrap()["path"], version["path"]);
+        stack.stop().await?;
+    }
+    Ok(())
+}

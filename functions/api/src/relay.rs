@@ -42,9 +42,7 @@ use takosumi_core::{CapsuleId, FailureCode, RunId, RunKind, RunStatus, StateVers
 use takosumi_objects::PutOutcome;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dry_run::{self, DryRunDecision};
-use takosumi_runtime::inputs::{
-    CredentialSet, EnvError, Injected, TOKEN_ENV, open_binding, sensitive_vars_subject,
-};
+use takosumi_runtime::inputs::{EnvError, Injected, open_binding, sensitive_vars_subject};
 use takosumi_runtime::plan_commit::{self, Committed, PlanToCommit, StoredPlan};
 use takosumi_runtime::step::{plan_key, state_key};
 use takosumi_seal::Purpose;
@@ -412,12 +410,9 @@ async fn secret_inputs(
     for sealed in bindings::sealed_for_capsule(&st.pool, capsule_id).await? {
         let b = &sealed.binding;
         let (what, set) = open_binding(&st.sealer, &sealed).map_err(refused)?;
-        let entries: Vec<(String, String)> = match &set {
-            CredentialSet::Env { env: e } => {
-                e.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-            }
-            CredentialSet::Token { token } => vec![(TOKEN_ENV.to_owned(), token.clone())],
-            CredentialSet::Command { .. } => {
+        let entries: Vec<(String, String)> = match set.static_entries() {
+            Some(entries) => entries,
+            None => {
                 return Err(ApiError::conflict(
                     "relay_command_credential",
                     format!(

@@ -57,7 +57,8 @@ impl RelaySettings {
             );
         }
         let vars: std::collections::HashMap<String, String> = std::env::vars()
-            .filter(|(k, _)| k.starts_with("TAKOSUMI_"))
+            // PATH: where the tools are looked up (RunnerConfig::from_settings)
+            .filter(|(k, _)| k.starts_with("TAKOSUMI_") || k == "PATH")
             .collect();
         let get = |k: &str| vars.get(k).filter(|v| !v.is_empty()).cloned();
         let secret = |k: &str| takosumi_core::read_secret(&vars, k).map_err(anyhow::Error::msg);

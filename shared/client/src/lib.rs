@@ -1014,14 +1014,16 @@ mod tests {
             "id": cap, "workspaceId": ws, "name": "network",
             "source": {"repo": "https://git.example/infra.git", "branch": "main"},
             "dir": "infra/network", "tool": "tofu", "vars": {"region": "eu"},
-            "stateGeneration": 2, "currentStateVersionId": StateVersionId::new(), "status": "ok", "stale": false
+            "stateGeneration": 2, "currentStateVersionId": StateVersionId::new(), "status": "ok", "stale": true,
+            "futureField": false
         });
         let c: Capsule = serde_json::from_value(full).unwrap();
         assert_eq!(c.source.branch, "main");
         assert_eq!(c.vars["region"], "eu");
         assert_eq!(c.state_generation, 2);
         assert!(c.current_state_version_id.is_some());
-        assert_eq!(c.extra["stale"], false);
+        assert!(c.stale && !c.drifted);
+        assert_eq!(c.extra["futureField"], false, "unknown fields are kept");
 
         let minimal = json!({"id": cap, "workspaceId": ws, "name": "n", "currentStateVersionId": null, "vars": null});
         let c: Capsule = serde_json::from_value(minimal).unwrap();

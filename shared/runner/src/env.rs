@@ -28,6 +28,14 @@ impl Tool {
             Self::Tofu => "tofu",
         }
     }
+
+    /// The setting suffix naming its binary (`TAKOSUMI_<this>_BIN`).
+    pub fn env_name(self) -> &'static str {
+        match self {
+            Self::Terraform => "TERRAFORM",
+            Self::Tofu => "TOFU",
+        }
+    }
 }
 
 impl fmt::Display for Tool {

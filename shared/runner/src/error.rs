@@ -47,7 +47,7 @@ pub enum RunnerError {
     #[error("unknown tool {0:?}: expected \"terraform\" or \"tofu\"")]
     UnknownTool(String),
     /// The Capsule names a tool this runner has no binary for.
-    #[error("{0} is not installed on this runner")]
+    #[error("{0} is not installed on this runner: put `{0}` on the PATH of the process executing runs, or name its binary with TAKOSUMI_{bin}_BIN", bin = .0.env_name())]
     ToolNotInstalled(Tool),
     /// The tool or git binary could not be started.
     #[error("could not start {program}: {source}")]

@@ -29,8 +29,8 @@ pub const MAX_LOCKFILE_BYTES: u64 = 1_048_576;
 /// Where the binaries are and where run directories go. Server settings, read once.
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
-    /// The terraform binary.
-    pub terraform_bin: PathBuf,
+    /// The terraform binary, if this runner has one.
+    pub terraform_bin: Option<PathBuf>,
     /// The tofu binary, if this runner has one.
     pub tofu_bin: Option<PathBuf>,
     /// Given to the tool as `TF_CLI_CONFIG_FILE` (e.g. an offline provider mirror).
@@ -89,7 +89,7 @@ impl RunnerConfig {
     /// bubblewrap sandbox and the default limits.
     pub fn new(terraform_bin: impl Into<PathBuf>, work_root: impl Into<PathBuf>) -> Self {
         Self {
-            terraform_bin: terraform_bin.into(),
+            terraform_bin: Some(terraform_bin.into()),
             tofu_bin: None,
             cli_config_file: None,
             work_root: work_root.into(),
@@ -104,6 +104,13 @@ impl RunnerConfig {
     /// `TAKOSUMI_BWRAP_BIN`, `TAKOSUMI_SANDBOX_RO_PATHS`, `TAKOSUMI_SANDBOX_RW_PATHS`,
     /// `TAKOSUMI_LIMIT_{CHECKOUT,INIT,PLAN,APPLY,OTHER}_SECS`) through `get`; the same on
     /// the control node and on a relay worker. Problems are named, all at once.
+    ///
+    /// The seed: "the tofu binary must be on the PATH of the process executing runs …
+    /// nothing else is configured". Each tool is looked up once, here, on `PATH` (`get`'s,
+    /// else this process's): `tofu` and `terraform`; `TAKOSUMI_TOFU_BIN` /
+    /// `TAKOSUMI_TERRAFORM_BIN` override the lookup (a bare name is looked up on `PATH`
+    /// too). A tool found nowhere is absent: its Capsules fail `invalid_configuration`
+    /// saying so.
     pub fn from_settings(get: impl Fn(&str) -> Option<String>) -> Result<Self, Vec<String>> {
         let mut problems = Vec::new();
         let work_root = get("TAKOSUMI_WORK_DIR")
@@ -112,11 +119,16 @@ impl RunnerConfig {
                 problems.push("TAKOSUMI_WORK_DIR is not set".to_owned());
                 PathBuf::new()
             });
-        let mut cfg = Self::new(
-            get("TAKOSUMI_TERRAFORM_BIN").unwrap_or_else(|| "terraform".into()),
-            work_root,
+        let search: Option<OsString> = get("PATH")
+            .map(OsString::from)
+            .or_else(|| std::env::var_os("PATH"));
+        let mut cfg = Self::new(PathBuf::new(), work_root);
+        cfg.terraform_bin = resolve_tool(
+            get("TAKOSUMI_TERRAFORM_BIN"),
+            "terraform",
+            search.as_deref(),
         );
-        cfg.tofu_bin = get("TAKOSUMI_TOFU_BIN").map(PathBuf::from);
+        cfg.tofu_bin = resolve_tool(get("TAKOSUMI_TOFU_BIN"), "tofu", search.as_deref());
         cfg.cli_config_file = get("TAKOSUMI_TF_CLI_CONFIG").map(PathBuf::from);
         if let Some(mode) = get("TAKOSUMI_SANDBOX") {
             match mode.parse() {
@@ -159,11 +171,18 @@ impl RunnerConfig {
         }
     }
 
-    /// What a child needs to read besides the system: the tool binaries, the CLI
-    /// configuration and the provider directories it names.
+    /// What a child needs to read besides the system: the tool binaries (and what a linked
+    /// one points at), the CLI configuration and the provider directories it names.
     fn readable_paths(&self) -> Vec<PathBuf> {
-        let mut paths = vec![self.terraform_bin.clone()];
-        paths.extend(self.tofu_bin.clone());
+        let mut paths = Vec::new();
+        for bin in self.terraform_bin.iter().chain(&self.tofu_bin) {
+            paths.push(bin.clone());
+            if let Ok(real) = fs::canonicalize(bin)
+                && real != *bin
+            {
+                paths.push(real);
+            }
+        }
         if let Some(cli) = &self.cli_config_file {
             paths.push(cli.clone());
             paths.extend(sandbox::cli_config_paths(cli));
@@ -171,6 +190,28 @@ impl RunnerConfig {
         paths.retain(|p| p.is_absolute());
         paths
     }
+}
+
+/// Where a tool's binary is: the override as given (a bare name is looked up on `path`),
+/// else `name` on `path`; `None` when neither names an executable file.
+fn resolve_tool(
+    configured: Option<String>,
+    name: &str,
+    path: Option<&std::ffi::OsStr>,
+) -> Option<PathBuf> {
+    let wanted = configured.unwrap_or_else(|| name.to_owned());
+    if wanted.contains('/') {
+        return Some(PathBuf::from(wanted));
+    }
+    let search = path?;
+    std::env::split_paths(search)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(&wanted))
+        .find(|candidate| {
+            use std::os::unix::fs::PermissionsExt;
+            fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// What was executed: the commit and a digest of the checked-out tree.
@@ -227,6 +268,11 @@ impl Runner {
     pub async fn start_up(&self) -> Result<(), RunnerError> {
         let root = &self.cfg.work_root;
         workdir::ensure_work_root(root)?;
+        tracing::info!(
+            terraform = ?self.cfg.terraform_bin,
+            tofu = ?self.cfg.tofu_bin,
+            "tools resolved (a Capsule whose tool is absent fails invalid_configuration)"
+        );
         let removed = workdir::remove_leftovers(root);
         if removed > 0 {
             tracing::info!(removed, work_root = %root.display(), "removed run directories of runs no longer held");
@@ -277,7 +323,11 @@ impl Runner {
     /// The binary for `tool`, or [`RunnerError::ToolNotInstalled`].
     pub fn tool_bin(&self, tool: Tool) -> Result<&Path, RunnerError> {
         match tool {
-            Tool::Terraform => Ok(&self.cfg.terraform_bin),
+            Tool::Terraform => self
+                .cfg
+                .terraform_bin
+                .as_deref()
+                .ok_or(RunnerError::ToolNotInstalled(Tool::Terraform)),
             Tool::Tofu => self
                 .cfg
                 .tofu_bin
@@ -488,7 +538,14 @@ impl Runner {
         if let Some(known) = key.as_ref().and_then(|k| self.cached_version(k)) {
             return Ok(known);
         }
-        let value = self.ask_version(tool, env).await?;
+        let mut value = self.ask_version(tool, env).await?;
+        // Which binary ran is part of the record, beside its version.
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert(
+                "path".into(),
+                Value::String(self.tool_bin(tool)?.display().to_string()),
+            );
+        }
         if let Some(key) = key {
             self.versions
                 .lock()
@@ -1208,6 +1265,56 @@ mod tests {
         assert_eq!(
             Runner::new(cfg).tool_bin(Tool::Tofu).unwrap(),
             Path::new("/opt/tofu")
+        );
+    }
+
+    #[test]
+    fn tools_are_found_on_path_unless_a_setting_names_them() {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let exec = |dir: &Path, name: &str, mode: u32| {
+            let p = dir.join(name);
+            fs::write(&p, "#!/bin/sh\n").unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        let tofu = exec(bin.path(), "tofu", 0o755);
+        exec(other.path(), "terraform", 0o644); // not executable: skipped
+        let tf = exec(bin.path(), "terraform", 0o755);
+        let path =
+            std::env::join_paths(["relative/dir".as_ref(), other.path(), bin.path()]).unwrap();
+        let settings = |extra: &[(&str, &str)]| {
+            let mut map: std::collections::HashMap<String, String> = [
+                ("TAKOSUMI_WORK_DIR", "/tmp/w"),
+                ("PATH", path.to_str().unwrap()),
+            ]
+            .iter()
+            .chain(extra)
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+            map.retain(|_, v| !v.is_empty());
+            RunnerConfig::from_settings(|k| map.get(k).cloned()).unwrap()
+        };
+        let found = settings(&[]);
+        assert_eq!(found.tofu_bin.as_deref(), Some(tofu.as_path()));
+        assert_eq!(found.terraform_bin.as_deref(), Some(tf.as_path()));
+        let named = settings(&[("TAKOSUMI_TOFU_BIN", "/opt/tofu-1.8/tofu")]);
+        assert_eq!(
+            named.tofu_bin.as_deref(),
+            Some(Path::new("/opt/tofu-1.8/tofu"))
+        );
+        let by_name = settings(&[("TAKOSUMI_TERRAFORM_BIN", "tofu")]);
+        assert_eq!(by_name.terraform_bin.as_deref(), Some(tofu.as_path()));
+        let none = settings(&[("PATH", "/nonexistent")]);
+        assert!(none.tofu_bin.is_none() && none.terraform_bin.is_none());
+        let err = Runner::new(none)
+            .tool_bin(Tool::Tofu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("put `tofu` on the PATH") && err.contains("TAKOSUMI_TOFU_BIN"),
+            "{err}"
         );
     }
 

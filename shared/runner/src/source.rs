@@ -113,12 +113,12 @@ pub fn check_repo_url(repo: &str, allow_file: bool) -> Result<(), RepoUrlRefused
         if authority.is_empty() {
             return refuse("names no host".into());
         }
-        if let Some((userinfo, _)) = authority.rsplit_once('@') {
-            if scheme.eq_ignore_ascii_case("https") || userinfo.contains(':') {
-                return refuse(
-                    "carries credentials (`user:secret@` or `user@` in the URL); remove them and attach the credential to the Capsule as a ProviderBinding".into(),
-                );
-            }
+        if let Some((userinfo, _)) = authority.rsplit_once('@')
+            && (scheme.eq_ignore_ascii_case("https") || userinfo.contains(':'))
+        {
+            return refuse(
+                "carries credentials (`user:secret@` or `user@` in the URL); remove them and attach the credential to the Capsule as a ProviderBinding".into(),
+            );
         }
         return Ok(());
     }

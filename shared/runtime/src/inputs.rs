@@ -26,8 +26,9 @@ use zeroize::Zeroize;
 use crate::Ctx;
 use crate::step::store_err;
 
-/// The variable a token credential is exposed as.
-pub const TOKEN_ENV: &str = "TAKOSUMI_TOKEN";
+/// The variables a token credential is exposed as: `TAKOSUMI_TOKEN` and, as the seed
+/// names it, `SWITCHTENDER_TOKEN` (the same value under both).
+pub const TOKEN_ENVS: [&str; 2] = ["TAKOSUMI_TOKEN", "SWITCHTENDER_TOKEN"];
 /// How long a command-source credential may take.
 pub const CREDENTIAL_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -41,7 +42,7 @@ pub enum CredentialSet {
         /// The entries.
         env: BTreeMap<String, String>,
     },
-    /// One token, exposed as [`TOKEN_ENV`].
+    /// One token, exposed under each of [`TOKEN_ENVS`].
     Token {
         /// The token.
         token: String,
@@ -70,8 +71,23 @@ impl CredentialSet {
     pub fn env_names(&self) -> Vec<String> {
         match self {
             Self::Env { env } => env.keys().cloned().collect(),
-            Self::Token { .. } => vec![TOKEN_ENV.to_owned()],
+            Self::Token { .. } => TOKEN_ENVS.iter().map(|n| (*n).to_owned()).collect(),
             Self::Command { env_name, .. } => vec![env_name.clone()],
+        }
+    }
+
+    /// What an env or token set injects, as it is stored; `None` for a command set, whose
+    /// value is its command's output, resolved for every run.
+    pub fn static_entries(&self) -> Option<Vec<(String, String)>> {
+        match self {
+            Self::Env { env } => Some(env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+            Self::Token { token } => Some(
+                TOKEN_ENVS
+                    .iter()
+                    .map(|n| ((*n).to_owned(), token.clone()))
+                    .collect(),
+            ),
+            Self::Command { .. } => None,
         }
     }
 }
@@ -312,13 +328,12 @@ impl Ctx {
             let b = &sealed.binding;
             let (what, set) = open_binding(&self.sealer, &sealed)?;
             let entries: Vec<(String, Secret<String>)> = match &set {
-                CredentialSet::Env { env } => env
-                    .iter()
-                    .map(|(k, v)| (k.clone(), Secret::new(v.clone())))
+                CredentialSet::Env { .. } | CredentialSet::Token { .. } => set
+                    .static_entries()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k, Secret::new(v)))
                     .collect(),
-                CredentialSet::Token { token } => {
-                    vec![(TOKEN_ENV.to_owned(), Secret::new(token.clone()))]
-                }
                 CredentialSet::Command { command, env_name } => {
                     let value = self
                         .runner
@@ -374,7 +389,7 @@ mod tests {
         ];
         let names = [
             vec!["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
-            vec![TOKEN_ENV],
+            TOKEN_ENVS.to_vec(),
             vec!["VAULT_CRED"],
         ];
         for (json, want) in sets.iter().zip(names) {

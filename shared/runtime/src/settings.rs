@@ -69,7 +69,8 @@ impl Settings {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, SettingsError> {
         let vars: HashMap<String, String> = std::env::vars()
-            .filter(|(k, _)| k.starts_with("TAKOSUMI_"))
+            // PATH: where the tools are looked up (RunnerConfig::from_settings)
+            .filter(|(k, _)| k.starts_with("TAKOSUMI_") || k == "PATH")
             .collect();
         Self::from_map(&vars)
     }
