@@ -569,6 +569,117 @@ async fn exclude_dry_run_exempts_plans_only_when_the_scan_is_clean() -> anyhow::
     stack.stop().await
 }
 
+/// A held dry run binds its modules (issue 14): the scan report and the hold carry the
+/// digest of the module tree the scan read, and the release names it. A module source that
+/// moves while the plan is held is fetched again after the release, digests differently and
+/// is refused (`dependency_changed`) before `init` runs anything: never modules nobody
+/// scanned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_released_dry_run_plans_only_the_modules_its_scan_read() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let api = Api::new(&stack);
+    let module = GitRepo::new(&[("main.tf", "resource \"null_resource\" \"m\" {}\n")])?;
+    let repo = GitRepo::with_example("null")?;
+    repo.commit(
+        &[(
+            "infra/null/lookup.tf",
+            &format!(
+                "data \"external\" \"lookup\" {{\n  program = [\"sh\", \"-c\", \"echo {{}}\"]\n}}\nmodule \"remote\" {{\n  source = \"git::{}?ref=main\"\n}}\n",
+                module.url()
+            ),
+        )],
+        "acting, with a remote module",
+    )?;
+    let cap = capsule_of(&stack, &repo, None).await?;
+    api.rules(
+        &format!("/api/v1/workspaces/{}/rules", cap.workspace_id),
+        json!({ "approval": { "required": 1 }, "excludeDryRun": true }),
+    )
+    .await?;
+    let held = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(held.status, RunStatus::Held, "{held:?}");
+    let details = held.hold.clone().unwrap().details;
+    let scanned = details["modulesDigest"]
+        .as_str()
+        .expect("the hold binds the modules");
+    assert!(!scanned.is_empty());
+    assert_eq!(details["dryRunScan"]["modulesDigest"], json!(scanned));
+    let init_before = stack.tool_count("init");
+
+    // The module's branch moves while the plan waits for a person.
+    module.commit(
+        &[("extra.tf", "resource \"null_resource\" \"unscanned\" {}\n")],
+        "moved",
+    )?;
+    let (approver, _) = api.stack.token("approver", "approver").await?;
+    let (s, b) = api.stack.approve_as(held.id, &approver, json!({})).await?;
+    assert_eq!(s, 200, "{b}");
+    let after = stack.wait_released(held.id).await?;
+    assert_eq!(after.status, RunStatus::Failed, "{after:?}");
+    let error = after.error.clone().unwrap();
+    assert_eq!(error.code, "dependency_changed", "{error:?}");
+    assert!(error.message.contains(scanned), "{}", error.message);
+    assert_eq!(
+        stack.tool_count("init"),
+        init_before,
+        "init ran on unscanned modules"
+    );
+    let events = stack.client.events(held.id).await?;
+    let released = events
+        .iter()
+        .find(|e| e.kind == "released")
+        .expect("released");
+    assert_eq!(released.data["modulesDigest"], json!(scanned));
+    stack.stop().await
+}
+
+/// "A drift check is a dry run": the approval rule's dry-run decision covers it as it covers
+/// a plan. Under `excludeDryRun: false` a drift check is held before it plans, with its
+/// scan report and the commit it would check; once released it checks and reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_dry_run_decision_covers_drift_checks() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let api = Api::new(&stack);
+    let repo = GitRepo::with_example("null")?;
+    let cap = capsule_of(&stack, &repo, None).await?;
+    let (_, applied) = stack.plan_and_apply(cap.id).await?;
+    api.rules(
+        &format!("/api/v1/capsules/{}/rules", cap.id),
+        json!({ "approval": { "required": 1 }, "excludeDryRun": false }),
+    )
+    .await?;
+    let plans_before = stack.tool_count("plan");
+    let held = stack
+        .wait(stack.client.drift_check(cap.id).await?.id)
+        .await?;
+    assert_eq!(held.status, RunStatus::Held, "{held:?}");
+    let hold = held.hold.clone().unwrap();
+    assert_eq!(hold.reason, "approval_rule");
+    assert_eq!(hold.details["stage"], json!("before_plan"));
+    assert_eq!(hold.details["dryRunScan"]["clean"], json!(true));
+    assert_eq!(
+        hold.details["commit"],
+        json!(applied.source_snapshot.clone().unwrap().commit)
+    );
+    assert_eq!(
+        stack.tool_count("plan"),
+        plans_before,
+        "a held check planned"
+    );
+    let (approver, _) = api.stack.token("approver", "approver").await?;
+    let (s, b) = api.stack.approve_as(held.id, &approver, json!({})).await?;
+    assert_eq!(s, 200, "{b}");
+    let checked = stack.wait_released(held.id).await?;
+    assert_eq!(
+        (checked.status, checked.drift),
+        (RunStatus::Planned, Some(false)),
+        "{checked:?}"
+    );
+    stack.stop().await
+}
+
 /// A stale proposal: two applies submitted under an approval rule are each planned first
 /// and held; the second is approved and applied, so the first one's plan no longer matches
 /// the state. Approving the first then fails it (`state_generation_changed`) without

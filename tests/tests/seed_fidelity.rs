@@ -171,7 +171,7 @@ async fn repository_urls_with_credentials_or_local_paths_are_refused() -> anyhow
         ("git://github.com/acme/infra.git".to_owned(), "git://"),
         (local.url(), "TAKOSUMI_ALLOW_FILE_REPOS"),
         (
-            format!("file://{}", local.url()),
+            local.url().trim_start_matches("file://").to_owned(),
             "TAKOSUMI_ALLOW_FILE_REPOS",
         ),
     ] {

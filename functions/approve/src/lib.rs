@@ -49,7 +49,14 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         run_id,
         "released",
         &actor,
-        json!({ "approvals": given, "required": required, "planDigest": run.plan_digest }),
+        // a dry run held before planning is released bound to what its scan read
+        json!({
+            "approvals": given,
+            "required": required,
+            "planDigest": run.plan_digest,
+            "commit": run.hold_details.as_ref().and_then(|d| d.get("commit")),
+            "modulesDigest": run.hold_details.as_ref().and_then(|d| d.get("modulesDigest")),
+        }),
     )
     .await
     .map_err(store_err)?;

@@ -230,9 +230,17 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
         &self,
         report: &ScanReport,
         commit: &str,
+        modules_digest: &str,
     ) -> Result<ScanVerdict, PlanError> {
-        let decided =
-            dry_run::check(&self.ctx.pool, &self.ctx.owner, self.run, report, commit).await?;
+        let decided = dry_run::check(
+            &self.ctx.pool,
+            &self.ctx.owner,
+            self.run,
+            report,
+            commit,
+            Some(modules_digest),
+        )
+        .await?;
         let stopped = match decided {
             DryRunDecision::Proceed => return Ok(ScanVerdict::Proceed),
             DryRunDecision::Held => Outcome::Done,

@@ -578,6 +578,7 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
         &self,
         report: &ScanReport,
         commit: &str,
+        modules_digest: &str,
     ) -> Result<ScanVerdict, JobFailure> {
         let answer = match self
             .job
@@ -586,7 +587,7 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
                 &self.job.run,
                 &self.job.claim,
                 "scanned",
-                &json!({ "scanReport": report, "commit": commit }),
+                &json!({ "scanReport": report, "commit": commit, "modulesDigest": modules_digest }),
             )
             .await
         {

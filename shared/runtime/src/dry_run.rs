@@ -21,6 +21,13 @@ use takosumi_store::{Pool, activity, dry_runs, events, gates, runs};
 use crate::inputs::EnvError;
 use crate::step::store_err;
 
+/// The scan report as recorded: with the digest of the module tree it read.
+fn scan_json(report: &ScanReport, modules_digest: Option<&str>) -> serde_json::Value {
+    let mut json = report.to_json();
+    json["modulesDigest"] = json!(modules_digest);
+    json
+}
+
 /// What the dry-run check decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DryRunDecision {
@@ -39,25 +46,42 @@ pub async fn check(
     run: &runs::Run,
     report: &ScanReport,
     commit: &str,
+    modules_digest: Option<&str>,
 ) -> Result<DryRunDecision, EnvError> {
-    // Drift checks are the sweep's, and take their own path (drift step).
-    if !matches!(run.kind, RunKind::Plan | RunKind::Destroy) {
+    // A drift check is a dry run too: the scan decides it as it decides a plan.
+    if !matches!(
+        run.kind,
+        RunKind::Plan | RunKind::Destroy | RunKind::DriftCheck
+    ) {
         return Ok(DryRunDecision::Proceed);
     }
     if run.gate_decision.as_deref() == Some("released") {
-        // A person released it before it planned: it runs the commit they were shown.
-        let shown = run
-            .hold_details
-            .as_ref()
-            .and_then(|d| d.get("commit"))
-            .and_then(|c| c.as_str());
-        if let Some(shown) = shown
+        // A person released it before it planned: it runs the commit and the module tree
+        // they were shown (modules are fetched again, so a module source that moved is
+        // refused here rather than planned unscanned).
+        let shown = |key: &str| {
+            run.hold_details
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .and_then(|c| c.as_str())
+        };
+        if let Some(shown) = shown("commit")
             && shown != commit
         {
             return Err(EnvError::Fail(
                 FailureCode::SourceChanged,
                 format!(
                     "the branch moved from {shown} to {commit} after this plan was released; nothing was planned. Plan again, and the new commit is scanned and decided afresh"
+                ),
+            ));
+        }
+        if let (Some(shown), Some(now)) = (shown("modulesDigest"), modules_digest)
+            && shown != now
+        {
+            return Err(EnvError::Fail(
+                FailureCode::DependencyChanged,
+                format!(
+                    "the modules fetched now digest to {now}, not to the {shown} the dry-run scan read and the approver released; nothing was planned. Plan again, and the modules are scanned and decided afresh"
                 ),
             ));
         }
@@ -94,8 +118,9 @@ pub async fn check(
         "dryRun": true,
         "message": why,
         "findings": findings,
-        "dryRunScan": report.to_json(),
+        "dryRunScan": scan_json(report, modules_digest),
         "commit": commit,
+        "modulesDigest": modules_digest,
         "approvalRule": { "required": approval.required, "approverRoles": approval.approver_roles },
         "excludeDryRun": rules.exclude_dry_run,
         "ruleVersions": {
@@ -125,7 +150,7 @@ pub async fn check(
         run.id,
         "held",
         &actor,
-        json!({ "reason": reason, "stage": "before_plan", "findings": details["findings"], "commit": commit }),
+        json!({ "reason": reason, "stage": "before_plan", "findings": details["findings"], "commit": commit, "modulesDigest": modules_digest }),
     )
     .await
     .map_err(store_err)?;

@@ -91,11 +91,14 @@ pub trait PlanHost: Host {
         lockfile: Option<&[u8]>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// Decides whether the plan runs now (the approval rule's dry-run hold).
+    /// Decides whether the plan runs now (the approval rule's dry-run hold). A hold binds
+    /// the commit and the module tree (`modules_digest`) the scan read: once released, the
+    /// plan runs exactly those, never modules nobody scanned.
     fn after_scan(
         &self,
         report: &ScanReport,
         commit: &str,
+        modules_digest: &str,
     ) -> impl Future<Output = Result<ScanVerdict, Self::Error>> + Send;
 }
 
@@ -248,7 +251,9 @@ pub async fn plan<H: PlanHost>(
         wd.config_dir(),
         modules_dir.is_dir().then_some(modules_dir.as_path()),
     );
-    let scan_report = report.to_json();
+    let mut scan_report = report.to_json();
+    // what the scan read: the report is evidence of exactly this module tree
+    scan_report["modulesDigest"] = json!(modules_digest);
     host.record_scan(&scan_report)
         .await
         .map_err(PlanError::Host)?;
@@ -271,7 +276,7 @@ pub async fn plan<H: PlanHost>(
     // Under the approval rule a plan plans freely only when the scan is clean; otherwise
     // the host holds it here, before init and plan run anything.
     if host
-        .after_scan(&report, &source.commit)
+        .after_scan(&report, &source.commit, &modules_digest)
         .await
         .map_err(PlanError::Host)?
         == ScanVerdict::Held
