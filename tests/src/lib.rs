@@ -103,6 +103,7 @@ pub struct Stack {
     work: tempfile::TempDir,
     tool_log: PathBuf,
     pause_file: PathBuf,
+    fail_outputs_file: PathBuf,
     tool_cwd_log: PathBuf,
 }
 
@@ -204,16 +205,18 @@ impl Stack {
         std::fs::create_dir(&probe)?;
         let tool_log = probe.join("tool.log");
         let pause_file = probe.join("pause-plan");
+        let fail_outputs_file = probe.join("fail-output");
         let tool_cwd_log = probe.join("tool-cwd.log");
         let wrapper = probe.join("terraform");
         let real = env("TAKOSUMI_TERRAFORM_BIN")?;
         std::fs::write(
             &wrapper,
             format!(
-                "#!/bin/sh\necho \"$1\" >> '{log}'\necho \"$1 $PWD\" >> '{cwd_log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; n=0; while [ -f '{pause}' ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; fi\nexec '{real}' \"$@\"\n",
+                "#!/bin/sh\necho \"$1\" >> '{log}'\necho \"$1 $PWD\" >> '{cwd_log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; n=0; while [ -f '{pause}' ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; fi\nif [ \"$1\" = output ] && [ -f '{fail_out}' ]; then echo 'injected: output failed' >&2; exit 1; fi\nexec '{real}' \"$@\"\n",
                 log = tool_log.display(),
                 cwd_log = tool_cwd_log.display(),
                 pause = pause_file.display(),
+                fail_out = fail_outputs_file.display(),
             ),
         )?;
         set_executable(&wrapper)?;
@@ -318,6 +321,7 @@ impl Stack {
             work,
             tool_log,
             pause_file,
+            fail_outputs_file,
             tool_cwd_log,
         })
     }
@@ -342,6 +346,17 @@ impl Stack {
             .iter()
             .filter(|c| *c == command)
             .count()
+    }
+
+    /// Makes the tool's `output` command fail (a lifecycle failure after the apply: the
+    /// wrapper exits 1 for `output` while this is on; everything else runs the real tool).
+    pub fn fail_outputs(&self, on: bool) -> anyhow::Result<()> {
+        if on {
+            std::fs::write(&self.fail_outputs_file, b"")?;
+        } else if self.fail_outputs_file.exists() {
+            std::fs::remove_file(&self.fail_outputs_file)?;
+        }
+        Ok(())
     }
 
     /// While set, every `plan` the tool runs waits first (to kill a handler mid-plan), at
@@ -729,6 +744,31 @@ impl GitRepo {
                 "-q",
                 "-m",
                 message,
+            ],
+        )?;
+        let out = std::process::Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(self.dir.path())
+            .output()?;
+        Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+    }
+
+    /// Rewrites the last commit (a force-push): the old commit is no longer on any branch,
+    /// so a clone over `file://` cannot fetch it. Returns the new commit id.
+    pub fn rewrite_last_commit(&self) -> anyhow::Result<String> {
+        git(
+            self.dir.path(),
+            &[
+                "-c",
+                "user.email=t@takosumi.test",
+                "-c",
+                "user.name=test",
+                "commit",
+                "--amend",
+                "-q",
+                "--allow-empty",
+                "-m",
+                "rewritten",
             ],
         )?;
         let out = std::process::Command::new("git")

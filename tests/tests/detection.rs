@@ -1111,3 +1111,49 @@ async fn drift_checks_compare_reality_with_the_applied_commit() -> anyhow::Resul
     stack.wait(sweep_run).await?;
     stack.stop().await
 }
+
+/// "A reconcile … whose plan went stale before its approval landed fails the same way an
+/// apply does, saying to run the check again and propose the reconcile from it": a check
+/// keeps its plan, another apply moves the state on, and the reconcile fails
+/// `state_generation_changed` without running the tool, in the seed's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_reconcile_says_to_run_the_check_again() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let dir = takosumi_tests::fixture_dir()?;
+    let input = dir.path().join("input.tfstate");
+    std::fs::write(&input, watched_input("a"))?;
+    let repo = GitRepo::new(&[("infra/watched/main.tf", WATCHED_CONFIG)])?;
+    let ws = workspace(&stack).await?;
+    let cap = capsule(
+        &stack,
+        ws,
+        "watched",
+        &repo.url(),
+        "main",
+        "infra/watched",
+        json!({ "input_state": input.display().to_string() }),
+    )
+    .await?;
+    stack.plan_and_apply(cap.id).await?;
+    std::fs::write(&input, watched_input("b"))?;
+    let check = drift_check(&stack, &cap).await?;
+    assert_eq!(check.drift, Some(true), "{check:?}");
+    // The state moves on before anyone reconciles.
+    stack.plan_and_apply(cap.id).await?;
+    let applies = stack.tool_count("apply");
+    let reconcile = stack
+        .wait(stack.client.apply(check.id, None).await?.id)
+        .await?;
+    assert_eq!(reconcile.status, RunStatus::Failed, "{reconcile:?}");
+    let error = reconcile.error.clone().unwrap();
+    assert_eq!(error.code, "state_generation_changed");
+    assert!(
+        error
+            .message
+            .contains("run the drift check again and propose the reconcile from it"),
+        "{}",
+        error.message
+    );
+    assert_eq!(stack.tool_count("apply"), applies, "nothing was applied");
+    stack.stop().await
+}

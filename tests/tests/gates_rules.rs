@@ -680,6 +680,107 @@ async fn the_dry_run_decision_covers_drift_checks() -> anyhow::Result<()> {
     stack.stop().await
 }
 
+/// A Rego plan gate that denies creating anything.
+const NO_CREATES: &str = r#"package takosumi
+deny contains msg if {
+    some rc in input.resource_changes
+    "create" in rc.change.actions
+    msg := sprintf("%s would be created", [rc.address])
+}
+"#;
+
+/// The seed: "When a user starts an install … the Run records autoApplyRequested: continue
+/// from plan to apply if the plan finishes cleanly. A plan with deletions, an approval
+/// policy, a billing check, or another policy gate still stops for review." Installs ask
+/// for it on the plan submission (the CLI's `install`, the dashboard's Install): a clean one
+/// applies; deletions, an approval rule, the cost check and a plan gate each stop the
+/// proposed apply for review. An agent cannot ask for it, nor can a destroy plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_install_applies_a_clean_plan_and_stops_for_review_otherwise() -> anyhow::Result<()> {
+    let (stack, _catalogue) = stack_with_price(Some(12.5)).await?;
+    let api = Api::new(&stack);
+    let install = |cap: Capsule| {
+        let stack = &stack;
+        async move {
+            let (s, b) = stack
+                .call(
+                    "POST",
+                    &format!("/api/v1/capsules/{}/plan", cap.id),
+                    json!({ "autoApplyRequested": true }),
+                )
+                .await?;
+            assert_eq!(s, 202, "{b}");
+            assert_eq!(b["autoApplyRequested"], json!(true), "{b}");
+            let plan = stack.wait(run_id(&b)?).await?;
+            assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+            let apply = stack
+                .wait(proposed_apply(stack, &cap, plan.id).await?)
+                .await?;
+            anyhow::Ok(apply)
+        }
+    };
+
+    let repo = GitRepo::with_example("null")?;
+    let clean = capsule_of(&stack, &repo, None).await?;
+    let ws = clean.workspace_id;
+    let applied = install(clean.clone()).await?;
+    assert_eq!(
+        applied.status,
+        RunStatus::Applied,
+        "a clean install applies: {applied:?}"
+    );
+
+    bump_revision(&repo, "2")?;
+    let deleting = install(clean).await?;
+    assert_eq!(deleting.status, RunStatus::Held, "{deleting:?}");
+    assert_eq!(deleting.hold.as_ref().unwrap().reason, "max_destroy");
+
+    for (rules, reason) in [
+        (json!({ "approval": { "required": 1 } }), "approval_rule"),
+        (json!({ "maxMonthlyIncrease": 20 }), "cost_check"),
+        (json!({ "planGate": NO_CREATES }), "plan_gate"),
+    ] {
+        let repo = GitRepo::with_example("null")?;
+        let cap = capsule_of(&stack, &repo, Some(ws)).await?;
+        api.rules(&format!("/api/v1/capsules/{}/rules", cap.id), rules)
+            .await?;
+        let held = install(cap).await?;
+        assert_eq!(held.status, RunStatus::Held, "{reason}: {held:?}");
+        assert_eq!(held.hold.as_ref().unwrap().reason, reason, "{held:?}");
+    }
+
+    let repo = GitRepo::with_example("null")?;
+    let cap = capsule_of(&stack, &repo, Some(ws)).await?;
+    let (agent, _) = stack.token("copilot", "agent").await?;
+    let (s, b) = api
+        .call(
+            "POST",
+            &format!("/api/v1/capsules/{}/plan", cap.id),
+            &agent,
+            json!({ "autoApplyRequested": true }),
+        )
+        .await?;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (403, Some("auto_apply_person_only")),
+        "{b}"
+    );
+    let (s, b) = api
+        .call(
+            "DELETE",
+            &format!("/api/v1/capsules/{}", cap.id),
+            &stack.admin_token,
+            json!({ "autoApplyRequested": true }),
+        )
+        .await?;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (422, Some("invalid_auto_apply")),
+        "{b}"
+    );
+    stack.stop().await
+}
+
 /// A stale proposal: two applies submitted under an approval rule are each planned first
 /// and held; the second is approved and applied, so the first one's plan no longer matches
 /// the state. Approving the first then fails it (`state_generation_changed`) without
@@ -732,7 +833,13 @@ async fn a_stale_proposal_fails_without_changing_anything() -> anyhow::Result<()
     assert_eq!(stale.status, RunStatus::Failed, "{stale:?}");
     let error = stale.error.clone().expect("error");
     assert_eq!(error.code, "state_generation_changed");
-    assert!(error.message.contains("plan again"), "{}", error.message);
+    assert!(
+        error
+            .message
+            .contains("submit the apply again, and it is planned afresh"),
+        "the seed's words: {}",
+        error.message
+    );
     assert_eq!(stale.state_version_id, None);
     assert_eq!(
         stack.tool_count("apply"),

@@ -112,6 +112,7 @@ async fn apply_logs_are_readable_while_the_tool_works() -> anyhow::Result<()> {
     let req = PlanRequest {
         vars: Map::new(),
         sensitive_vars: obj(json!({ "api_key": canary })),
+        ..PlanRequest::default()
     };
     let plan = stack
         .wait(stack.client.plan_with(cap, None, &req).await?.id)
@@ -181,7 +182,7 @@ async fn plan_progress_is_live_and_its_diff_waits_for_the_masker() -> anyhow::Re
     let cap = new_capsule(&stack, &repo, "infra/derived").await?;
     let plan_with_seed = |seed: &str| PlanRequest {
         vars: obj(json!({ "seed": seed })),
-        sensitive_vars: Map::new(),
+        ..PlanRequest::default()
     };
     let first = stack
         .wait(

@@ -196,7 +196,13 @@ async fn second_plan_of_the_same_generation_is_refused_without_running_the_tool(
     assert_eq!(refused.status, RunStatus::Failed);
     let error = refused.error.expect("error");
     assert_eq!(error.code, "state_generation_changed");
-    assert!(error.message.contains("plan again"), "{}", error.message);
+    assert!(
+        error
+            .message
+            .contains("submit the apply again, and it is planned afresh"),
+        "{}",
+        error.message
+    );
     // The tool never started: no invocation, and no tool_started event on the Run.
     assert_eq!(stack.tool_count("apply"), applies_before);
     assert_eq!(stack.tool_count("init"), inits_before);

@@ -314,6 +314,7 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
     let req = PlanRequest {
         vars: obj(json!({ "zones": ["eu-1a", "eu-1b"], "tags": { "team": "net", "env": "prod" } })),
         sensitive_vars: obj(json!({ "secret": secret, "api_key": api_key })),
+        ..PlanRequest::default()
     };
     let plan = stack.client.plan_with(capsule.id, None, &req).await?;
     assert_clean(

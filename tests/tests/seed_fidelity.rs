@@ -309,3 +309,217 @@ async fn a_tofu_capsule_runs_with_the_tofu_found_on_path() -> anyhow::Result<()>
     }
     Ok(())
 }
+
+/// "A lifecycle failure after apply can leave the applied state current": the tool applies,
+/// then reading its outputs fails. The state it wrote is sealed and recorded first — a
+/// StateVersion, the Capsule's generation moved to it — and only then is the Run failed
+/// (`after_apply_failed`), with the StateVersion on it and a message that says the applied
+/// state is current and not to repeat the apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failure_after_the_apply_records_the_applied_state_first() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::new(&[("infra/main.tf", NULL_TF)])?;
+    let ws = stack.client.create_workspace("after-apply").await?;
+    let cap = stack
+        .client
+        .create_capsule(
+            ws.id,
+            &NewCapsule {
+                name: "n".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra".into(),
+                tool: "terraform".into(),
+                vars: Default::default(),
+            },
+        )
+        .await?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    stack.fail_outputs(true)?;
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    stack.fail_outputs(false)?;
+    assert_eq!(apply.status, RunStatus::Failed, "{apply:?}");
+    let error = apply.error.clone().unwrap();
+    assert_eq!(error.code, "after_apply_failed");
+    assert!(
+        error.message.contains("is recorded as StateVersion")
+            && error.message.contains("do not repeat the apply")
+            && error.message.contains("output -json"),
+        "{}",
+        error.message
+    );
+    let sv = apply
+        .state_version_id
+        .expect("the applied state is on the Run");
+    let shown = stack.client.get_capsule(cap.id).await?;
+    assert_eq!(shown.current_state_version_id, Some(sv));
+    assert_eq!(shown.state_generation, 1);
+    assert_eq!(shown.status, "ok", "the Capsule is free again: {shown:?}");
+    let kinds: Vec<String> = stack
+        .client
+        .events(apply.id)
+        .await?
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    let written = kinds.iter().position(|k| k == "state_version_written");
+    let failed = kinds.iter().position(|k| k == "failed");
+    assert!(
+        written.is_some() && written < failed,
+        "the state is recorded before the Run fails: {kinds:?}"
+    );
+    // The next plan starts from that state: nothing left to add.
+    let next = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(next.changes.unwrap().add, 0, "{next:?}");
+    stack.stop().await
+}
+
+async fn null_capsule(stack: &Stack, repo: &GitRepo) -> anyhow::Result<takosumi_client::Capsule> {
+    let ws = stack
+        .client
+        .create_workspace(&format!(
+            "ws-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ))
+        .await?;
+    Ok(stack
+        .client
+        .create_capsule(
+            ws.id,
+            &NewCapsule {
+                name: "n".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra".into(),
+                tool: "terraform".into(),
+                vars: Default::default(),
+            },
+        )
+        .await?)
+}
+
+/// The apply-time source pin fires: the reviewed commit was force-pushed away before the
+/// apply, so the plan's commit cannot be checked out any more; the apply fails
+/// `source_changed` before init or apply run, and nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_apply_whose_commit_was_rewritten_away_fails_source_changed() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::new(&[("infra/main.tf", NULL_TF)])?;
+    let cap = null_capsule(&stack, &repo).await?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let reviewed = plan.source_snapshot.clone().unwrap().commit;
+    let rewritten = repo.rewrite_last_commit()?;
+    assert_ne!(reviewed, rewritten);
+    let (inits, applies) = (stack.tool_count("init"), stack.tool_count("apply"));
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Failed, "{apply:?}");
+    let error = apply.error.clone().unwrap();
+    assert_eq!(error.code, "source_changed", "{error:?}");
+    assert!(error.message.contains("plan again"), "{}", error.message);
+    assert_eq!(
+        (stack.tool_count("init"), stack.tool_count("apply")),
+        (inits, applies),
+        "nothing ran past the pin"
+    );
+    assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
+    stack.stop().await
+}
+
+/// "Digest-only records from older runners remain undefined (unknown); Takosumi does not
+/// later retrieve or regenerate a lockfile": such a record (a digest, state `unknown`, no
+/// stored artifact) can be stored, reads as unknown (no `providerLockDigest` on the Run),
+/// and an apply of it is refused before init, writing no lockfile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_digest_only_legacy_lockfile_record_reads_as_unknown() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("null")?;
+    let cap = stack
+        .client
+        .create_capsule(
+            stack.client.create_workspace("legacy").await?.id,
+            &NewCapsule {
+                name: "legacy".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra/null".into(),
+                tool: "terraform".into(),
+                vars: Default::default(),
+            },
+        )
+        .await?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert!(
+        plan.provider_lock_digest.clone().flatten().is_some(),
+        "{plan:?}"
+    );
+    // What an older runner recorded: the digest alone.
+    sqlx::query(
+        "UPDATE runs SET provider_lock_state = 'unknown', lockfile_object_key = NULL WHERE id = $1",
+    )
+    .bind(plan.id.as_uuid())
+    .execute(&stack.ctx.pool)
+    .await?;
+    let (status, view) = stack
+        .call("GET", &format!("/api/v1/runs/{}", plan.id), Value::Null)
+        .await?;
+    assert_eq!(status, 200);
+    assert!(
+        view.get("providerLockDigest").is_none(),
+        "unknown, not null: {view}"
+    );
+    let objects_before = stack
+        .ctx
+        .objects
+        .list(&format!("runs/{}/", plan.id))
+        .await?;
+    let inits = stack.tool_count("init");
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Failed, "{apply:?}");
+    let error = apply.error.clone().unwrap();
+    assert_eq!(error.code, "lockfile_mismatch");
+    assert!(error.message.contains("older runner"), "{}", error.message);
+    assert_eq!(
+        stack.tool_count("init"),
+        inits,
+        "init ran: nothing may regenerate it"
+    );
+    let (state, digest): (String, Option<String>) =
+        sqlx::query_as("SELECT provider_lock_state, provider_lock_digest FROM runs WHERE id = $1")
+            .bind(plan.id.as_uuid())
+            .fetch_one(&stack.ctx.pool)
+            .await?;
+    assert_eq!(state, "unknown");
+    assert!(digest.is_some(), "the digest stays as recorded");
+    assert_eq!(
+        stack
+            .ctx
+            .objects
+            .list(&format!("runs/{}/", plan.id))
+            .await?,
+        objects_before,
+        "no lockfile was regenerated"
+    );
+    stack.stop().await
+}

@@ -505,6 +505,11 @@ pub(crate) struct PlanInputs {
     vars: Map<String, Value>,
     #[serde(default)]
     sensitive_vars: Map<String, Value>,
+    /// An install: continue from this plan to its apply if the plan finishes cleanly (the
+    /// gate still stops deletions, an approval rule, the cost check and a plan gate for
+    /// review). Asked for by a person, on a plan.
+    #[serde(default)]
+    pub(crate) auto_apply_requested: bool,
 }
 
 impl Drop for PlanInputs {

@@ -799,6 +799,7 @@ async fn apply_job(
         "tool": capsule.tool,
         "vars": inputs.vars,
         "dependencySnapshot": plan_run.dependency_snapshot,
+        "planKind": plan_run.kind,
         "providerLockDigest": plan_run.provider_lock_digest,
         "lockfile": lockfile,
         "stateGeneration": plan_run.state_generation,
@@ -1282,6 +1283,10 @@ struct Applied {
     /// Published, masked outputs.
     #[serde(default)]
     outputs: Value,
+    /// The tool applied but its outputs could not be read (masked): the Run fails after
+    /// the state is recorded.
+    #[serde(default)]
+    outputs_error: Option<String>,
 }
 
 async fn applied(
@@ -1346,7 +1351,11 @@ async fn applied(
     if let Some(s) = state.as_mut() {
         s.zeroize();
     }
-    let end = if req.success {
+    let end = if let (true, Some(message)) = (req.success, &req.outputs_error) {
+        // A worker's text, masked again here like a relayed log.
+        let message = run_masker(&st, &run).await?.mask(message);
+        ToolEnd::AfterApplyFailed { message }
+    } else if req.success {
         let outputs = if req.outputs.is_object() {
             req.outputs.clone()
         } else {

@@ -380,6 +380,22 @@ async fn submit_plan(
     caller.require(Action::Submit, Some(capsule.workspace_id))?;
     let key = idempotency_key(&headers)?;
     let vars = inputs.effective_vars(&capsule)?;
+    if inputs.auto_apply_requested {
+        // The seed: "when a user starts an install … the Run records autoApplyRequested".
+        if kind != RunKind::Plan {
+            return Err(ApiError::invalid(
+                "invalid_auto_apply",
+                "autoApplyRequested is for a plan (an install); a destroy plan always stops for review: apply it explicitly",
+            ));
+        }
+        if caller.0.role == "agent" {
+            return Err(ApiError::client(
+                StatusCode::FORBIDDEN,
+                "auto_apply_person_only",
+                "autoApplyRequested is asked for by a person starting an install; an agent's plan is applied only through review",
+            ));
+        }
+    }
     let hold_agent = caller.0.role == "agent"
         && !crate::gates::agent_exempt(&st, &capsule, &caller.0.name).await?;
     if let Some(run) = replay(
@@ -401,7 +417,7 @@ async fn submit_plan(
         plan_run_id: None,
         actor_kind: actor_kind(&caller),
         actor_id: caller.0.id.to_string(),
-        auto_apply_requested: false,
+        auto_apply_requested: inputs.auto_apply_requested,
         idempotency_key: key.clone(),
     };
     let mut tx = st.pool.begin().await?;
@@ -433,7 +449,7 @@ async fn submit_plan(
         id,
         "queued",
         &caller.actor(),
-        json!({ "kind": kind }),
+        json!({ "kind": kind, "autoApplyRequested": inputs.auto_apply_requested }),
     )
     .await?;
     activity::append(

@@ -9,12 +9,13 @@
 
 use takosumi_core::{CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
 use takosumi_objects::ObjectError;
-use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir, public_outputs};
+use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::step::{object_err, runner_err, store_err};
 use takosumi_seal::{Purpose, SealError};
+use takosumi_steps::ApplyEnd;
 use takosumi_store::runs::ApplyClaim;
 use takosumi_store::{capsules, runs, state_versions};
 
@@ -270,6 +271,7 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         dir: capsule.dir.clone(),
         plan_bytes,
         dependency_snapshot: plan_run.dependency_snapshot.clone(),
+        plan_kind: plan_run.kind,
     };
     let out = takosumi_steps::apply(&host, &ctx.runner, &wd, inputs).await?;
     finish(
@@ -278,9 +280,7 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         &capsule,
         wd,
         tool,
-        &out.env,
-        &out.applied,
-        out.restored,
+        &out,
         generation,
         Some(plan_run_id),
     )
@@ -331,7 +331,10 @@ impl takosumi_steps::Host for NodeApplyHost<'_> {
         if self.capsule.state_generation != self.generation {
             return Err(fail(
                 FailureCode::StateGenerationChanged,
-                "the Capsule's state moved on since the plan; plan again",
+                format!(
+                    "the Capsule's state moved on since the plan; nothing was applied; {}",
+                    takosumi_core::stale_plan_advice(self.plan_run.kind)
+                ),
             ));
         }
         Ok(restored)
@@ -372,25 +375,11 @@ async fn finish(
     capsule: &capsules::Capsule,
     wd: Workdir,
     tool: Tool,
-    env: &ToolEnv,
-    applied: &takosumi_runner::ToolOutput,
-    restored: Option<Vec<u8>>,
+    out: &takosumi_steps::ApplyOutput,
     generation: i64,
     plan_run_id: Option<RunId>,
 ) -> Result<Outcome, ApplyError> {
-    let recorded = record_result(
-        ctx,
-        run,
-        capsule,
-        wd,
-        tool,
-        env,
-        applied,
-        restored,
-        generation,
-        plan_run_id,
-    )
-    .await;
+    let recorded = record_result(ctx, run, capsule, wd, tool, out, generation, plan_run_id).await;
     recorded.map_err(|e| match e {
         ApplyError::AfterTool(message) => ApplyError::AfterTool(message),
         ApplyError::Fail(_, message) => ApplyError::AfterTool(format!(
@@ -411,44 +400,37 @@ async fn record_result(
     capsule: &capsules::Capsule,
     wd: Workdir,
     tool: Tool,
-    env: &ToolEnv,
-    applied: &takosumi_runner::ToolOutput,
-    restored: Option<Vec<u8>>,
+    out: &takosumi_steps::ApplyOutput,
     generation: i64,
     plan_run_id: Option<RunId>,
 ) -> Result<Outcome, ApplyError> {
     let run_id = run.id;
-    // A failed apply can still have written state: record it so nothing committed is lost.
-    let state = ctx.runner.read_state(&wd).map_err(runner_err)?;
-    let changed_state = state.filter(|s| Some(s) != restored.as_ref());
-    let outputs = if applied.success() {
-        let out = ctx
-            .runner
-            .output_json(&wd, tool, env)
-            .await
-            .map_err(|e| tool_failure(e, "reading outputs"))?;
-        let mut public = serde_json::Value::Object(public_outputs(&out));
-        // An output built from a secret the configuration does not mark sensitive.
-        env.masker().mask_json(&mut public);
-        public
-    } else {
-        serde_json::Value::Null
-    };
+    // The state the tool wrote is read (and sealed) before anything else can fail: a failed
+    // apply, or one whose outputs cannot be read, still records what it committed.
+    let (changed_state, end) = takosumi_steps::read_apply_result(&ctx.runner, &wd, tool, out)
+        .await
+        .map_err(runner_err)?;
     let sv = match &changed_state {
         Some(bytes) => Some(seal_state(ctx, capsule.id, run_id, generation, bytes).await?),
         None => None,
     };
-
-    let end = if applied.success() {
-        ToolEnd::Applied { outputs }
-    } else if ctx.runner.interrupted() {
-        ToolEnd::Canceled {
-            detail: serde_json::json!({ "step": "apply", "exitCode": applied.exit_code }),
-        }
-    } else {
-        ToolEnd::Failed {
-            exit_code: applied.exit_code,
-        }
+    let (end, outcome) = match end {
+        ApplyEnd::Applied { outputs } => (ToolEnd::Applied { outputs }, Outcome::Done),
+        // A canceled apply commits its (canceled) result: that is done, not a failure.
+        ApplyEnd::Failed { exit_code } if ctx.runner.interrupted() => (
+            ToolEnd::Canceled {
+                detail: serde_json::json!({ "step": "apply", "exitCode": exit_code }),
+            },
+            Outcome::Done,
+        ),
+        ApplyEnd::Failed { exit_code } => (
+            ToolEnd::Failed { exit_code },
+            Outcome::Failed(FailureCode::ApplyFailed),
+        ),
+        ApplyEnd::OutputsUnreadable { message } => (
+            ToolEnd::AfterApplyFailed { message },
+            Outcome::Failed(FailureCode::AfterApplyFailed),
+        ),
     };
     apply_commit::commit_apply(
         ctx,
@@ -469,12 +451,7 @@ async fn record_result(
         other => ApplyError::Step(StepError::Internal(other.to_string().into())),
     })?;
     wd.close().map_err(runner_err)?;
-    // A canceled apply committed its (canceled) result: that is done, not a failure.
-    Ok(if applied.success() || ctx.runner.interrupted() {
-        Outcome::Done
-    } else {
-        Outcome::Failed(FailureCode::ApplyFailed)
-    })
+    Ok(outcome)
 }
 
 /// Puts the plan's recorded lockfile in place before init; returns its digest (`None`

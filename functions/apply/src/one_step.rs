@@ -117,8 +117,10 @@ pub(crate) async fn apply(ctx: &Ctx, run: &runs::Run) -> Result<Outcome, ApplyEr
         .map_err(crate::apply_tool_err)?;
     ctx.log(run_id, "apply", env.masker(), &applied.output)
         .await;
-    finish(
-        ctx, run, &capsule, wd, tool, &env, &applied, restored, generation, None,
-    )
-    .await
+    let out = takosumi_steps::ApplyOutput {
+        applied,
+        restored,
+        env,
+    };
+    finish(ctx, run, &capsule, wd, tool, &out, generation, None).await
 }

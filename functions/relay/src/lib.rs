@@ -716,6 +716,8 @@ async fn apply(
         dir: src["dir"].as_str().unwrap_or_default().to_owned(),
         plan_bytes,
         dependency_snapshot: spec["dependencySnapshot"].as_str().map(str::to_owned),
+        // what a stale plan's message advises (a reconcile comes from a new check)
+        plan_kind: serde_json::from_value(spec["planKind"].clone()).unwrap_or(RunKind::Plan),
     };
     let host = RelayHost {
         job,
@@ -730,27 +732,25 @@ async fn apply(
             }
             other => JobFailure::from(other),
         })?;
-    let (applied, restored, env) = (out.applied, out.restored, out.env);
-    let masker = env.masker();
-    let state = runner.read_state(wd).map_err(internal)?;
-    let changed = state.filter(|s| Some(s) != restored.as_ref());
-    let outputs = if applied.success() {
-        match runner.output_json(wd, tool, &env).await {
-            Ok(out) => {
-                let mut public = Value::Object(takosumi_runner::public_outputs(&out));
-                masker.mask_json(&mut public);
-                public
-            }
-            Err(_) => json!({}),
-        }
-    } else {
-        Value::Null
+    let (changed, end) = takosumi_steps::read_apply_result(runner, wd, tool, &out)
+        .await
+        .map_err(|e| {
+            failure(
+                UNKNOWN_OUTCOME,
+                format!("the tool ran, but the state it left could not be read: {e}"),
+            )
+        })?;
+    let (outputs, outputs_error) = match end {
+        takosumi_steps::ApplyEnd::Applied { outputs } => (outputs, None),
+        takosumi_steps::ApplyEnd::Failed { .. } => (Value::Null, None),
+        takosumi_steps::ApplyEnd::OutputsUnreadable { message } => (Value::Null, Some(message)),
     };
     let body = json!({
-        "success": applied.success(),
-        "exitCode": applied.exit_code,
+        "success": out.applied.success(),
+        "exitCode": out.applied.exit_code,
         "state": changed.map(|s| B64.encode(s)),
         "outputs": outputs,
+        "outputsError": outputs_error,
     });
     job.api
         .post(&job.run, &job.claim, "applied", &body)

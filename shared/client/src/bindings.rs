@@ -125,6 +125,10 @@ pub struct PlanRequest {
     /// Sensitive variables.
     #[serde(skip_serializing_if = "Map::is_empty")]
     pub sensitive_vars: Map<String, Value>,
+    /// An install: continue to the apply when the plan finishes cleanly (the gate still
+    /// stops deletions and every rule for review).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub auto_apply_requested: bool,
 }
 
 impl fmt::Debug for PlanRequest {
@@ -135,6 +139,7 @@ impl fmt::Debug for PlanRequest {
                 "sensitive_vars",
                 &self.sensitive_vars.keys().collect::<Vec<_>>(),
             )
+            .field("auto_apply_requested", &self.auto_apply_requested)
             .finish()
     }
 }

@@ -88,6 +88,22 @@ enum Command {
         #[command(flatten)]
         submit: SubmitArgs,
     },
+    /// Install: plan a Capsule and continue to its apply if the plan finishes cleanly
+    /// (autoApplyRequested); deletions, an approval rule, the cost check or a plan gate
+    /// still stop it for review. With --wait, waits for the plan and then for its apply.
+    Install {
+        /// The Capsule (`cap_…`).
+        #[arg(value_name = "CAPSULE")]
+        capsule: CapsuleId,
+        /// A variable for this Run only, `NAME=VALUE` (repeatable).
+        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_plan_var)]
+        vars: Vec<Var>,
+        /// A variable for this Run only given as JSON, `NAME=JSON` (repeatable).
+        #[arg(long = "var-json", value_name = "NAME=JSON", value_parser = parse_var_json)]
+        var_json: Vec<Var>,
+        #[command(flatten)]
+        submit: SubmitArgs,
+    },
     /// Start a destroy plan Run of a Capsule (nothing is destroyed until it is applied).
     Destroy {
         /// The Capsule (`cap_…`).
@@ -855,13 +871,38 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
             } else {
                 let req = takosumi_client::PlanRequest {
                     vars,
-                    sensitive_vars: Map::new(),
+                    ..Default::default()
                 };
                 client
                     .plan_with(capsule, submit.idempotency_key.as_deref(), &req)
                     .await?
             };
             finish_submission(client, run, &submit, json).await
+        }
+        Command::Install {
+            capsule,
+            vars,
+            var_json,
+            submit,
+        } => {
+            let vars = match collect_vars(vars, var_json) {
+                Ok(vars) => vars,
+                Err(message) => Cli::command()
+                    .error(ErrorKind::ArgumentConflict, message)
+                    .exit(),
+            };
+            let req = takosumi_client::PlanRequest {
+                vars,
+                auto_apply_requested: true,
+                ..Default::default()
+            };
+            let plan = client
+                .plan_with(capsule, submit.idempotency_key.as_deref(), &req)
+                .await?;
+            if !submit.wait {
+                return finish_submission(client, plan, &submit, json).await;
+            }
+            install_wait(client, plan, &submit, json).await
         }
         Command::Destroy { capsule, submit } => {
             let run = client
@@ -1036,6 +1077,63 @@ async fn finish_submission(
         eprintln!("next: takosumi wait {}", run.id);
     }
     Ok(0)
+}
+
+/// `install --wait`: the plan, then the Apply Run the gate proposed from it (held for
+/// review, or applied).
+async fn install_wait(
+    client: &Client,
+    plan: Run,
+    submit: &SubmitArgs,
+    json: bool,
+) -> Result<u8, ClientError> {
+    let timeout = Duration::from_secs(submit.timeout_secs);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let plan = client.wait(plan.id, timeout).await?;
+    if plan.status != RunStatus::Planned {
+        return Ok(report_waited(&plan, json));
+    }
+    if !json {
+        eprintln!("planned {}; waiting for the apply it proposes", plan.id);
+    }
+    let query = takosumi_client::RunQuery {
+        capsule: Some(plan.capsule_id),
+        kind: Some(RunKind::Apply),
+        limit: Some(20),
+        ..Default::default()
+    };
+    loop {
+        let page = client.list_runs(plan.workspace_id, &query).await?;
+        if let Some(apply) = page
+            .runs
+            .into_iter()
+            .find(|r| r.plan_run_id == Some(plan.id))
+        {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let apply = client.wait(apply.id, left).await?;
+            if apply.status == RunStatus::Held && !json {
+                eprintln!(
+                    "{} is held for review ({}): see `takosumi status {}`",
+                    apply.id,
+                    apply
+                        .hold
+                        .as_ref()
+                        .map(|h| h.reason.as_str())
+                        .unwrap_or("held"),
+                    apply.id
+                );
+            }
+            return Ok(report_waited(&apply, json));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            eprintln!(
+                "error: no apply was proposed from {} within {} s; see `takosumi events {}`",
+                plan.id, submit.timeout_secs, plan.id
+            );
+            return Ok(EXIT_FAILED);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// Shows a Run that was waited for; its end decides the exit code.

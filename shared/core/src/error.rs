@@ -64,6 +64,9 @@ pub enum FailureCode {
     /// A drift check of a Capsule with nothing applied to compare against (no StateVersion,
     /// or its last apply was a destroy): it never plans the branch head instead.
     NotApplied,
+    /// The tool applied, then a later step of the Run failed (reading its outputs): the
+    /// state it wrote is recorded and current, the Run failed after it.
+    AfterApplyFailed,
 }
 
 impl FailureCode {
@@ -93,6 +96,7 @@ impl FailureCode {
             Self::TimedOut => "timed_out",
             Self::SandboxUnavailable => "sandbox_unavailable",
             Self::NotApplied => "not_applied",
+            Self::AfterApplyFailed => "after_apply_failed",
         }
     }
 }

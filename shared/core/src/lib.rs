@@ -14,5 +14,5 @@ pub use ids::{
     CapsuleId, EventId, IdParseError, ProviderBindingId, RunGroupId, RunId, StateVersionId,
     TokenId, WorkspaceId,
 };
-pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic};
+pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic, stale_plan_advice};
 pub use secret::{Secret, read_secret};

@@ -27,6 +27,16 @@ impl RunKind {
     }
 }
 
+/// What a pinned apply whose plan went stale tells a person to do, in the seed's words: an
+/// apply's proposal is made again (submitted again, it is planned afresh); a reconcile comes
+/// from a new drift check.
+pub fn stale_plan_advice(plan_kind: RunKind) -> &'static str {
+    match plan_kind {
+        RunKind::DriftCheck => "run the drift check again and propose the reconcile from it",
+        _ => "the proposal has to be made again: submit the apply again, and it is planned afresh",
+    }
+}
+
 /// Where a Run is. Terminal statuses never change again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
 #[sqlx(type_name = "run_status", rename_all = "snake_case")]

@@ -32,6 +32,12 @@ pub enum ToolEnd {
         /// Added to the `canceled` event.
         detail: Value,
     },
+    /// It applied, then a later step failed (`message`, masked): the state it wrote is
+    /// recorded and current, and only then is the Run `failed` (`after_apply_failed`).
+    AfterApplyFailed {
+        /// What failed.
+        message: String,
+    },
 }
 
 /// An apply's result, for [`commit_apply`].
@@ -151,6 +157,38 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
                 return Err(ApplyCommitError::LeaseLost);
             }
             record_state_version(&mut tx, run_id, sv_id).await?;
+        }
+        ToolEnd::AfterApplyFailed { message } => {
+            let message = match sv_id {
+                Some(sv) => format!(
+                    "the tool applied and the state it wrote is recorded as StateVersion {sv} (now the Capsule's current state, generation {new_generation}); then {message}. The applied state is current: check the Run's logs and the Capsule's outputs before anything else, and do not repeat the apply"
+                ),
+                None => format!(
+                    "the tool applied without changing the state; then {message}. Check the Run's logs before anything else, and do not repeat the apply"
+                ),
+            };
+            if !runs::fail(
+                &mut tx,
+                run_id,
+                Some(c.owner),
+                FailureCode::AfterApplyFailed,
+                &message,
+            )
+            .await
+            .map_err(store_err)?
+            {
+                return Err(ApplyCommitError::LeaseLost);
+            }
+            record_state_version(&mut tx, run_id, sv_id).await?;
+            events::append(
+                &mut *tx,
+                run_id,
+                "failed",
+                &actor,
+                json!({ "code": FailureCode::AfterApplyFailed, "stateVersionId": sv_id, "afterApply": true }),
+            )
+            .await
+            .map_err(store_err)?;
         }
         ToolEnd::Failed { exit_code } => {
             let message = if sv_id.is_some() {

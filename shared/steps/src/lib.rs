@@ -375,6 +375,8 @@ pub struct ApplyInputs {
     pub plan_bytes: Vec<u8>,
     /// The plan's dependency snapshot (`None`: made by an older runner; refused).
     pub dependency_snapshot: Option<String>,
+    /// The plan Run's kind (a drift check's plan is a reconcile).
+    pub plan_kind: RunKind,
 }
 
 /// What the apply tool did, for the host to record.
@@ -385,6 +387,62 @@ pub struct ApplyOutput {
     pub restored: Option<Vec<u8>>,
     /// The environment (for `output -json`), its masker holding every secret.
     pub env: ToolEnv,
+}
+
+/// How an apply ended, read right after the tool ran.
+#[derive(Debug)]
+pub enum ApplyEnd {
+    /// It applied: these are its public outputs (non-sensitive, masked).
+    Applied {
+        /// The outputs.
+        outputs: Value,
+    },
+    /// The tool failed with this exit code.
+    Failed {
+        /// The exit code.
+        exit_code: i32,
+    },
+    /// The tool applied, but its outputs could not be read: the Run fails after the state
+    /// it wrote is recorded ("a lifecycle failure after apply can leave the applied state
+    /// current").
+    OutputsUnreadable {
+        /// What failed (masked).
+        message: String,
+    },
+}
+
+/// What an apply left: the state the tool wrote (when it differs from the one restored,
+/// `None` otherwise) and how it ended. Read once, here, for both hosts; the state is read
+/// first, so a failure after it cannot lose it.
+pub async fn read_apply_result(
+    runner: &Runner,
+    wd: &Workdir,
+    tool: Tool,
+    out: &ApplyOutput,
+) -> Result<(Option<Vec<u8>>, ApplyEnd), RunnerError> {
+    let state = runner.read_state(wd)?;
+    let changed = state.filter(|s| Some(s) != out.restored.as_ref());
+    if !out.applied.success() {
+        return Ok((
+            changed,
+            ApplyEnd::Failed {
+                exit_code: out.applied.exit_code,
+            },
+        ));
+    }
+    let masker = out.env.masker();
+    let end = match runner.output_json(wd, tool, &out.env).await {
+        Ok(raw) => {
+            let mut public = Value::Object(takosumi_runner::public_outputs(&raw));
+            // An output built from a secret the configuration does not mark sensitive.
+            masker.mask_json(&mut public);
+            ApplyEnd::Applied { outputs: public }
+        }
+        Err(e) => ApplyEnd::OutputsUnreadable {
+            message: masker.mask(&format!("reading outputs (`output -json`) failed: {e}")),
+        },
+    };
+    Ok((changed, end))
 }
 
 /// A pinned apply: the plan's commit and tree → state → backend override → the plan's
@@ -525,7 +583,10 @@ pub async fn apply<H: ApplyHost>(
     if !applied.success() && takosumi_runner::is_stale_plan(&applied) {
         return Err(PlanError::Fail(
             FailureCode::StalePlan,
-            "the tool refused the saved plan as stale (the state changed after the plan); nothing was applied; submit the plan again and apply the new one".into(),
+            format!(
+                "the tool refused the saved plan as stale (the state changed after the plan); nothing was applied; {}",
+                takosumi_core::stale_plan_advice(inputs.plan_kind)
+            ),
         ));
     }
     Ok(ApplyOutput {

@@ -456,9 +456,11 @@ pub async fn claim_apply(
     lease_secs: i64,
 ) -> Result<ApplyClaim, StoreError> {
     let row = sqlx::query!(
-        r#"SELECT capsule_id, state_generation FROM runs
+        r#"SELECT capsule_id, state_generation,
+                  (SELECT p.kind FROM runs p WHERE p.id = runs.plan_run_id) as "plan_kind: RunKind"
+             FROM runs
             WHERE id = $1 AND kind = 'apply' AND status = 'queued' AND gate_decision = 'released'
-            FOR UPDATE"#,
+            FOR UPDATE OF runs"#,
         id.as_uuid()
     )
     .fetch_optional(&mut **tx)
@@ -486,7 +488,8 @@ pub async fn claim_apply(
         crate::capsules::release_apply(tx, capsule_id, id).await?;
         let message = format!(
             "the Capsule's state moved from generation {planned} to {current} after this plan was made; \
-             plan again and apply the new plan"
+             nothing was applied; {}",
+            takosumi_core::stale_plan_advice(row.plan_kind.unwrap_or(RunKind::Plan))
         );
         fail(tx, id, None, FailureCode::StateGenerationChanged, &message).await?;
         return Ok(ApplyClaim::GenerationChanged { planned, current });
