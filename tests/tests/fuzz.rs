@@ -58,6 +58,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/api/v1/capsules/{cap}/pool"),
     ("POST", "/api/v1/relay/claim"),
     ("POST", "/api/v1/relay/runs/{run}/fail"),
+    ("POST", "/api/v1/relay/runs/{run}/scanned"),
+    ("POST", "/api/v1/relay/runs/{run}/one-step"),
 ];
 
 /// How a path id is filled in.

@@ -1219,3 +1219,150 @@ async fn an_unopenable_credential_fails_the_same_on_a_pool_as_on_the_control_nod
     assert_eq!(without_id(&failed[0]), without_id(&failed[1]));
     stack.stop().await
 }
+
+/// Command credentials work on relay workers too (issue 14): the command runs on the
+/// worker, inside the sandbox, for every run — resolved afresh for the apply — and its
+/// value reaches the tool masked, as on the control node; the Run records its name only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_credential_runs_on_the_relay_worker() -> anyhow::Result<()> {
+    use sha2::Digest;
+    let sha = |t: &str| hex::encode(sha2::Sha256::digest(t.as_bytes()));
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let dir = takosumi_tests::fixture_dir()?;
+    let cred_file = dir.path().join("cmd-cred");
+    let (first, second) = (
+        format!("cmd-a-{}", uuid::Uuid::new_v4().simple()),
+        format!("cmd-b-{}", uuid::Uuid::new_v4().simple()),
+    );
+    std::fs::write(&cred_file, format!("{first}\n"))?;
+    let config = r#"
+resource "null_resource" "probe" {
+  provisioner "local-exec" {
+    command = "echo cmd=$CMD_CRED; echo cmd-sha=$(printf %s \"$CMD_CRED\" | sha256sum | cut -c1-64)"
+  }
+}
+"#;
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", config)]).await?;
+    let binding = stack
+        .client
+        .create_provider_binding(
+            cap.workspace_id,
+            &takosumi_client::NewProviderBinding::Command {
+                name: "vault".into(),
+                command: vec!["/bin/cat".into(), cred_file.display().to_string()],
+                env_name: "CMD_CRED".into(),
+            },
+        )
+        .await?;
+    stack
+        .client
+        .attach_provider_binding(cap.id, binding.id)
+        .await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let pool = uniq("cmd");
+    let token = admin
+        .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
+        .await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    assert!(plan.injected_env_names.iter().any(|n| n == "CMD_CRED"));
+    // Resolved afresh for the apply.
+    std::fs::write(&cred_file, format!("{second}\n"))?;
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    let by = claimers(&stack, apply.id).await;
+    assert!(
+        !by.is_empty() && by.iter().all(|c| c.starts_with("handler:relay:")),
+        "{by:?}"
+    );
+    let log = stack.client.logs(apply.id).await?;
+    assert!(log.contains(&format!("cmd-sha={}", sha(&second))), "{log}");
+    assert!(log.contains("cmd=***"), "the value is masked: {log}");
+    for (what, text) in [
+        ("plan log", stack.client.logs(plan.id).await?),
+        ("apply log", log.clone()),
+        ("apply", serde_json::to_string(&apply)?),
+        (
+            "events",
+            serde_json::to_string(&stack.client.events(apply.id).await?)?,
+        ),
+    ] {
+        assert!(
+            !text.contains(&first) && !text.contains(&second),
+            "{what} holds the command's value: {text}"
+        );
+    }
+    worker.kill().await?;
+    stack.stop().await
+}
+
+/// The one-step apply runs on relay workers too (issue 14): an apply no rule covers, of a
+/// pool's Capsule, is one Apply Run with no plan Run that the worker carries out with
+/// `apply -auto-approve` through the same pipeline as the control node (no `plan` run, the
+/// record saying `applyMode: "one_step"` with what was applied); its state is handed back,
+/// sealed and recorded by the control node, and the next plan sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_one_step_apply_runs_on_the_relay_worker() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let pool = uniq("onestep");
+    let token = admin
+        .pool(&cap.workspace_id.to_string(), &pool, Some(&key))
+        .await;
+    admin.set_pool(&cap, Some(&pool)).await;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+    let plans = stack.tool_count("plan");
+    let (status, v) = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/v1/capsules/{}/apply", cap.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(v["kind"], json!("apply"), "{v}");
+    assert!(v["planRunId"].is_null(), "{v}");
+    let apply = stack.wait(v["id"].as_str().unwrap().parse()?).await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    assert_eq!(apply.extra["applyMode"], json!("one_step"), "{apply:?}");
+    assert!(apply.source_snapshot.is_some(), "{apply:?}");
+    assert!(apply.state_version_id.is_some(), "{apply:?}");
+    let by = claimers(&stack, apply.id).await;
+    assert!(
+        !by.is_empty() && by.iter().all(|c| c.starts_with("handler:relay:")),
+        "{by:?}"
+    );
+    assert_eq!(stack.tool_count("plan"), plans, "nothing was planned first");
+    let events = stack.client.events(apply.id).await?;
+    assert!(
+        events.iter().any(|e| e.kind == "tool_started"
+            && e.data["command"] == "apply"
+            && e.data["oneStep"] == true),
+        "{events:?}"
+    );
+    let capsule = stack.client.get_capsule(cap.id).await?;
+    assert_eq!(capsule.state_generation, 1);
+    assert_eq!(capsule.current_state_version_id, apply.state_version_id);
+    let again = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(
+        again.changes.map(|c| (c.add, c.change, c.destroy)),
+        Some((0, 0, 0)),
+        "the next plan sees the handed-back state: {again:?}"
+    );
+    worker.kill().await?;
+    stack.stop().await
+}

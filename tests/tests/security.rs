@@ -569,6 +569,20 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
             Some(r#"{"code":"plan_failed","message":"x"}"#),
             Need::PoolToken,
         ),
+        e(
+            "POST",
+            format!("/api/v1/relay/runs/{planned}/scanned"),
+            Some(r#"{"scanReport":{"findings":[],"unreadable":[],"modulesRead":[]}}"#),
+            Need::PoolToken,
+        ),
+        e(
+            "POST",
+            format!("/api/v1/relay/runs/{planned}/one-step"),
+            Some(
+                r#"{"commit":"a","treeDigest":"b","toolVersion":{},"providerLockDigest":null,"injectedEnvNames":[]}"#,
+            ),
+            Need::PoolToken,
+        ),
     ];
 
     // Refusals first: each leaves every row and column as it was.

@@ -42,7 +42,9 @@ use takosumi_core::{CapsuleId, FailureCode, RunId, RunKind, RunStatus, StateVers
 use takosumi_objects::PutOutcome;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dry_run::{self, DryRunDecision};
-use takosumi_runtime::inputs::{EnvError, Injected, open_binding, sensitive_vars_subject};
+use takosumi_runtime::inputs::{
+    CredentialSet, EnvError, Injected, open_binding, sensitive_vars_subject,
+};
 use takosumi_runtime::plan_commit::{self, Committed, PlanToCommit, StoredPlan};
 use takosumi_runtime::step::{plan_key, state_key};
 use takosumi_seal::Purpose;
@@ -73,6 +75,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/relay/runs/{run}/progress", post(progress))
         .route("/api/v1/relay/runs/{run}/plan-file", put(plan_file))
         .route("/api/v1/relay/runs/{run}/scanned", post(scanned))
+        .route("/api/v1/relay/runs/{run}/one-step", post(one_step))
         .route("/api/v1/relay/runs/{run}/planned", post(planned))
         .route("/api/v1/relay/runs/{run}/applied", post(applied))
         .route("/api/v1/relay/runs/{run}/fail", post(fail))
@@ -283,17 +286,10 @@ async fn claim_once(
 ) -> Result<Option<Value>, ApiError> {
     // Applies first: a held Capsule waits for them.
     for (run_id, has_plan) in pools::released_applies(&st.pool, pool.id).await? {
-        if !has_plan {
-            // A one-step apply plans and applies with nothing saved in between: there is
-            // no reviewed plan file to deliver, so a pool cannot run it.
-            let message = format!(
-                "an apply without a saved plan runs in one step, which worker pool {:?} cannot run (there is no reviewed plan file to deliver); plan the Capsule, then apply that plan",
-                pool.name
-            );
-            fail_unclaimed(st, pool, run_id, "relay_needs_saved_plan", &message).await?;
-            continue;
-        }
-        if key.is_none() {
+        // A one-step apply (no rule covers it) has no saved plan to deliver; the worker
+        // runs `apply -auto-approve` on the branch head through the same pipeline as the
+        // control node, and hands the result back like any apply.
+        if has_plan && key.is_none() {
             let message = format!(
                 "worker pool {:?} has no delivery key, so the saved plan cannot be delivered to it and a gated apply cannot run there; register a delivery key (POST /api/v1/pools/{}/delivery-key) and propose the apply again, or run the Capsule on the control node (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}})",
                 pool.name, pool.name
@@ -301,8 +297,29 @@ async fn claim_once(
             fail_unclaimed(st, pool, run_id, "pool_has_no_delivery_key", &message).await?;
             continue;
         }
+        if !has_plan
+            && takosumi_store::apply_modes::get(&st.pool, run_id)
+                .await?
+                .as_deref()
+                != Some(takosumi_store::apply_modes::ONE_STEP)
+        {
+            fail_unclaimed(
+                st,
+                pool,
+                run_id,
+                "invalid_configuration",
+                "an Apply Run without a plan that is not a one-step apply cannot run; submit the apply again",
+            )
+            .await?;
+            continue;
+        }
         let owner = new_owner(pool);
         let mut tx = st.pool.begin().await?;
+        if !has_plan {
+            // As the control node's apply handler: a one-step apply applies on top of the
+            // generation current when it is claimed.
+            takosumi_store::apply_modes::pin_current_generation(&mut tx, run_id).await?;
+        }
         let claimed = takosumi_runtime::step::claim_apply_recorded(
             &mut tx,
             run_id,
@@ -317,7 +334,12 @@ async fn claim_once(
         if claimed != ApplyClaim::Claimed {
             continue;
         }
-        match apply_job(st, pool, key, run_id, &owner).await {
+        let job = if has_plan {
+            apply_job(st, pool, key, run_id, &owner).await
+        } else {
+            one_step_job(st, pool, key, run_id, &owner).await
+        };
+        match job {
             Ok(Prepared::Job(job)) => return Ok(Some(job)),
             Ok(Prepared::Failed) => continue,
             Err(e) => {
@@ -406,21 +428,22 @@ async fn secret_inputs(
             .chain(names.iter().cloned()),
     );
     let mut env = Map::new();
+    let mut commands = Vec::new();
     let mut used = Vec::new();
     for sealed in bindings::sealed_for_capsule(&st.pool, capsule_id).await? {
         let b = &sealed.binding;
         let (what, set) = open_binding(&st.sealer, &sealed).map_err(refused)?;
-        let entries: Vec<(String, String)> = match set.static_entries() {
-            Some(entries) => entries,
-            None => {
-                return Err(ApiError::conflict(
-                    "relay_command_credential",
-                    format!(
-                        "ProviderBinding {:?} is a command credential, which runs only on the control node's workers",
-                        b.name
-                    ),
-                ));
+        let entries: Vec<(String, String)> = match (&set, set.static_entries()) {
+            (_, Some(entries)) => entries,
+            // A command credential runs where the tool runs: on the worker, inside its
+            // sandbox, for every run (delivered sealed like any credential).
+            (CredentialSet::Command { command, env_name }, None) => {
+                taken.claim(env_name, &what).map_err(refused)?;
+                names.push(env_name.clone());
+                commands.push(json!({ "what": what, "command": command, "envName": env_name }));
+                Vec::new()
             }
+            (_, None) => Vec::new(),
         };
         for (k, v) in entries {
             taken.claim(&k, &what).map_err(refused)?;
@@ -433,12 +456,14 @@ async fn secret_inputs(
     names.extend(vars.keys().map(|k| format!("TF_VAR_{k}")));
     names.sort();
     names.dedup();
-    let secrets = if env.is_empty() && sensitive.is_null() {
+    let secrets = if env.is_empty() && sensitive.is_null() && commands.is_empty() {
         None
     } else {
         Some(
-            serde_json::to_vec(&json!({ "env": env, "sensitiveVars": sensitive }))
-                .map_err(internal)?,
+            serde_json::to_vec(
+                &json!({ "env": env, "sensitiveVars": sensitive, "commands": commands }),
+            )
+            .map_err(internal)?,
         )
     };
     Ok(RelayInputs {
@@ -809,6 +834,107 @@ async fn apply_job(
         "secrets": match &inputs.secrets { Some(s) => seal_to(Some(key), Purpose::Credential, run_id, s)?, None => None },
         "state": match &state { Some(s) => seal_to(Some(key), Purpose::State, run_id, s)?, None => None },
     })))
+}
+
+/// A one-step apply's job: the branch, the Capsule's state and credentials (sealed to the
+/// pool's key; a pool without one can run it only when there is neither), and its
+/// variables.
+async fn one_step_job(
+    st: &AppState,
+    pool: &WorkerPool,
+    key: Option<&DeliveryPublicKey>,
+    run_id: RunId,
+    owner: &str,
+) -> Result<Prepared, ApiError> {
+    let run = runs::get(&st.pool, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {run_id}")))?;
+    let capsule = capsules::get(&st.pool, run.capsule_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
+    let inputs = match secret_inputs(st, &run, capsule.id).await {
+        Ok(s) => s,
+        Err(ApiError::Client { code, message, .. }) => {
+            end_failed(st, run_id, owner, code, &message).await?;
+            return Ok(Prepared::Failed);
+        }
+        Err(e) => return Err(e),
+    };
+    let state = current_state(st, &capsule).await?;
+    if key.is_none() && (inputs.secrets.is_some() || state.is_some()) {
+        let what = if state.is_some() {
+            "the Capsule's state"
+        } else {
+            "the Capsule's credentials"
+        };
+        end_failed(
+            st,
+            run_id,
+            owner,
+            "pool_has_no_delivery_key",
+            &no_key_message(pool, what),
+        )
+        .await?;
+        return Ok(Prepared::Failed);
+    }
+    bindings::record_run_env(
+        &st.pool,
+        run_id,
+        owner,
+        &inputs.used,
+        &inputs.names,
+        &inputs.var_names(),
+    )
+    .await?;
+    Ok(Prepared::Job(json!({
+        "runId": run_id,
+        "kind": "apply",
+        "oneStep": true,
+        "claim": owner,
+        "leaseSecs": RELAY_LEASE_SECS,
+        "source": { "repo": capsule.repo, "branch": capsule.branch, "dir": capsule.dir },
+        "tool": capsule.tool,
+        "vars": inputs.vars,
+        "stateGeneration": run.state_generation,
+        "deliveryKeyId": key.map(|k| k.key_id.clone()),
+        "providerBindings": inputs.used,
+        "secrets": match &inputs.secrets { Some(s) => seal_to(key, Purpose::Credential, run_id, s)?, None => None },
+        "state": match &state { Some(s) => seal_to(key, Purpose::State, run_id, s)?, None => None },
+    })))
+}
+
+/// A relayed one-step apply's record of what it is about to apply (the control node's
+/// `apply_modes::record_snapshot`), before its tool starts.
+async fn one_step(
+    State(st): State<AppState>,
+    caller: PoolCaller,
+    Path(run): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
+    if run.kind != RunKind::Apply || run.plan_run_id.is_some() || run.status != RunStatus::Applying
+    {
+        return Err(ApiError::conflict(
+            "not_one_step",
+            format!("{} is not a one-step apply in progress", run.id),
+        ));
+    }
+    let r: takosumi_steps::OneStepRecord = crate::routes::parse_body(&body)?;
+    let snapshot = takosumi_store::apply_modes::OneStepSnapshot {
+        commit: &r.commit,
+        tree_digest: &r.tree_digest,
+        tool_version: &r.tool_version,
+        provider_lock_digest: r.provider_lock_digest.as_deref(),
+        injected_env_names: &r.injected_env_names,
+    };
+    if !takosumi_store::apply_modes::record_snapshot(&st.pool, run.id, &claim, &snapshot).await? {
+        return Err(ApiError::conflict(
+            "not_your_claim",
+            "the lease was lost before the one-step apply",
+        ));
+    }
+    Ok(Json(json!({ "runId": run.id, "recorded": true })))
 }
 
 /// Loads the Run and checks it is the caller's pool's and held by `claim`.
@@ -1306,13 +1432,21 @@ async fn applied(
     let req: Applied = crate::routes::parse_body(&body)?;
     drop(body);
     let run_id = run.id;
-    let plan_run_id = run
-        .plan_run_id
-        .ok_or_else(|| ApiError::conflict("not_applying", "no plan"))?;
-    let plan_run = runs::get(&st.pool, plan_run_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the plan Run"))?;
-    let generation = plan_run.state_generation.unwrap_or_default();
+    // A pinned apply moves the generation its plan saw; a one-step apply the one its
+    // claim found.
+    let plan_run = match run.plan_run_id {
+        Some(id) => Some(
+            runs::get(&st.pool, id)
+                .await?
+                .ok_or_else(|| ApiError::not_found("the plan Run"))?,
+        ),
+        None => None,
+    };
+    let plan_run_id = plan_run.as_ref().map(|p| p.id);
+    let generation = plan_run
+        .as_ref()
+        .map_or(run.state_generation, |p| p.state_generation)
+        .unwrap_or_default();
     let capsule_id = run.capsule_id;
     let mut state = match &req.state {
         None => None,
@@ -1375,7 +1509,7 @@ async fn applied(
             owner: &claim,
             capsule_id,
             generation,
-            plan_run_id: Some(plan_run_id),
+            plan_run_id,
             state_version: sv,
             end,
             event_extra: json!({ "pool": caller.0.name }),
@@ -1393,13 +1527,15 @@ async fn applied(
         Err(e) => return Err(internal(e)),
     };
     // The plan file is a secret: once its apply ends, the sealed copies go too.
-    if let Some(k) = &plan_run.plan_object_key {
-        let _ = st.objects.delete(k).await;
-    }
-    if let Ok(Some((_, Some(show_key), _, _))) =
-        takosumi_store::gates::gate_fields(&st.pool, plan_run_id).await
-    {
-        let _ = st.objects.delete(&show_key).await;
+    if let Some(plan_run) = &plan_run {
+        if let Some(k) = &plan_run.plan_object_key {
+            let _ = st.objects.delete(k).await;
+        }
+        if let Ok(Some((_, Some(show_key), _, _))) =
+            takosumi_store::gates::gate_fields(&st.pool, plan_run.id).await
+        {
+            let _ = st.objects.delete(&show_key).await;
+        }
     }
     Ok(Json(
         json!({ "runId": run_id, "status": if req.success { "applied" } else { "failed" }, "stateGeneration": new_generation }),

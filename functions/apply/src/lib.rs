@@ -164,17 +164,6 @@ fn tool_failure(e: RunnerError, what: &str) -> ApplyError {
     }
 }
 
-/// An error of the apply tool itself. Past its time limit the tool was killed while it
-/// may have been changing infrastructure: `unknown_outcome`, never `failed`.
-pub(crate) fn apply_tool_err(e: RunnerError) -> ApplyError {
-    match e {
-        RunnerError::TimedOut { limit_secs, .. } => ApplyError::AfterTool(format!(
-            "the apply ran past its time limit of {limit_secs} s (TAKOSUMI_LIMIT_APPLY_SECS) and was stopped mid-run: what it changed is unknown; inspect the provider side and the Capsule's current StateVersion, then resolve this Run"
-        )),
-        other => ApplyError::Step(runner_err(other)),
-    }
-}
-
 async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome, ApplyError> {
     let run_id = run.id;
     let plan_run = runs::get(&ctx.pool, plan_run_id)
@@ -515,19 +504,5 @@ async fn wipe_sealed_plan(ctx: &Ctx, plan_run_id: RunId, key: &str) {
         && let Err(e) = ctx.objects.delete(&show_key).await
     {
         tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan JSON; it stays sealed");
-    }
-}
-
-async fn log_result(
-    ctx: &Ctx,
-    masker: &Masker,
-    run_id: RunId,
-    step: &str,
-    result: &Result<takosumi_runner::ToolOutput, RunnerError>,
-) {
-    match result {
-        Ok(out) => ctx.log(run_id, step, masker, &out.output).await,
-        Err(RunnerError::ToolFailed { output, .. }) => ctx.log(run_id, step, masker, output).await,
-        Err(_) => {}
     }
 }

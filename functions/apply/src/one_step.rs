@@ -9,12 +9,66 @@
 //! hold covers it, and it takes the pinned path otherwise.
 
 use takosumi_core::{Outcome, StepError};
-use takosumi_runner::{RunnerError, Tool};
+use takosumi_runner::{Masker, Runner, Tool, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::{runner_err, store_err};
+use takosumi_steps::{OneStepInputs, OneStepRecord};
 use takosumi_store::{apply_modes, capsules, runs};
 
-use crate::{ApplyError, fail, finish, log_result, tool_failure};
+use crate::{ApplyError, fail, finish, tool_failure};
+
+/// The control node as the one-step apply's host.
+struct NodeOneStepHost<'a> {
+    ctx: &'a Ctx,
+    run: &'a runs::Run,
+    capsule: &'a capsules::Capsule,
+}
+
+impl takosumi_steps::Host for NodeOneStepHost<'_> {
+    type Error = ApplyError;
+
+    async fn event(&self, kind: &'static str, data: serde_json::Value) {
+        self.ctx.event(self.run.id, kind, data).await;
+    }
+
+    async fn log(&self, step: &'static str, masker: &Masker, text: &str) {
+        self.ctx.log(self.run.id, step, masker, text).await;
+    }
+
+    async fn restore_state(
+        &self,
+        _runner: &Runner,
+        wd: &Workdir,
+    ) -> Result<Option<Vec<u8>>, ApplyError> {
+        Ok(self.ctx.restore_state(wd, self.capsule).await?)
+    }
+
+    async fn tool_env(&self, wd: &Workdir) -> Result<ToolEnv, ApplyError> {
+        Ok(self
+            .ctx
+            .run_env(self.run.id, self.run, self.capsule, wd)
+            .await?)
+    }
+}
+
+impl takosumi_steps::OneStepHost for NodeOneStepHost<'_> {
+    async fn record_one_step(&self, r: &OneStepRecord) -> Result<(), ApplyError> {
+        let snapshot = apply_modes::OneStepSnapshot {
+            commit: &r.commit,
+            tree_digest: &r.tree_digest,
+            tool_version: &r.tool_version,
+            provider_lock_digest: r.provider_lock_digest.as_deref(),
+            injected_env_names: &r.injected_env_names,
+        };
+        if !apply_modes::record_snapshot(&self.ctx.pool, self.run.id, &self.ctx.owner, &snapshot)
+            .await
+            .map_err(store_err)?
+        {
+            return Err(StepError::Internal("lease lost before the one-step apply".into()).into());
+        }
+        Ok(())
+    }
+}
 
 pub(crate) async fn apply(ctx: &Ctx, run: &runs::Run) -> Result<Outcome, ApplyError> {
     let run_id = run.id;
@@ -44,83 +98,17 @@ pub(crate) async fn apply(ctx: &Ctx, run: &runs::Run) -> Result<Outcome, ApplyEr
         .runner
         .workdir(&run_id.to_string())
         .map_err(runner_err)?;
-    ctx.event(
-        run_id,
-        "checkout_started",
-        serde_json::json!({ "branch": capsule.branch, "oneStep": true }),
-    )
-    .await;
-    let source = ctx
-        .runner
-        .checkout(&wd, &capsule.repo, &capsule.branch, None, &capsule.dir)
-        .await
-        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
-    ctx.event(
-        run_id,
-        "checked_out",
-        serde_json::json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
-    )
-    .await;
-    let restored = ctx.restore_state(&wd, &capsule).await?;
-    ctx.runner.write_backend_override(&wd).map_err(runner_err)?;
-    let env = ctx.run_env(run_id, run, &capsule, &wd).await?;
-    let tool_version = ctx
-        .runner
-        .version(tool, &env)
-        .await
-        .map_err(|e| tool_failure(e, "reading the tool version"))?;
-
-    ctx.event(
-        run_id,
-        "tool_started",
-        serde_json::json!({ "command": "init" }),
-    )
-    .await;
-    let init = ctx.runner.init(&wd, tool, &env).await;
-    log_result(ctx, env.masker(), run_id, "init", &init).await;
-    init.map_err(|e| tool_failure(e, "init failed"))?;
-    let lock_digest = match ctx.runner.read_lockfile(&wd) {
-        Ok(l) => l.as_deref().map(takosumi_store::sha256_hex),
-        Err(e @ RunnerError::LockfileTooLarge { .. }) => {
-            return Err(fail(
-                takosumi_core::FailureCode::LockfileTooLarge,
-                e.to_string(),
-            ));
-        }
-        Err(e) => return Err(runner_err(e).into()),
+    let host = NodeOneStepHost {
+        ctx,
+        run,
+        capsule: &capsule,
     };
-    let names = env.names();
-    let snapshot = apply_modes::OneStepSnapshot {
-        commit: &source.commit,
-        tree_digest: &source.tree_digest,
-        tool_version: &tool_version,
-        provider_lock_digest: lock_digest.as_deref(),
-        injected_env_names: &names,
+    let inputs = OneStepInputs {
+        tool,
+        repo: capsule.repo.clone(),
+        branch: capsule.branch.clone(),
+        dir: capsule.dir.clone(),
     };
-    if !apply_modes::record_snapshot(&ctx.pool, run_id, &ctx.owner, &snapshot)
-        .await
-        .map_err(store_err)?
-    {
-        return Err(StepError::Internal("lease lost before the one-step apply".into()).into());
-    }
-
-    ctx.event(
-        run_id,
-        "tool_started",
-        serde_json::json!({ "command": "apply", "oneStep": true, "autoApprove": true, "savedPlan": false }),
-    )
-    .await;
-    let applied = ctx
-        .runner
-        .apply_auto_approve(&wd, tool, &env)
-        .await
-        .map_err(crate::apply_tool_err)?;
-    ctx.log(run_id, "apply", env.masker(), &applied.output)
-        .await;
-    let out = takosumi_steps::ApplyOutput {
-        applied,
-        restored,
-        env,
-    };
+    let out = takosumi_steps::one_step_apply(&host, &ctx.runner, &wd, &inputs).await?;
     finish(ctx, run, &capsule, wd, tool, &out, generation, None).await
 }

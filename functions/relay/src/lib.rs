@@ -445,7 +445,12 @@ fn open(
 }
 
 /// The tool environment: the job's variables, and the secrets it delivered sealed.
-fn tool_env(settings: &RelaySettings, job: &Value) -> Result<ToolEnv, JobFailure> {
+async fn tool_env(
+    settings: &RelaySettings,
+    runner: &Runner,
+    wd: &Workdir,
+    job: &Value,
+) -> Result<ToolEnv, JobFailure> {
     let vars: Map<String, Value> = job["vars"].as_object().cloned().unwrap_or_default();
     let mut env = ToolEnv::new()
         .with_variables(&vars)
@@ -470,6 +475,31 @@ fn tool_env(settings: &RelaySettings, job: &Value) -> Result<ToolEnv, JobFailure
                     env.with_secret_env(k, Secret::new(v.as_str().unwrap_or_default().to_owned()));
             }
         }
+        // Command credentials run here, in this run's private directory inside the
+        // sandbox, exactly as on the control node (the control node checked the name).
+        for c in secrets["commands"].as_array().into_iter().flatten() {
+            let argv: Vec<String> = serde_json::from_value(c["command"].clone())
+                .map_err(|_| failure("credential_failed", "a delivered command is not readable"))?;
+            let env_name = c["envName"].as_str().unwrap_or_default();
+            let value = runner
+                .resolve_command(
+                    wd,
+                    &argv,
+                    env_name,
+                    takosumi_runtime::inputs::CREDENTIAL_COMMAND_TIMEOUT,
+                )
+                .await
+                .map_err(|e| {
+                    failure(
+                        "credential_failed",
+                        format!(
+                            "{}: {e}",
+                            c["what"].as_str().unwrap_or("a command credential")
+                        ),
+                    )
+                })?;
+            env = env.with_secret_env(env_name, value);
+        }
     }
     Ok(env)
 }
@@ -480,8 +510,10 @@ async fn prepared_env(
     job: &Job<'_>,
     settings: &RelaySettings,
     spec: &Value,
+    runner: &Runner,
+    wd: &Workdir,
 ) -> Result<ToolEnv, JobFailure> {
-    let env = tool_env(settings, spec)?;
+    let env = tool_env(settings, runner, wd, spec).await?;
     job.event(
         "environment_prepared",
         json!({ "providerBindings": spec["providerBindings"], "injectedEnvNames": env.names() }),
@@ -508,6 +540,8 @@ struct RelayHost<'a> {
     job: &'a Job<'a>,
     settings: &'a RelaySettings,
     spec: &'a Value,
+    /// The job's runner (interruptible by a cancel): command credentials run through it.
+    runner: &'a Runner,
 }
 
 impl takosumi_steps::Host for RelayHost<'_> {
@@ -533,8 +567,8 @@ impl takosumi_steps::Host for RelayHost<'_> {
         Ok(state)
     }
 
-    async fn tool_env(&self, _wd: &Workdir) -> Result<ToolEnv, JobFailure> {
-        prepared_env(self.job, self.settings, self.spec).await
+    async fn tool_env(&self, wd: &Workdir) -> Result<ToolEnv, JobFailure> {
+        prepared_env(self.job, self.settings, self.spec, self.runner, wd).await
     }
 }
 
@@ -549,6 +583,26 @@ impl takosumi_steps::ApplyHost for RelayHost<'_> {
     }
 
     async fn after_tool(&self) {}
+}
+
+impl takosumi_steps::OneStepHost for RelayHost<'_> {
+    async fn record_one_step(
+        &self,
+        record: &takosumi_steps::OneStepRecord,
+    ) -> Result<(), JobFailure> {
+        let body = serde_json::to_value(record).map_err(internal)?;
+        self.job
+            .api
+            .post(&self.job.run, &self.job.claim, "one-step", &body)
+            .await
+            .map_err(|e| {
+                failure(
+                    "apply_failed",
+                    format!("the one-step apply could not be recorded; nothing was applied: {e}"),
+                )
+            })?;
+        Ok(())
+    }
 }
 
 impl takosumi_steps::PlanHost for RelayHost<'_> {
@@ -633,6 +687,7 @@ async fn plan(
         job,
         settings,
         spec,
+        runner,
     };
     let out = match takosumi_steps::plan(&host, runner, wd, &inputs).await? {
         // The control node holds the Run for a person; the worker is done with it.
@@ -696,6 +751,44 @@ async fn apply(
     wd: &Workdir,
 ) -> Result<(), JobFailure> {
     let tool = tool_of(spec)?;
+    let host = RelayHost {
+        job,
+        settings,
+        spec,
+        runner,
+    };
+    let out = if spec["oneStep"] == json!(true) {
+        // No rule covers it: the branch head, `apply -auto-approve`, nothing saved.
+        let src = &spec["source"];
+        let inputs = takosumi_steps::OneStepInputs {
+            tool,
+            repo: src["repo"].as_str().unwrap_or_default().to_owned(),
+            branch: src["branch"].as_str().unwrap_or_default().to_owned(),
+            dir: src["dir"].as_str().unwrap_or_default().to_owned(),
+        };
+        takosumi_steps::one_step_apply(&host, runner, wd, &inputs).await
+    } else {
+        pinned_apply(&host, runner, spec, wd, tool).await?
+    }
+    .map_err(|e| match e {
+        takosumi_steps::PlanError::Runner(e) => {
+            failure("apply_failed", format!("the tool could not be run: {e}"))
+        }
+        other => JobFailure::from(other),
+    })?;
+    report_applied(job, runner, wd, tool, out).await
+}
+
+/// The pinned apply of a delivered, reviewed plan.
+async fn pinned_apply(
+    host: &RelayHost<'_>,
+    runner: &Runner,
+    spec: &Value,
+    wd: &Workdir,
+    tool: Tool,
+) -> Result<Result<takosumi_steps::ApplyOutput, takosumi_steps::PlanError<JobFailure>>, JobFailure>
+{
+    let settings = host.settings;
     // The saved plan, sealed to this pool's delivery key; it must hash to the reviewed digest.
     let mut plan_bytes = open(settings, spec, "plan", Purpose::Plan)?
         .ok_or_else(|| failure("delivery_key_unopenable", "the job carries no plan file"))?;
@@ -719,19 +812,17 @@ async fn apply(
         // what a stale plan's message advises (a reconcile comes from a new check)
         plan_kind: serde_json::from_value(spec["planKind"].clone()).unwrap_or(RunKind::Plan),
     };
-    let host = RelayHost {
-        job,
-        settings,
-        spec,
-    };
-    let out = takosumi_steps::apply(&host, runner, wd, inputs)
-        .await
-        .map_err(|e| match e {
-            takosumi_steps::PlanError::Runner(e) => {
-                failure("apply_failed", format!("the tool could not be run: {e}"))
-            }
-            other => JobFailure::from(other),
-        })?;
+    Ok(takosumi_steps::apply(host, runner, wd, inputs).await)
+}
+
+/// What the apply left, handed back to the control node (which seals and records it).
+async fn report_applied(
+    job: &Job<'_>,
+    runner: &Runner,
+    wd: &Workdir,
+    tool: Tool,
+    out: takosumi_steps::ApplyOutput,
+) -> Result<(), JobFailure> {
     let (changed, end) = takosumi_steps::read_apply_result(runner, wd, tool, &out)
         .await
         .map_err(|e| {

@@ -573,9 +573,7 @@ pub async fn apply<H: ApplyHost>(
         Ok(a) => a,
         // Killed mid-run at its time limit: it may have changed infrastructure.
         Err(RunnerError::TimedOut { limit_secs, .. }) => {
-            return Err(PlanError::AfterTool(format!(
-                "the apply ran past its time limit of {limit_secs} s (TAKOSUMI_LIMIT_APPLY_SECS) and was stopped mid-run: what it changed is unknown; inspect the provider side and the Capsule's current StateVersion, then resolve this Run"
-            )));
+            return Err(apply_timed_out(limit_secs));
         }
         Err(e) => return Err(PlanError::Runner(e)),
     };
@@ -606,6 +604,13 @@ pub fn dependency_snapshot(modules_digest: &str, lock_digest: Option<&str>) -> S
         )
         .as_bytes(),
     )
+}
+
+/// An apply killed at its time limit may have changed infrastructure: its outcome is unknown.
+fn apply_timed_out<E>(limit_secs: u64) -> PlanError<E> {
+    PlanError::AfterTool(format!(
+        "the apply ran past its time limit of {limit_secs} s (TAKOSUMI_LIMIT_APPLY_SECS) and was stopped mid-run: what it changed is unknown; inspect the provider side and the Capsule's current StateVersion, then resolve this Run"
+    ))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -659,4 +664,124 @@ mod tests {
         assert_eq!(drift_verdict(Some(true), &no_op), Some(true));
         assert_eq!(drift_verdict(Some(false), &replace), Some(true));
     }
+}
+
+/// What a one-step apply runs: the Capsule's branch as it is.
+#[derive(Debug, Clone)]
+pub struct OneStepInputs {
+    /// The Capsule's tool.
+    pub tool: Tool,
+    /// Repository URL.
+    pub repo: String,
+    /// Branch whose head is applied.
+    pub branch: String,
+    /// The Capsule's directory.
+    pub dir: String,
+}
+
+/// What a one-step apply ran, recorded before the tool applies (names only, never values).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OneStepRecord {
+    /// The commit applied.
+    pub commit: String,
+    /// Its tree digest.
+    pub tree_digest: String,
+    /// `version -json`.
+    pub tool_version: Value,
+    /// SHA-256 of the lockfile after init (`None`: no lockfile).
+    pub provider_lock_digest: Option<String>,
+    /// Every injected variable's name.
+    pub injected_env_names: Vec<String>,
+}
+
+/// What a one-step apply needs of its host besides [`Host`].
+pub trait OneStepHost: Host {
+    /// Records what is about to be applied; the tool starts only after it is recorded.
+    fn record_one_step(
+        &self,
+        record: &OneStepRecord,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// The one-step apply (an apply no rule covers, seed: "still runs apply -auto-approve"),
+/// written once for both hosts: the branch head → state → backend override → environment
+/// → version → plain `init` → the lockfile's digest → the record → `apply -auto-approve`.
+/// Nothing is saved in between and nothing is compared with a plan: there is none.
+pub async fn one_step_apply<H: OneStepHost>(
+    host: &H,
+    runner: &Runner,
+    wd: &Workdir,
+    inputs: &OneStepInputs,
+) -> Result<ApplyOutput, PlanError<H::Error>> {
+    let tool = inputs.tool;
+    host.event(
+        "checkout_started",
+        json!({ "branch": inputs.branch, "oneStep": true }),
+    )
+    .await;
+    let source = runner
+        .checkout(wd, &inputs.repo, &inputs.branch, None, &inputs.dir)
+        .await
+        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
+    host.event(
+        "checked_out",
+        json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
+    )
+    .await;
+    let restored = host
+        .restore_state(runner, wd)
+        .await
+        .map_err(PlanError::Host)?;
+    runner
+        .write_backend_override(wd)
+        .map_err(|e| tool_failure(e, "writing the backend override"))?;
+    let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
+    let masker = env.masker();
+    let tool_version = runner
+        .version(tool, &env)
+        .await
+        .map_err(|e| tool_failure(e, "reading the tool version"))?;
+    host.event("tool_started", json!({ "command": "init" }))
+        .await;
+    let init = runner.init(wd, tool, &env).await;
+    log_result(host, "init", masker, &init).await;
+    init.map_err(|e| tool_failure(e, "init failed"))?;
+    let provider_lock_digest = match runner.read_lockfile(wd) {
+        Ok(l) => l.as_deref().map(sha256_hex),
+        Err(e @ RunnerError::LockfileTooLarge { .. }) => {
+            return Err(PlanError::Fail(
+                FailureCode::LockfileTooLarge,
+                e.to_string(),
+            ));
+        }
+        Err(e) => return Err(PlanError::Runner(e)),
+    };
+    host.record_one_step(&OneStepRecord {
+        commit: source.commit.clone(),
+        tree_digest: source.tree_digest.clone(),
+        tool_version,
+        provider_lock_digest,
+        injected_env_names: env.names(),
+    })
+    .await
+    .map_err(PlanError::Host)?;
+    host.event(
+        "tool_started",
+        json!({ "command": "apply", "oneStep": true, "autoApprove": true, "savedPlan": false }),
+    )
+    .await;
+    let applied = match runner.apply_auto_approve(wd, tool, &env).await {
+        Ok(a) => a,
+        Err(RunnerError::TimedOut { limit_secs, .. }) => {
+            return Err(apply_timed_out(limit_secs));
+        }
+        Err(e) => return Err(PlanError::Runner(e)),
+    };
+    host.log("apply", masker, &applied.output).await;
+    Ok(ApplyOutput {
+        applied,
+        restored,
+        env,
+    })
 }
