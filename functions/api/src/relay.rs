@@ -612,40 +612,10 @@ async fn plan_job(
         .await?;
         return Ok(Prepared::Failed);
     }
-    let inputs = match secret_inputs(st, &run, capsule.id).await {
-        Ok(s) => s,
-        Err(ApiError::Client { code, message, .. }) => {
-            end_failed(st, run_id, owner, code, &message).await?;
-            return Ok(Prepared::Failed);
-        }
-        Err(e) => return Err(e),
-    };
-    let state = current_state(st, &capsule).await?;
-    if key.is_none() && (inputs.secrets.is_some() || state.is_some()) {
-        let what = if state.is_some() {
-            "the Capsule's state"
-        } else {
-            "the Capsule's credentials"
-        };
-        end_failed(
-            st,
-            run_id,
-            owner,
-            "pool_has_no_delivery_key",
-            &no_key_message(pool, what),
-        )
-        .await?;
+    let Some((inputs, state)) = delivered_inputs(st, pool, key, &run, &capsule, owner).await?
+    else {
         return Ok(Prepared::Failed);
-    }
-    bindings::record_run_env(
-        &st.pool,
-        run_id,
-        owner,
-        &inputs.used,
-        &inputs.names,
-        &inputs.var_names(),
-    )
-    .await?;
+    };
     Ok(Prepared::Job(json!({
         "runId": run_id,
         "kind": run.kind,
@@ -836,6 +806,55 @@ async fn apply_job(
     })))
 }
 
+/// What a plan-side or one-step job delivers besides its source: the Run's inputs and the
+/// Capsule's state, recorded on the Run (names only). `None`: the Run was failed with its
+/// code (a credential that does not open, or a pool without a delivery key for secrets or
+/// state).
+async fn delivered_inputs(
+    st: &AppState,
+    pool: &WorkerPool,
+    key: Option<&DeliveryPublicKey>,
+    run: &runs::Run,
+    capsule: &capsules::Capsule,
+    owner: &str,
+) -> Result<Option<(RelayInputs, Option<Vec<u8>>)>, ApiError> {
+    let inputs = match secret_inputs(st, run, capsule.id).await {
+        Ok(s) => s,
+        Err(ApiError::Client { code, message, .. }) => {
+            end_failed(st, run.id, owner, code, &message).await?;
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let state = current_state(st, capsule).await?;
+    if key.is_none() && (inputs.secrets.is_some() || state.is_some()) {
+        let what = if state.is_some() {
+            "the Capsule's state"
+        } else {
+            "the Capsule's credentials"
+        };
+        end_failed(
+            st,
+            run.id,
+            owner,
+            "pool_has_no_delivery_key",
+            &no_key_message(pool, what),
+        )
+        .await?;
+        return Ok(None);
+    }
+    bindings::record_run_env(
+        &st.pool,
+        run.id,
+        owner,
+        &inputs.used,
+        &inputs.names,
+        &inputs.var_names(),
+    )
+    .await?;
+    Ok(Some((inputs, state)))
+}
+
 /// A one-step apply's job: the branch, the Capsule's state and credentials (sealed to the
 /// pool's key; a pool without one can run it only when there is neither), and its
 /// variables.
@@ -852,40 +871,10 @@ async fn one_step_job(
     let capsule = capsules::get(&st.pool, run.capsule_id)
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
-    let inputs = match secret_inputs(st, &run, capsule.id).await {
-        Ok(s) => s,
-        Err(ApiError::Client { code, message, .. }) => {
-            end_failed(st, run_id, owner, code, &message).await?;
-            return Ok(Prepared::Failed);
-        }
-        Err(e) => return Err(e),
-    };
-    let state = current_state(st, &capsule).await?;
-    if key.is_none() && (inputs.secrets.is_some() || state.is_some()) {
-        let what = if state.is_some() {
-            "the Capsule's state"
-        } else {
-            "the Capsule's credentials"
-        };
-        end_failed(
-            st,
-            run_id,
-            owner,
-            "pool_has_no_delivery_key",
-            &no_key_message(pool, what),
-        )
-        .await?;
+    let Some((inputs, state)) = delivered_inputs(st, pool, key, &run, &capsule, owner).await?
+    else {
         return Ok(Prepared::Failed);
-    }
-    bindings::record_run_env(
-        &st.pool,
-        run_id,
-        owner,
-        &inputs.used,
-        &inputs.names,
-        &inputs.var_names(),
-    )
-    .await?;
+    };
     Ok(Prepared::Job(json!({
         "runId": run_id,
         "kind": "apply",

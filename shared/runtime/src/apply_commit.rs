@@ -167,28 +167,9 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
                     "the tool applied without changing the state; then {message}. Check the Run's logs before anything else, and do not repeat the apply"
                 ),
             };
-            if !runs::fail(
-                &mut tx,
-                run_id,
-                Some(c.owner),
-                FailureCode::AfterApplyFailed,
-                &message,
-            )
-            .await
-            .map_err(store_err)?
-            {
-                return Err(ApplyCommitError::LeaseLost);
-            }
-            record_state_version(&mut tx, run_id, sv_id).await?;
-            events::append(
-                &mut *tx,
-                run_id,
-                "failed",
-                &actor,
-                json!({ "code": FailureCode::AfterApplyFailed, "stateVersionId": sv_id, "afterApply": true }),
-            )
-            .await
-            .map_err(store_err)?;
+            let code = FailureCode::AfterApplyFailed;
+            let data = json!({ "code": code, "stateVersionId": sv_id, "afterApply": true });
+            fail_after_tool(&mut tx, c.owner, run_id, sv_id, code, &message, data).await?;
         }
         ToolEnd::Failed { exit_code } => {
             let message = if sv_id.is_some() {
@@ -196,28 +177,9 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             } else {
                 "apply failed; check the run's logs, then plan again"
             };
-            if !runs::fail(
-                &mut tx,
-                run_id,
-                Some(c.owner),
-                FailureCode::ApplyFailed,
-                message,
-            )
-            .await
-            .map_err(store_err)?
-            {
-                return Err(ApplyCommitError::LeaseLost);
-            }
-            record_state_version(&mut tx, run_id, sv_id).await?;
-            events::append(
-                &mut *tx,
-                run_id,
-                "failed",
-                &actor,
-                json!({ "code": FailureCode::ApplyFailed, "exitCode": exit_code }),
-            )
-            .await
-            .map_err(store_err)?;
+            let code = FailureCode::ApplyFailed;
+            let data = json!({ "code": code, "exitCode": exit_code });
+            fail_after_tool(&mut tx, c.owner, run_id, sv_id, code, message, data).await?;
         }
     }
     if let Some(next) = runs::next_waiting_apply(&mut tx, c.capsule_id)
@@ -231,6 +193,36 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();
     Ok(new_generation)
+}
+
+/// Fails a Run whose tool ran, with the StateVersion it left (already recorded) on it, and
+/// its `failed` event.
+async fn fail_after_tool(
+    tx: &mut takosumi_store::Tx,
+    owner: &str,
+    run_id: RunId,
+    sv: Option<takosumi_core::StateVersionId>,
+    code: FailureCode,
+    message: &str,
+    data: Value,
+) -> Result<(), ApplyCommitError> {
+    if !runs::fail(tx, run_id, Some(owner), code, message)
+        .await
+        .map_err(store_err)?
+    {
+        return Err(ApplyCommitError::LeaseLost);
+    }
+    record_state_version(tx, run_id, sv).await?;
+    events::append(
+        &mut **tx,
+        run_id,
+        "failed",
+        &format!("handler:{owner}"),
+        data,
+    )
+    .await
+    .map_err(store_err)?;
+    Ok(())
 }
 
 async fn record_state_version(

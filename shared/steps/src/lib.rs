@@ -185,6 +185,28 @@ async fn log_result<H: Host>(
     }
 }
 
+/// Checks `(repo, branch, commit, dir)` out, reporting `checkout_started` (with `started`)
+/// and `checked_out`.
+async fn checkout<H: Host>(
+    host: &H,
+    runner: &Runner,
+    wd: &Workdir,
+    (repo, branch, commit, dir): (&str, &str, Option<&str>, &str),
+    started: Value,
+) -> Result<SourceSnapshot, PlanError<H::Error>> {
+    host.event("checkout_started", started).await;
+    let source = runner
+        .checkout(wd, repo, branch, commit, dir)
+        .await
+        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
+    host.event(
+        "checked_out",
+        json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
+    )
+    .await;
+    Ok(source)
+}
+
 /// Plan, destroy plan or drift check: checkout → state → backend override → version →
 /// modules → dry-run scan (refusal, hold) → init → lockfile → plan → `show -json` → the
 /// saved plan's bytes.
@@ -195,26 +217,19 @@ pub async fn plan<H: PlanHost>(
     inputs: &PlanInputs,
 ) -> Result<Planned, PlanError<H::Error>> {
     let tool = inputs.tool;
-    host.event(
-        "checkout_started",
-        json!({ "branch": inputs.branch, "commit": inputs.commit }),
-    )
-    .await;
-    let source = runner
-        .checkout(
-            wd,
+    let source = checkout(
+        host,
+        runner,
+        wd,
+        (
             &inputs.repo,
             &inputs.branch,
             inputs.commit.as_deref(),
             &inputs.dir,
-        )
-        .await
-        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
-    host.event(
-        "checked_out",
-        json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
+        ),
+        json!({ "branch": inputs.branch, "commit": inputs.commit }),
     )
-    .await;
+    .await?;
     host.restore_state(runner, wd)
         .await
         .map_err(PlanError::Host)?;
@@ -715,20 +730,14 @@ pub async fn one_step_apply<H: OneStepHost>(
     inputs: &OneStepInputs,
 ) -> Result<ApplyOutput, PlanError<H::Error>> {
     let tool = inputs.tool;
-    host.event(
-        "checkout_started",
+    let source = checkout(
+        host,
+        runner,
+        wd,
+        (&inputs.repo, &inputs.branch, None, &inputs.dir),
         json!({ "branch": inputs.branch, "oneStep": true }),
     )
-    .await;
-    let source = runner
-        .checkout(wd, &inputs.repo, &inputs.branch, None, &inputs.dir)
-        .await
-        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
-    host.event(
-        "checked_out",
-        json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
-    )
-    .await;
+    .await?;
     let restored = host
         .restore_state(runner, wd)
         .await
