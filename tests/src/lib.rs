@@ -75,6 +75,22 @@ fn env(name: &str) -> anyhow::Result<String> {
     })
 }
 
+/// The in-process API's and steps' warnings and errors go to the test's captured output
+/// (printed when a test fails): an API 500 logs its whole cause chain there, where a test's
+/// assertion only sees "the request failed on our side". `TAKOSUMI_TEST_LOG` sets the filter
+/// (default `warn`).
+fn init_test_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("TAKOSUMI_TEST_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
+}
+
 fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }
@@ -153,6 +169,7 @@ impl Stack {
         tool: Option<&Path>,
         endpoints: &Endpoints,
     ) -> anyhow::Result<Self> {
+        init_test_logging();
         let id = short_id();
         let work = tempfile::tempdir()?;
         // A database of its own.
