@@ -1295,9 +1295,6 @@ struct Scanned {
     /// Asks for the dry-run decision on the checked-out commit (absent: record only).
     #[serde(default)]
     commit: Option<String>,
-    /// The digest of the module tree the scan read (a hold binds it).
-    #[serde(default)]
-    modules_digest: Option<String>,
 }
 
 /// A relayed plan's dry-run scan: recorded on the Run at once, and, when the worker asks,
@@ -1312,22 +1309,11 @@ async fn scanned(
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
     let req: Scanned = crate::routes::parse_body(&body)?;
-    let mut report = req.scan_report.to_json();
-    report["modulesDigest"] = json!(req.modules_digest);
-    takosumi_store::gates::set_scan_report(&st.pool, run.id, &report).await?;
+    takosumi_store::gates::set_scan_report(&st.pool, run.id, &req.scan_report.to_json()).await?;
     let Some(commit) = req.commit else {
         return Ok(Json(json!({ "hold": false })));
     };
-    match dry_run::check(
-        &st.pool,
-        &claim,
-        &run,
-        &req.scan_report,
-        &commit,
-        req.modules_digest.as_deref(),
-    )
-    .await
-    {
+    match dry_run::check(&st.pool, &claim, &run, &req.scan_report, &commit).await {
         Ok(DryRunDecision::Proceed) => Ok(Json(json!({ "hold": false }))),
         Ok(DryRunDecision::Held) => Ok(Json(json!({ "hold": true }))),
         Ok(DryRunDecision::LeaseLost) => Err(ApiError::conflict(

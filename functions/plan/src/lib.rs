@@ -230,17 +230,9 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
         &self,
         report: &ScanReport,
         commit: &str,
-        modules_digest: &str,
     ) -> Result<ScanVerdict, PlanError> {
-        let decided = dry_run::check(
-            &self.ctx.pool,
-            &self.ctx.owner,
-            self.run,
-            report,
-            commit,
-            Some(modules_digest),
-        )
-        .await?;
+        let decided =
+            dry_run::check(&self.ctx.pool, &self.ctx.owner, self.run, report, commit).await?;
         let stopped = match decided {
             DryRunDecision::Proceed => return Ok(ScanVerdict::Proceed),
             DryRunDecision::Held => Outcome::Done,

@@ -632,7 +632,6 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
         &self,
         report: &ScanReport,
         commit: &str,
-        modules_digest: &str,
     ) -> Result<ScanVerdict, JobFailure> {
         let answer = match self
             .job
@@ -641,7 +640,7 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
                 &self.job.run,
                 &self.job.claim,
                 "scanned",
-                &json!({ "scanReport": report, "commit": commit, "modulesDigest": modules_digest }),
+                &json!({ "scanReport": report, "commit": commit }),
             )
             .await
         {

@@ -49,6 +49,10 @@ pub struct ScanReport {
     /// `module.network.module.inner`), in the order they were read; the root module is
     /// not listed. The same module called twice is listed at both addresses.
     pub modules_read: Vec<String>,
+    /// The digest of the installed module tree the scan read (set by the pipeline, which
+    /// computed it): a hold binds it, so a released plan runs exactly these modules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modules_digest: Option<String>,
 }
 
 /// A data source the plan would read that runs code or sends a write.
@@ -1322,6 +1326,7 @@ data "http" "body" {
                 reason: "why".into(),
             }],
             modules_read: vec!["module.a".into()],
+            modules_digest: Some("d".into()),
         };
         let v = r.to_json();
         assert_eq!(v["clean"], false);

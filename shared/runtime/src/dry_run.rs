@@ -21,13 +21,6 @@ use takosumi_store::{Pool, activity, dry_runs, events, gates, runs};
 use crate::inputs::EnvError;
 use crate::step::store_err;
 
-/// The scan report as recorded: with the digest of the module tree it read.
-fn scan_json(report: &ScanReport, modules_digest: Option<&str>) -> serde_json::Value {
-    let mut json = report.to_json();
-    json["modulesDigest"] = json!(modules_digest);
-    json
-}
-
 /// What the dry-run check decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DryRunDecision {
@@ -46,8 +39,8 @@ pub async fn check(
     run: &runs::Run,
     report: &ScanReport,
     commit: &str,
-    modules_digest: Option<&str>,
 ) -> Result<DryRunDecision, EnvError> {
+    let modules_digest = report.modules_digest.as_deref();
     // A drift check is a dry run too: the scan decides it as it decides a plan.
     if !matches!(
         run.kind,
@@ -118,7 +111,7 @@ pub async fn check(
         "dryRun": true,
         "message": why,
         "findings": findings,
-        "dryRunScan": scan_json(report, modules_digest),
+        "dryRunScan": report.to_json(),
         "commit": commit,
         "modulesDigest": modules_digest,
         "approvalRule": { "required": approval.required, "approverRoles": approval.approver_roles },

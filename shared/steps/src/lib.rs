@@ -92,13 +92,12 @@ pub trait PlanHost: Host {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Decides whether the plan runs now (the approval rule's dry-run hold). A hold binds
-    /// the commit and the module tree (`modules_digest`) the scan read: once released, the
-    /// plan runs exactly those, never modules nobody scanned.
+    /// the commit and the module tree the scan read (`report.modules_digest`): once
+    /// released, the plan runs exactly those, never modules nobody scanned.
     fn after_scan(
         &self,
         report: &ScanReport,
         commit: &str,
-        modules_digest: &str,
     ) -> impl Future<Output = Result<ScanVerdict, Self::Error>> + Send;
 }
 
@@ -207,6 +206,30 @@ async fn checkout<H: Host>(
     Ok(source)
 }
 
+/// After the checkout, before any module or provider is installed: the Capsule's state
+/// restored (its bytes returned), the backend override, the tool's environment (every
+/// secret in its masker) and the tool's version.
+async fn prepare<H: Host>(
+    host: &H,
+    runner: &Runner,
+    wd: &Workdir,
+    tool: Tool,
+) -> Result<(Option<Vec<u8>>, ToolEnv, Value), PlanError<H::Error>> {
+    let restored = host
+        .restore_state(runner, wd)
+        .await
+        .map_err(PlanError::Host)?;
+    runner
+        .write_backend_override(wd)
+        .map_err(|e| tool_failure(e, "writing the backend override"))?;
+    let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
+    let tool_version = runner
+        .version(tool, &env)
+        .await
+        .map_err(|e| tool_failure(e, "reading the tool version"))?;
+    Ok((restored, env, tool_version))
+}
+
 /// Plan, destroy plan or drift check: checkout → state → backend override → version →
 /// modules → dry-run scan (refusal, hold) → init → lockfile → plan → `show -json` → the
 /// saved plan's bytes.
@@ -230,18 +253,8 @@ pub async fn plan<H: PlanHost>(
         json!({ "branch": inputs.branch, "commit": inputs.commit }),
     )
     .await?;
-    host.restore_state(runner, wd)
-        .await
-        .map_err(PlanError::Host)?;
-    runner
-        .write_backend_override(wd)
-        .map_err(|e| tool_failure(e, "writing the backend override"))?;
-    let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
+    let (_, env, tool_version) = prepare(host, runner, wd, tool).await?;
     let masker = env.masker();
-    let tool_version = runner
-        .version(tool, &env)
-        .await
-        .map_err(|e| tool_failure(e, "reading the tool version"))?;
 
     // Modules are downloaded once, here, into the private checkout (a committed
     // `.terraform` was removed by the checkout); init then resolves nothing again. A
@@ -266,9 +279,10 @@ pub async fn plan<H: PlanHost>(
         wd.config_dir(),
         modules_dir.is_dir().then_some(modules_dir.as_path()),
     );
-    let mut scan_report = report.to_json();
+    let mut report = report;
     // what the scan read: the report is evidence of exactly this module tree
-    scan_report["modulesDigest"] = json!(modules_digest);
+    report.modules_digest = Some(modules_digest.clone());
+    let scan_report = report.to_json();
     host.record_scan(&scan_report)
         .await
         .map_err(PlanError::Host)?;
@@ -291,7 +305,7 @@ pub async fn plan<H: PlanHost>(
     // Under the approval rule a plan plans freely only when the scan is clean; otherwise
     // the host holds it here, before init and plan run anything.
     if host
-        .after_scan(&report, &source.commit, &modules_digest)
+        .after_scan(&report, &source.commit)
         .await
         .map_err(PlanError::Host)?
         == ScanVerdict::Held
@@ -738,19 +752,8 @@ pub async fn one_step_apply<H: OneStepHost>(
         json!({ "branch": inputs.branch, "oneStep": true }),
     )
     .await?;
-    let restored = host
-        .restore_state(runner, wd)
-        .await
-        .map_err(PlanError::Host)?;
-    runner
-        .write_backend_override(wd)
-        .map_err(|e| tool_failure(e, "writing the backend override"))?;
-    let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
+    let (restored, env, tool_version) = prepare(host, runner, wd, tool).await?;
     let masker = env.masker();
-    let tool_version = runner
-        .version(tool, &env)
-        .await
-        .map_err(|e| tool_failure(e, "reading the tool version"))?;
     host.event("tool_started", json!({ "command": "init" }))
         .await;
     let init = runner.init(wd, tool, &env).await;

@@ -265,9 +265,17 @@ pub async fn applied_baseline<'e, E: sqlx::PgExecutor<'e>>(
 /// plans the commit that was last applied, never the branch head: it reports what changed
 /// outside Takosumi, and the plan it keeps brings reality back to what was applied.
 pub async fn run_source(executor: &sqlx::PgPool, id: RunId) -> Result<RunSource, StoreError> {
+    // One round trip: the Run's own pins and, for a drift check, the applied baseline
+    // (the same join as `applied_baseline`).
     let row = sqlx::query!(
-        r#"SELECT source_ref, pinned_commit, speculative, kind as "kind: RunKind", capsule_id
-             FROM runs WHERE id = $1"#,
+        r#"SELECT r.source_ref, r.pinned_commit, r.speculative, r.kind as "kind: RunKind",
+                  a.source_commit as "applied_commit?", p.kind as "applied_plan_kind?: RunKind"
+             FROM runs r
+             JOIN capsules c ON c.id = r.capsule_id
+             LEFT JOIN state_versions sv ON sv.id = c.current_state_version_id
+             LEFT JOIN runs a ON a.id = sv.run_id
+             LEFT JOIN runs p ON p.id = a.plan_run_id
+            WHERE r.id = $1"#,
         id.as_uuid()
     )
     .fetch_one(executor)
@@ -279,8 +287,10 @@ pub async fn run_source(executor: &sqlx::PgPool, id: RunId) -> Result<RunSource,
         no_baseline: false,
     };
     if row.kind == RunKind::DriftCheck {
-        match applied_baseline(executor, CapsuleId::from_uuid(row.capsule_id)).await? {
-            Some(b) if !b.destroyed => source.pinned_commit = Some(b.commit),
+        match row.applied_commit {
+            Some(commit) if row.applied_plan_kind != Some(RunKind::Destroy) => {
+                source.pinned_commit = Some(commit);
+            }
             _ => source.no_baseline = true,
         }
     }
