@@ -1157,3 +1157,68 @@ async fn a_stale_reconcile_says_to_run_the_check_again() -> anyhow::Result<()> {
     assert_eq!(stack.tool_count("apply"), applies, "nothing was applied");
     stack.stop().await
 }
+
+/// A drift check plans with the variables of what was applied, not the Capsule's defaults:
+/// a plan given its own variable and applied, then checked, reports no drift even though
+/// the Capsule's default points somewhere else; a change behind the applied variable is
+/// drift. The check's record names the variables it planned with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drift_check_plans_with_the_applied_plans_variables() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let dir = takosumi_tests::fixture_dir()?;
+    let default_input = dir.path().join("default.tfstate");
+    let applied_input = dir.path().join("applied.tfstate");
+    std::fs::write(&default_input, watched_input("default"))?;
+    std::fs::write(&applied_input, watched_input("applied"))?;
+    let repo = GitRepo::new(&[("infra/watched/main.tf", WATCHED_CONFIG)])?;
+    let ws = workspace(&stack).await?;
+    let cap = capsule(
+        &stack,
+        ws,
+        "overridden",
+        &repo.url(),
+        "main",
+        "infra/watched",
+        json!({ "input_state": default_input.display().to_string() }),
+    )
+    .await?;
+    let request = takosumi_client::PlanRequest {
+        vars: json!({ "input_state": applied_input.display().to_string() })
+            .as_object()
+            .cloned()
+            .unwrap(),
+        ..Default::default()
+    };
+    let plan = stack
+        .wait(stack.client.plan_with(cap.id, None, &request).await?.id)
+        .await?;
+    let applied = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(applied.status, RunStatus::Applied, "{applied:?}");
+
+    let clean = drift_check(&stack, &cap).await?;
+    assert_eq!(
+        (clean.status, clean.drift),
+        (RunStatus::Planned, Some(false)),
+        "the check read the applied variable, not the Capsule's default: {clean:?}"
+    );
+    assert_eq!(clean.var_names(), Some(vec!["input_state".to_owned()]));
+
+    // The Capsule's default changing is not drift (nothing applied reads it) …
+    std::fs::write(&default_input, watched_input("default-2"))?;
+    let still = drift_check(&stack, &cap).await?;
+    assert_eq!(still.drift, Some(false), "{still:?}");
+    // … a change behind the applied variable is.
+    std::fs::write(&applied_input, watched_input("applied-2"))?;
+    let drifted = drift_check(&stack, &cap).await?;
+    assert_eq!(drifted.drift, Some(true), "{drifted:?}");
+    // Its reconcile applies with the same variables, so the next check is clean.
+    let reconcile = stack
+        .wait(stack.client.apply(drifted.id, None).await?.id)
+        .await?;
+    assert_eq!(reconcile.status, RunStatus::Applied, "{reconcile:?}");
+    let after = drift_check(&stack, &cap).await?;
+    assert_eq!(after.drift, Some(false), "{after:?}");
+    Ok(())
+}

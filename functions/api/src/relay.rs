@@ -38,7 +38,7 @@ use axum::{Json, Router};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, FailureCode, RunId, RunKind, RunStatus, StateVersionId, Topic};
+use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, StateVersionId, Topic};
 use takosumi_objects::PutOutcome;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dry_run::{self, DryRunDecision};
@@ -600,18 +600,14 @@ async fn plan_job(
     let capsule = capsules::get(&st.pool, run.capsule_id)
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
-    let source = takosumi_store::detection::run_source(&st.pool, run_id).await?;
-    if source.no_baseline {
-        end_failed(
-            st,
-            run_id,
-            owner,
-            FailureCode::NotApplied.as_str(),
-            takosumi_store::detection::NOT_APPLIED,
-        )
-        .await?;
-        return Ok(Prepared::Failed);
-    }
+    let source = match st.ctx.plan_source(&run, &capsule).await {
+        Ok(source) => source,
+        Err(EnvError::Fail(code, message)) => {
+            end_failed(st, run_id, owner, code.as_str(), &message).await?;
+            return Ok(Prepared::Failed);
+        }
+        Err(EnvError::Step(e)) => return Err(internal(e)),
+    };
     let Some((inputs, state)) = delivered_inputs(st, pool, key, &run, &capsule, owner).await?
     else {
         return Ok(Prepared::Failed);

@@ -273,15 +273,7 @@ async fn plan(
 
     // A webhook-started plan checks out exactly the pushed (or pull request head) commit;
     // a drift check, the commit that was last applied.
-    let source = takosumi_store::detection::run_source(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?;
-    if source.no_baseline {
-        return Err(PlanError::Fail(
-            FailureCode::NotApplied,
-            takosumi_store::detection::NOT_APPLIED.into(),
-        ));
-    }
+    let source = ctx.plan_source(run, &capsule).await?;
     let inputs = PlanInputs {
         kind: run.kind,
         tool,

@@ -141,6 +141,54 @@ pub fn seal_run_vars(
 }
 
 impl Ctx {
+    /// What a plan step checks out, read once at its claim by the control node and by the
+    /// relay's job endpoint alike: a drift check with nothing applied fails `not_applied`;
+    /// a plan whose submission gave no variables has them settled now — a drift check's
+    /// from the Run behind the Capsule's current StateVersion (reality is compared with
+    /// what was applied, at its commit and with its variables), any other's from the
+    /// Capsule — and sealed on the Run, so its record and its apply use the same values.
+    pub async fn plan_source(
+        &self,
+        run: &Run,
+        capsule: &Capsule,
+    ) -> Result<takosumi_store::detection::RunSource, EnvError> {
+        let source = takosumi_store::detection::run_source(&self.pool, run.id)
+            .await
+            .map_err(store_err)?;
+        if source.no_baseline {
+            return Err(EnvError::Fail(
+                FailureCode::NotApplied,
+                takosumi_store::detection::NOT_APPLIED.into(),
+            ));
+        }
+        if run.vars.is_some()
+            || bindings::sealed_run_vars(&self.pool, run.id)
+                .await
+                .map_err(store_err)?
+                .is_some()
+        {
+            return Ok(source);
+        }
+        let vars = match source.baseline_run {
+            Some(baseline) => {
+                let baseline = takosumi_store::runs::get(&self.pool, baseline)
+                    .await
+                    .map_err(store_err)?
+                    .ok_or_else(|| {
+                        StepError::Poison(format!("the applied Run {baseline} is gone"))
+                    })?;
+                self.run_variables(&baseline, capsule).await?
+            }
+            None => capsule.vars.as_object().cloned().unwrap_or_default(),
+        };
+        let (names, sealed) = seal_run_vars(&self.sealer, run.id, &vars)?;
+        drop(vars);
+        bindings::settle_run_vars(&self.pool, run.id, &names, &sealed)
+            .await
+            .map_err(store_err)?;
+        Ok(source)
+    }
+
     /// The plain variables a step of `inputs_of` runs with: the ones sealed at its
     /// submission, a Run recorded before sealing's plain ones, else the Capsule's own.
     pub async fn run_variables(

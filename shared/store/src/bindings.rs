@@ -242,6 +242,27 @@ pub async fn set_run_vars(
     Ok(done.rows_affected() == 1)
 }
 
+/// Settles a plan Run's variables at its claim when its submission set none (a webhook's
+/// plan, a drift check): from then on the record names what it planned with and its apply
+/// reads the same values. Only once; `false` if they were already set.
+pub async fn settle_run_vars<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    run_id: RunId,
+    names: &[String],
+    sealed: &[u8],
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE runs SET vars_sealed = $2, var_names = $3, updated_at = now()
+            WHERE id = $1 AND vars IS NULL AND vars_sealed IS NULL"#,
+        run_id.as_uuid(),
+        sealed,
+        names
+    )
+    .execute(executor)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// A Run's sealed variables, if it was submitted with its own.
 pub async fn sealed_run_vars<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,

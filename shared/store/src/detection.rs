@@ -219,6 +219,10 @@ pub struct RunSource {
     /// A drift check with nothing applied to compare against (the Capsule has no
     /// StateVersion, or its last apply was a destroy): it must not plan the branch instead.
     pub no_baseline: bool,
+    /// For a drift check: the Run whose variables produced the current StateVersion (the
+    /// plan the last apply carried out, or a one-step apply itself). The check plans with
+    /// exactly those, so a variable changed on the Capsule since is not reported as drift.
+    pub baseline_run: Option<RunId>,
 }
 
 /// Why a drift check of a Capsule with no baseline does not plan (the Run's error, and the
@@ -269,7 +273,8 @@ pub async fn run_source(executor: &sqlx::PgPool, id: RunId) -> Result<RunSource,
     // (the same join as `applied_baseline`).
     let row = sqlx::query!(
         r#"SELECT r.source_ref, r.pinned_commit, r.speculative, r.kind as "kind: RunKind",
-                  a.source_commit as "applied_commit?", p.kind as "applied_plan_kind?: RunKind"
+                  a.source_commit as "applied_commit?", p.kind as "applied_plan_kind?: RunKind",
+                  COALESCE(p.id, a.id) as "baseline_run?"
              FROM runs r
              JOIN capsules c ON c.id = r.capsule_id
              LEFT JOIN state_versions sv ON sv.id = c.current_state_version_id
@@ -285,11 +290,13 @@ pub async fn run_source(executor: &sqlx::PgPool, id: RunId) -> Result<RunSource,
         pinned_commit: row.pinned_commit,
         speculative: row.speculative,
         no_baseline: false,
+        baseline_run: None,
     };
     if row.kind == RunKind::DriftCheck {
         match row.applied_commit {
             Some(commit) if row.applied_plan_kind != Some(RunKind::Destroy) => {
                 source.pinned_commit = Some(commit);
+                source.baseline_run = row.baseline_run.map(RunId::from_uuid);
             }
             _ => source.no_baseline = true,
         }
