@@ -209,6 +209,15 @@ async fn bad_input_is_refused_with_a_code_and_writes_nothing() -> anyhow::Result
             404,
             "no_such_endpoint",
         ),
+        (
+            // an id that spells a sub-resource meets a route of other methods
+            "PUT",
+            "/api/v1/capsules/rules".into(),
+            Some(&admin),
+            Some("{}".into()),
+            405,
+            "method_not_allowed",
+        ),
     ];
     for (method, path, token, body, want_status, want_code) in cases {
         let (status, body) = stack.request(method, &path, token, body.as_deref()).await?;

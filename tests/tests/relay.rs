@@ -319,23 +319,7 @@ async fn a_pool_without_a_delivery_key_cannot_run_a_gated_apply() -> anyhow::Res
 async fn a_plan_over_19_mib_is_refused_at_the_relay() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
     let admin = Admin::new(&stack);
-    // Incompressible text in the configuration (the plan file carries the configuration).
-    let mut big = String::from("# filler: the saved plan carries the configuration\n");
-    let mut block = [0u8; 32];
-    let mut line = Vec::with_capacity(96 * 48);
-    use sha2::Digest;
-    // 22 MiB of random bytes, base64: the plan file (deflate) keeps ~3/4 of the text,
-    // about 22 MiB (measured: 8,204,000 bytes of such text gave a 6,187,492-byte plan).
-    for i in 0u64..(22 * 1024 * 1024 / 32) {
-        block = sha2::Sha256::digest([&block[..], &i.to_le_bytes()].concat()).into();
-        line.extend_from_slice(&block);
-        if line.len() >= 48 * 32 {
-            big.push_str("# ");
-            big.push_str(&B64.encode(&line));
-            big.push('\n');
-            line.clear();
-        }
-    }
+    let big = takosumi_tests::plan_filler(22);
     let (_repo, cap) = capsule(
         &stack,
         &[("infra/main.tf", NULL_CONFIG), ("infra/filler.tf", &big)],

@@ -523,3 +523,49 @@ async fn a_digest_only_legacy_lockfile_record_reads_as_unknown() -> anyhow::Resu
     );
     stack.stop().await
 }
+
+/// "The 19 MiB limit is the relay's": a plan the control node executes has no such cap.
+/// A real plan of about 24 MiB is sealed from its file in chunks (format 2) and uploaded
+/// in parts, and its apply streams it back, checks its digest and applies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_control_node_plans_and_applies_a_plan_over_19_mib() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let filler = takosumi_tests::plan_filler(26);
+    let repo = GitRepo::new(&[("infra/main.tf", NULL_TF), ("infra/filler.tf", &filler)])?;
+    drop(filler);
+    let cap = null_capsule(&stack, &repo).await?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let key: String = sqlx::query_scalar("SELECT plan_object_key FROM runs WHERE id = $1")
+        .bind(plan.id.as_uuid())
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    let sealed = stack.ctx.objects.get(&key, 64 * 1024 * 1024).await?;
+    assert_eq!(&sealed[..4], b"TKS2", "sealed in the chunked format");
+    assert!(
+        sealed.len() as u64 > 19 * 1024 * 1024 + 4096,
+        "a plan over the relay limit: {} sealed bytes",
+        sealed.len()
+    );
+    let plain =
+        stack
+            .ctx
+            .sealer
+            .unseal(takosumi_seal::Purpose::Plan, &plan.id.to_string(), &sealed)?;
+    drop(sealed);
+    assert_eq!(
+        Some(takosumi_store::sha256_hex(&plain)),
+        plan.plan_digest,
+        "the digest is of the plan file itself"
+    );
+    eprintln!("plan file: {} bytes", plain.len());
+    drop(plain);
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 1);
+    stack.stop().await
+}

@@ -39,13 +39,14 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, StateVersionId, Topic};
-use takosumi_objects::PutOutcome;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::inputs::{
     CredentialSet, EnvError, Injected, open_binding, sensitive_vars_subject,
 };
-use takosumi_runtime::plan_commit::{self, Committed, PlanToCommit, StoredPlan};
+use takosumi_runtime::plan_commit::{
+    self, Committed, PlanPut, PlanSource, PlanToCommit, StoredPlan,
+};
 use takosumi_runtime::step::{plan_key, state_key};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::DeliveryPublicKey;
@@ -57,7 +58,7 @@ use zeroize::Zeroize;
 use crate::{ApiError, AppState};
 
 /// The largest plan file that crosses the relay (DESIGN §3).
-pub const MAX_RELAY_PLAN_BYTES: u64 = takosumi_runtime::plan_commit::MAX_PLAN_BYTES;
+pub const MAX_RELAY_PLAN_BYTES: u64 = takosumi_runtime::plan_commit::MAX_RELAY_PLAN_BYTES;
 /// Claims of a plan-like Run by relay workers before it fails `attempts_exhausted`.
 pub const RELAY_MAX_ATTEMPTS: i32 = 3;
 /// A relay claim's lease; the worker renews it with `progress` well within it.
@@ -1111,26 +1112,27 @@ async fn plan_file(
             "send the saved plan file as the body",
         ));
     }
-    let sealed = st
-        .sealer
-        .seal(Purpose::Plan, &run.id.to_string(), &body)
-        .map_err(internal)?;
-    let digest = takosumi_store::sha256_hex(&body);
-    drop(body);
     // One object per claim: a second upload in the same claim replaces nothing.
-    let key = plan_key(run.id, run.attempts);
-    if st
-        .objects
-        .put_if_absent(&key, sealed)
-        .await
-        .map_err(object_error)?
-        == PutOutcome::AlreadyExists
-    {
-        return Err(ApiError::conflict(
-            "plan_file_exists",
-            "the plan file of this claim was already uploaded",
-        ));
-    }
+    let stored = takosumi_runtime::plan_commit::store_plan_file(
+        &st.ctx,
+        run.id,
+        run.attempts,
+        PlanSource::Bytes(&body),
+    )
+    .await;
+    drop(body);
+    let digest = match stored.map_err(|e| ApiError::Internal {
+        transient: e.retryable(),
+        source: Box::new(e),
+    })? {
+        PlanPut::Stored(plan) => plan.digest,
+        PlanPut::AlreadyThere => {
+            return Err(ApiError::conflict(
+                "plan_file_exists",
+                "the plan file of this claim was already uploaded",
+            ));
+        }
+    };
     Ok(Json(json!({ "planDigest": digest, "size": size })))
 }
 
@@ -1223,8 +1225,9 @@ async fn planned(
                 .unseal(Purpose::Plan, &run_id.to_string(), &sealed)
                 .map_err(internal)?;
             let digest = takosumi_store::sha256_hex(&plan_bytes);
+            let size = plan_bytes.len() as u64;
             plan_bytes.zeroize();
-            Some(StoredPlan { key, digest })
+            Some(StoredPlan { key, digest, size })
         }
     };
     let plan_digest = plan.as_ref().map(|p| p.digest.clone());

@@ -50,6 +50,15 @@ pub fn router() -> Router<AppState> {
                 "no such endpoint; see the API reference in DESIGN.md §5",
             )
         })
+        // An id that happens to spell a sub-resource (`/capsules/rules`) meets a route of
+        // other methods: still an answer with a code.
+        .method_not_allowed_fallback(|| async {
+            ApiError::client(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method; see the API reference in DESIGN.md §5",
+            )
+        })
 }
 
 pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {

@@ -8,22 +8,18 @@
 //! tool may have started.
 
 use takosumi_core::{CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
-use takosumi_objects::ObjectError;
 use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
-use takosumi_runtime::step::{object_err, runner_err, store_err};
-use takosumi_seal::{Purpose, SealError};
+use takosumi_runtime::plan_commit::{self, PlanFetchError};
+use takosumi_runtime::step::{runner_err, store_err};
 use takosumi_steps::ApplyEnd;
 use takosumi_store::runs::ApplyClaim;
 use takosumi_store::{capsules, runs, state_versions};
 
 mod one_step;
 mod unrecorded;
-
-/// The largest sealed plan read back (19 MiB plan plus the envelope).
-const MAX_SEALED_PLAN: u64 = 19 * 1024 * 1024 + 4096;
 
 /// Handles one `run.apply` wake-up. Safe to run twice: the claim lets one handler in;
 /// a duplicate finds the Run applying or applied and does nothing.
@@ -197,39 +193,39 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
             "the saved plan was already used or wiped; plan again and apply the new plan",
         ));
     };
-    let sealed = match ctx.objects.get(plan_key, MAX_SEALED_PLAN).await {
-        Ok(s) => s,
-        Err(ObjectError::NotFound) => {
+    let wd = ctx
+        .runner
+        .workdir(&run_id.to_string())
+        .map_err(runner_err)?;
+    // Streamed from storage into the run directory: memory stays bounded whatever the
+    // plan's size.
+    match plan_commit::fetch_plan_file(ctx, plan_run_id, plan_key, plan_digest, &wd).await {
+        Ok(()) => {}
+        Err(PlanFetchError::Missing) => {
             return Err(fail(
                 FailureCode::PlanDigestMismatch,
                 "the sealed plan file is missing from storage; plan again",
             ));
         }
-        Err(e) => return Err(object_err(e).into()),
-    };
-    let plan_bytes = match ctx
-        .sealer
-        .unseal(Purpose::Plan, &plan_run_id.to_string(), &sealed)
-    {
-        Ok(b) => b,
-        Err(SealError::UnknownKey { .. }) => {
+        Err(PlanFetchError::UnknownKey) => {
             return Err(fail(
                 FailureCode::PlanDigestMismatch,
                 "the sealed plan was sealed with a key this server does not hold; plan again",
             ));
         }
-        Err(_) => {
+        Err(PlanFetchError::DoesNotOpen) => {
             return Err(fail(
                 FailureCode::PlanDigestMismatch,
                 "the sealed plan file does not open for this plan (altered, or moved from another run); nothing was applied; plan again",
             ));
         }
-    };
-    if takosumi_store::sha256_hex(&plan_bytes) != plan_digest {
-        return Err(fail(
-            FailureCode::PlanDigestMismatch,
-            "the saved plan does not match the digest that was reviewed; nothing was applied; plan again",
-        ));
+        Err(PlanFetchError::DigestMismatch) => {
+            return Err(fail(
+                FailureCode::PlanDigestMismatch,
+                "the saved plan does not match the digest that was reviewed; nothing was applied; plan again",
+            ));
+        }
+        Err(PlanFetchError::Step(e)) => return Err(e.into()),
     }
     ctx.event(
         run_id,
@@ -239,10 +235,6 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     .await;
 
     // Pins 2–6 and the tool: the pipeline both hosts run (takosumi_steps::apply).
-    let wd = ctx
-        .runner
-        .workdir(&run_id.to_string())
-        .map_err(runner_err)?;
     let host = NodeApplyHost {
         ctx,
         run_id,
@@ -258,7 +250,6 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         commit: commit.to_owned(),
         tree_digest: tree_digest.to_owned(),
         dir: capsule.dir.clone(),
-        plan_bytes,
         dependency_snapshot: plan_run.dependency_snapshot.clone(),
         plan_kind: plan_run.kind,
     };

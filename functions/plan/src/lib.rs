@@ -11,7 +11,9 @@ use takosumi_policy::scan::ScanReport;
 use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
-use takosumi_runtime::plan_commit::{self, Committed, PlanToCommit, StoredLockfile};
+use takosumi_runtime::plan_commit::{
+    self, Committed, PlanPut, PlanSource, PlanToCommit, StoredLockfile,
+};
 use takosumi_runtime::step::{runner_err, store_err};
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
 use takosumi_store::{capsules, events, runs};
@@ -302,7 +304,19 @@ async fn plan(
         }
         Planned::Done(out) => *out,
     };
-    let plan = plan_commit::store_plan_file(ctx, run_id, attempt, out.plan_bytes).await?;
+    // Any size: sealed from the file and uploaded in parts (only the relay has a limit).
+    let stored = plan_commit::store_plan_file(ctx, run_id, attempt, PlanSource::File(&wd)).await;
+    let _ = ctx.runner.wipe_plan_file(&wd);
+    let plan = match stored? {
+        PlanPut::Stored(plan) => plan,
+        // Most often this put's own earlier try, whose answer was lost when the storage
+        // server went away mid-request: never trusted, retried under a new claim and key.
+        PlanPut::AlreadyThere => {
+            return Err(PlanError::Step(StepError::Transient(
+                format!("sealed plan for attempt {attempt} already exists").into(),
+            )));
+        }
+    };
     if lost.is_cancelled() || ctx.runner.interrupted() {
         return Ok(Outcome::Skipped(
             "lease lost while planning; the reaper re-queued the run",

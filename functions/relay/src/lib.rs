@@ -203,21 +203,17 @@ impl Api {
         &self,
         run: &str,
         claim: &str,
-        bytes: Vec<u8>,
-        max: u64,
+        size: u64,
+        bytes: Option<Vec<u8>>,
     ) -> anyhow::Result<Value> {
-        let size = bytes.len() as u64;
+        // An oversized plan is declared by its size alone, never sent.
         let req = self
             .http
             .put(self.run_url(run, "plan-file"))
             .header("x-takosumi-claim", claim)
             .header("x-takosumi-plan-size", size.to_string())
-            .header("content-type", "application/octet-stream");
-        let req = if size > max {
-            req.body(Vec::new())
-        } else {
-            req.body(bytes)
-        };
+            .header("content-type", "application/octet-stream")
+            .body(bytes.unwrap_or_default());
         self.send(req).await
     }
 }
@@ -694,16 +690,18 @@ async fn plan(
         Planned::Done(out) => *out,
     };
     let max = spec["maxPlanBytes"].as_u64().unwrap_or(19 * 1024 * 1024);
-    let size = out.plan_bytes.len() as u64;
+    let size = out.plan_size;
     // An oversized drift check still reports what it found; only its plan stays behind.
     let plan_not_kept = (kind == RunKind::DriftCheck && size > max).then_some(size);
-    match plan_not_kept {
-        Some(_) => drop(out.plan_bytes),
-        None => match job
-            .api
-            .put_plan(&job.run, &job.claim, out.plan_bytes, max)
-            .await
-        {
+    if plan_not_kept.is_none() {
+        // Only a plan within the relay's limit is read into memory and sent.
+        let bytes = match size <= max {
+            true => Some(runner.read_plan_file(wd).map_err(internal)?),
+            false => None,
+        };
+        let put = job.api.put_plan(&job.run, &job.claim, size, bytes).await;
+        let _ = runner.wipe_plan_file(wd);
+        match put {
             Ok(_) => {}
             // The control node refused it and failed the Run itself (the size and the limit
             // are in its message): nothing more to report.
@@ -715,8 +713,9 @@ async fn plan(
                 return Ok(());
             }
             Err(e) => return Err(internal(e)),
-        },
+        }
     }
+    let _ = runner.wipe_plan_file(wd);
     let body = json!({
         "sourceCommit": out.source.commit,
         "treeDigest": out.source.tree_digest,
@@ -798,6 +797,9 @@ async fn pinned_apply(
             "the delivered plan does not match the reviewed digest; nothing was applied; plan again",
         ));
     }
+    let written = runner.write_plan_file(wd, &plan_bytes);
+    plan_bytes.zeroize();
+    written.map_err(internal)?;
     let src = &spec["source"];
     let inputs = takosumi_steps::ApplyInputs {
         tool,
@@ -806,7 +808,6 @@ async fn pinned_apply(
         commit: src["commit"].as_str().unwrap_or_default().to_owned(),
         tree_digest: src["treeDigest"].as_str().unwrap_or_default().to_owned(),
         dir: src["dir"].as_str().unwrap_or_default().to_owned(),
-        plan_bytes,
         dependency_snapshot: spec["dependencySnapshot"].as_str().map(str::to_owned),
         // what a stale plan's message advises (a reconcile comes from a new check)
         plan_kind: serde_json::from_value(spec["planKind"].clone()).unwrap_or(RunKind::Plan),

@@ -16,6 +16,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::path::Path;
 use std::time::Duration;
 
 use aws_sdk_s3::Client;
@@ -24,11 +25,14 @@ use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{BucketLocationConstraint, CreateBucketConfiguration};
+use aws_sdk_s3::primitives::{ByteStream, Length};
+use aws_sdk_s3::types::{
+    BucketLocationConstraint, CompletedMultipartUpload, CompletedPart, CreateBucketConfiguration,
+};
 use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
 use takosumi_core::Secret;
+use tokio::io::AsyncWriteExt;
 
 /// Where the object store is and how to sign in to it.
 #[derive(Debug, Clone)]
@@ -44,6 +48,10 @@ pub struct ObjectStoreConfig {
     /// The bucket every operation works in.
     pub bucket: String,
 }
+
+/// Part size of a multipart upload ([`ObjectStore::put_file_if_absent`]); a file up to
+/// this size goes up in one request. S3 allows 10,000 parts: objects up to 78 GiB.
+pub const PART_LEN: u64 = 8 * 1024 * 1024;
 
 /// What [`ObjectStore::put_if_absent`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -435,6 +443,207 @@ impl ObjectStore {
         .await
     }
 
+    /// Uploads the file at `path` under `key` only if no object has that key, reading it
+    /// one part at a time ([`PART_LEN`]), so memory stays bounded whatever its size: up to
+    /// one part in a single conditional put, beyond it a multipart upload completed with
+    /// `If-None-Match: *` (aborted when it does not complete).
+    pub async fn put_file_if_absent(
+        &self,
+        key: &str,
+        path: &Path,
+    ) -> Result<PutOutcome, ObjectError> {
+        let size = tokio::fs::metadata(path)
+            .await
+            .map_err(|e| local("PutObject", "reading the file to upload", &e))?
+            .len();
+        // A server that refuses the conditional put answers before reading the body and
+        // closes the connection, which the client sees as a broken pipe (a transient
+        // fault): look first, so the usual "already there" costs no upload.
+        if self.exists(key).await? {
+            return Ok(PutOutcome::AlreadyExists);
+        }
+        if size <= PART_LEN {
+            let body = tokio::fs::read(path)
+                .await
+                .map_err(|e| local("PutObject", "reading the file to upload", &e))?;
+            return self.put_if_absent(key, body).await;
+        }
+        let upload_id = with_retries(self.backoff, "CreateMultipartUpload", || async {
+            self.client
+                .create_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .send()
+                .await
+                .map_err(|err| sdk_error("CreateMultipartUpload", &err))?
+                .upload_id()
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    ObjectError::Other(ObjectFault::new(
+                        "CreateMultipartUpload",
+                        "the answer has no upload id",
+                    ))
+                })
+        })
+        .await?;
+        let done = self.upload_parts(key, path, size, &upload_id).await;
+        if !matches!(done, Ok(PutOutcome::Created)) {
+            // Best effort: an abandoned upload only costs space until the bucket's own
+            // lifecycle rule (or the operator) removes it.
+            let _ = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(&upload_id)
+                .send()
+                .await;
+        }
+        done
+    }
+
+    async fn upload_parts(
+        &self,
+        key: &str,
+        path: &Path,
+        size: u64,
+        upload_id: &str,
+    ) -> Result<PutOutcome, ObjectError> {
+        let mut parts = Vec::new();
+        let mut offset = 0u64;
+        let mut number = 1i32;
+        while offset < size {
+            let len = PART_LEN.min(size - offset);
+            let e_tag = with_retries(self.backoff, "UploadPart", || async {
+                let body = ByteStream::read_from()
+                    .path(path)
+                    .offset(offset)
+                    .length(Length::Exact(len))
+                    .build()
+                    .await
+                    .map_err(|e| {
+                        ObjectError::Other(ObjectFault::new(
+                            "UploadPart",
+                            format!("reading the file to upload: {}", DisplayErrorContext(&e)),
+                        ))
+                    })?;
+                let sent = self
+                    .client
+                    .upload_part()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .upload_id(upload_id)
+                    .part_number(number)
+                    .content_length(i64::try_from(len).unwrap_or(i64::MAX))
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|err| sdk_error("UploadPart", &err))?;
+                Ok(sent.e_tag().map(str::to_owned))
+            })
+            .await?;
+            parts.push(
+                CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(e_tag)
+                    .build(),
+            );
+            offset += len;
+            number += 1;
+        }
+        let upload = CompletedMultipartUpload::builder()
+            .set_parts(Some(parts))
+            .build();
+        with_retries(self.backoff, "CompleteMultipartUpload", || async {
+            let sent = self
+                .client
+                .complete_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .multipart_upload(upload.clone())
+                .if_none_match("*")
+                .send()
+                .await;
+            match sent {
+                Ok(_) => Ok(PutOutcome::Created),
+                Err(err) => match classify("CompleteMultipartUpload", &err) {
+                    (Class::Precondition, _) => Ok(PutOutcome::AlreadyExists),
+                    (_, fault) if fault.status == Some(409) => Ok(PutOutcome::AlreadyExists),
+                    (class, fault) => Err(to_error(class, fault)),
+                },
+            }
+        })
+        .await
+    }
+
+    /// Downloads the object under `key` into a new file at `path` (mode 0600), refusing
+    /// objects larger than `max_size`; memory stays bounded whatever its size. A retried
+    /// download starts the file over. Returns the bytes written.
+    pub async fn get_to_file(
+        &self,
+        key: &str,
+        path: &Path,
+        max_size: u64,
+    ) -> Result<u64, ObjectError> {
+        with_retries(self.backoff, "GetObject", || async {
+            let output = self
+                .client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .send()
+                .await
+                .map_err(|err| sdk_error("GetObject", &err))?;
+            let announced = output.content_length().map(i64_to_u64);
+            if let Some(size) = announced
+                && size > max_size
+            {
+                return Err(ObjectError::TooLarge {
+                    size,
+                    limit: max_size,
+                });
+            }
+            let write_err =
+                |e: std::io::Error| local("GetObject", "writing the downloaded file", &e);
+            let mut file = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(path)
+                .await
+                .map_err(write_err)?;
+            let mut body = output.body;
+            let mut total = 0u64;
+            loop {
+                match body.try_next().await {
+                    Ok(Some(chunk)) => {
+                        total += chunk.len() as u64;
+                        if total > max_size {
+                            return Err(ObjectError::TooLarge {
+                                size: announced.unwrap_or(total).max(total),
+                                limit: max_size,
+                            });
+                        }
+                        file.write_all(&chunk).await.map_err(write_err)?;
+                    }
+                    Ok(None) => break,
+                    Err(err) => {
+                        return Err(ObjectError::Transient(ObjectFault::new(
+                            "GetObject",
+                            format!("reading the body failed: {}", DisplayErrorContext(&err)),
+                        )));
+                    }
+                }
+            }
+            file.flush().await.map_err(write_err)?;
+            file.sync_all().await.map_err(write_err)?;
+            Ok(total)
+        })
+        .await
+    }
+
     /// Writes `body` under `key`, replacing any existing object. Production paths use
     /// [`ObjectStore::put_if_absent`]; this exists for tests and repairs.
     pub async fn put(&self, key: &str, body: Vec<u8>) -> Result<(), ObjectError> {
@@ -577,6 +786,17 @@ impl ObjectStore {
                 _ => return Ok(keys),
             }
         }
+    }
+}
+
+/// A local file could not be read or written (named by what it was for, never its path).
+fn local(operation: &'static str, what: &str, e: &std::io::Error) -> ObjectError {
+    let fault = ObjectFault::new(operation, format!("{what}: {}", e.kind()));
+    match e.kind() {
+        std::io::ErrorKind::Interrupted | std::io::ErrorKind::StorageFull => {
+            ObjectError::Transient(fault)
+        }
+        _ => ObjectError::Other(fault),
     }
 }
 

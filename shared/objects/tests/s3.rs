@@ -161,3 +161,50 @@ async fn wrong_secret_is_denied() {
     }
     assert!(!text.contains(canary), "{text}");
 }
+
+/// Files go up part by part and come down to a file: a file over one part is a multipart
+/// upload that is still create-only, and both ways keep every byte.
+#[tokio::test]
+async fn files_stream_up_in_parts_and_down_whole() {
+    let Some(s) = store("files_stream_up_in_parts_and_down_whole").await else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("t-objects-{}", random_hex()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for size in [
+        10u64,
+        takosumi_objects::PART_LEN,
+        2 * takosumi_objects::PART_LEN + 5,
+    ] {
+        let body: Vec<u8> = (0..size).map(|i| (i * 7 % 251) as u8).collect();
+        let up = dir.join(format!("up-{size}"));
+        std::fs::write(&up, &body).unwrap();
+        let key = format!("files/{size}");
+        assert_eq!(
+            s.put_file_if_absent(&key, &up).await.unwrap(),
+            PutOutcome::Created,
+            "{size}"
+        );
+        let other = dir.join(format!("other-{size}"));
+        std::fs::write(&other, b"someone else").unwrap();
+        std::fs::write(&up, vec![0u8; body.len()]).unwrap();
+        assert_eq!(
+            s.put_file_if_absent(&key, &up).await.unwrap(),
+            PutOutcome::AlreadyExists,
+            "{size}: a second upload never replaces the first"
+        );
+        let down = dir.join(format!("down-{size}"));
+        assert_eq!(s.get_to_file(&key, &down, size).await.unwrap(), size);
+        assert!(
+            std::fs::read(&down).unwrap() == body,
+            "{size}: bytes differ"
+        );
+        if size > 10 {
+            assert!(matches!(
+                s.get_to_file(&key, &down, size - 1).await,
+                Err(ObjectError::TooLarge { .. })
+            ));
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -51,4 +51,4 @@ pub use runner::{
 };
 pub use sandbox::{SANDBOX_UID, SandboxConfig, SandboxMode, parse_path_list};
 pub use source::{RepoUrlRefused, check_repo_url, redact_repo_url, tree_digest};
-pub use workdir::Workdir;
+pub use workdir::{Workdir, create_private_file};

@@ -766,6 +766,14 @@ impl Runner {
         workdir::write_private(wd.plan_path(), bytes)
     }
 
+    /// The saved plan's size in bytes.
+    pub fn plan_file_size(&self, wd: &Workdir) -> Result<u64, RunnerError> {
+        workdir::ensure_inside(wd.root(), wd.plan_path())?;
+        fs::metadata(wd.plan_path())
+            .map(|m| m.len())
+            .map_err(|e| RunnerError::io(format!("reading {}", wd.plan_path().display()), e))
+    }
+
     /// The saved plan's bytes (to digest and seal).
     pub fn read_plan_file(&self, wd: &Workdir) -> Result<Vec<u8>, RunnerError> {
         workdir::ensure_inside(wd.root(), wd.plan_path())?;

@@ -136,6 +136,12 @@ impl Workdir {
         &self.plan_path
     }
 
+    /// Where the saved plan's sealed copy is staged on its way to or from storage
+    /// (`root/plan/tfplan.sealed`, beside the plan, outside the checkout).
+    pub fn sealed_plan_path(&self) -> PathBuf {
+        self.plan_path.with_extension("sealed")
+    }
+
     /// The empty HOME given to git and the tool.
     pub fn home(&self) -> &Path {
         &self.home
@@ -307,6 +313,20 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), RunnerError
     file.sync_all().map_err(|e| RunnerError::io(ctx(), e))?;
     drop(file);
     fs::rename(&tmp, path).map_err(|e| RunnerError::io(ctx(), e))
+}
+
+/// Creates (or replaces) a file only its owner can read and write.
+pub fn create_private_file(path: &Path) -> io::Result<fs::File> {
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Reads `path`; `None` if it does not exist.

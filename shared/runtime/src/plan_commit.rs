@@ -8,8 +8,8 @@
 use serde_json::{Value, json};
 use takosumi_core::{FailureCode, RunKind, StepError, Topic};
 use takosumi_objects::PutOutcome;
-use takosumi_runner::{Masker, SourceSnapshot, count_changes};
-use takosumi_seal::Purpose;
+use takosumi_runner::{Masker, SourceSnapshot, Workdir, count_changes};
+use takosumi_seal::{CHUNK_LEN, Purpose, SealError};
 use takosumi_store::{events, outbox, runs};
 
 use crate::Ctx;
@@ -17,9 +17,9 @@ use crate::dependencies::{LockfileError, dependency_snapshot};
 use crate::inputs::EnvError;
 use crate::step::{lockfile_key, object_err, plan_key, store_err};
 
-/// The largest plan file kept (DESIGN §3: relayed plans are limited to it, and the
-/// control node holds its own to the same limit).
-pub const MAX_PLAN_BYTES: u64 = 19 * 1024 * 1024;
+/// The largest plan file that crosses the relay (DESIGN §3); a plan the control node
+/// executes has no such limit (it is sealed and stored from its file, in chunks).
+pub const MAX_RELAY_PLAN_BYTES: u64 = 19 * 1024 * 1024;
 
 /// A plan file sealed and stored under the Run's claim.
 #[derive(Debug, Clone)]
@@ -28,6 +28,8 @@ pub struct StoredPlan {
     pub key: String,
     /// SHA-256 hex of the plan file's bytes.
     pub digest: String,
+    /// The plan file's size in bytes.
+    pub size: u64,
 }
 
 /// What a finished plan pipeline produced, for [`commit_plan`].
@@ -66,45 +68,166 @@ pub enum Committed {
     LeaseLost,
 }
 
-/// Seals and stores a plan file under the Run's claim (`attempt`). Over
-/// [`MAX_PLAN_BYTES`] the Run fails `plan_too_large`. An object already at the key is
-/// never trusted: most often this put's own earlier try, whose answer was lost when the
-/// storage server went away mid-request, so it is a transient fault (retried under a new
-/// claim and a new key).
+/// A saved plan to seal and store.
+pub enum PlanSource<'a> {
+    /// The control node's own plan: the run directory's saved plan, sealed into its
+    /// staging file (beside it, outside the checkout) and uploaded from there in parts, so
+    /// memory stays bounded whatever the plan's size.
+    File(&'a Workdir),
+    /// A relay worker's upload, already held to [`MAX_RELAY_PLAN_BYTES`].
+    Bytes(&'a [u8]),
+}
+
+/// How [`store_plan_file`] ended.
+#[derive(Debug)]
+pub enum PlanPut {
+    /// Sealed and stored.
+    Stored(StoredPlan),
+    /// An object was already at the claim's key; nothing was written.
+    AlreadyThere,
+}
+
+/// Seals (chunked format, `takosumi_seal::Sealer::seal_stream`) and stores a plan file
+/// under the Run's claim (`attempt`), digesting it on the way. The one place a plan file
+/// becomes an object, for the control node's plans and a relay worker's uploads alike.
 pub async fn store_plan_file(
     ctx: &Ctx,
     run_id: takosumi_core::RunId,
     attempt: i32,
-    plan_bytes: Vec<u8>,
-) -> Result<StoredPlan, EnvError> {
-    let size = plan_bytes.len() as u64;
-    if size > MAX_PLAN_BYTES {
-        return Err(EnvError::Fail(
-            FailureCode::PlanTooLarge,
-            format!(
-                "the saved plan is {size} bytes, over the {MAX_PLAN_BYTES}-byte (19 MiB) limit; split the configuration or run it on a queue the control node executes"
-            ),
-        ));
-    }
-    let digest = takosumi_store::sha256_hex(&plan_bytes);
+    source: PlanSource<'_>,
+) -> Result<PlanPut, StepError> {
     let key = plan_key(run_id, attempt);
-    let sealed = ctx
-        .sealer
-        .seal(Purpose::Plan, &run_id.to_string(), &plan_bytes)
-        .map_err(StepError::internal)?;
-    drop(plan_bytes);
-    if ctx
-        .objects
-        .put_if_absent(&key, sealed)
-        .await
-        .map_err(object_err)?
-        == PutOutcome::AlreadyExists
-    {
-        return Err(EnvError::Step(StepError::Transient(
-            format!("sealed plan for attempt {attempt} already exists").into(),
-        )));
+    let subject = run_id.to_string();
+    let seal_err = |e: SealError| {
+        if e.retryable() {
+            StepError::transient(e)
+        } else {
+            StepError::internal(e)
+        }
+    };
+    let (streamed, put) = match source {
+        PlanSource::Bytes(bytes) => {
+            let mut sealed = Vec::with_capacity(bytes.len() + bytes.len() / CHUNK_LEN * 16 + 128);
+            let streamed = ctx
+                .sealer
+                .seal_stream(Purpose::Plan, &subject, bytes, &mut sealed)
+                .map_err(seal_err)?;
+            let put = ctx.objects.put_if_absent(&key, sealed).await;
+            (streamed, put)
+        }
+        PlanSource::File(wd) => {
+            let sealer = ctx.sealer.clone();
+            let scratch = wd.sealed_plan_path();
+            let (plan, staged) = (wd.plan_path().to_owned(), scratch.clone());
+            let streamed = tokio::task::spawn_blocking(move || {
+                let src = std::fs::File::open(&plan).map_err(|e| SealError::Io {
+                    what: "opening the saved plan",
+                    kind: e.kind(),
+                })?;
+                let dst =
+                    takosumi_runner::create_private_file(&staged).map_err(|e| SealError::Io {
+                        what: "staging the sealed plan",
+                        kind: e.kind(),
+                    })?;
+                sealer.seal_stream(Purpose::Plan, &subject, src, std::io::BufWriter::new(dst))
+            })
+            .await
+            .map_err(StepError::internal)?
+            .map_err(seal_err)?;
+            let put = ctx.objects.put_file_if_absent(&key, &scratch).await;
+            let _ = std::fs::remove_file(&scratch);
+            (streamed, put)
+        }
+    };
+    Ok(match put.map_err(object_err)? {
+        PutOutcome::Created => PlanPut::Stored(StoredPlan {
+            key,
+            digest: streamed.sha256_hex(),
+            size: streamed.len,
+        }),
+        PutOutcome::AlreadyExists => PlanPut::AlreadyThere,
+    })
+}
+
+/// Why [`fetch_plan_file`] could not give the reviewed plan.
+#[derive(Debug)]
+pub enum PlanFetchError {
+    /// No object at the key.
+    Missing,
+    /// Sealed with a key this server does not hold.
+    UnknownKey,
+    /// It does not open for this plan Run (altered, or moved from another Run).
+    DoesNotOpen,
+    /// It opened, but its bytes are not the reviewed digest.
+    DigestMismatch,
+    /// A storage or local fault.
+    Step(StepError),
+}
+
+/// Fetches a plan Run's sealed plan into the run directory's staging file, unseals it
+/// chunk by chunk into its saved plan and checks it is exactly the reviewed digest; on
+/// any failure the saved plan is wiped. Memory stays bounded whatever the plan's size. Reads
+/// both sealed formats (the first cut's whole-object seals too).
+pub async fn fetch_plan_file(
+    ctx: &Ctx,
+    plan_run: takosumi_core::RunId,
+    key: &str,
+    digest: &str,
+    wd: &Workdir,
+) -> Result<(), PlanFetchError> {
+    let scratch = &wd.sealed_plan_path();
+    let fetched = ctx.objects.get_to_file(key, scratch, u64::MAX).await;
+    match fetched {
+        Ok(_) => {}
+        Err(takosumi_objects::ObjectError::NotFound) => return Err(PlanFetchError::Missing),
+        Err(e) => {
+            let _ = std::fs::remove_file(scratch);
+            return Err(PlanFetchError::Step(object_err(e)));
+        }
     }
-    Ok(StoredPlan { key, digest })
+    let sealer = ctx.sealer.clone();
+    let subject = plan_run.to_string();
+    let (plan_path, staged) = (wd.plan_path().to_owned(), scratch.clone());
+    let opened = tokio::task::spawn_blocking(move || -> Result<String, SealError> {
+        let io = |what| {
+            move |e: std::io::Error| SealError::Io {
+                what,
+                kind: e.kind(),
+            }
+        };
+        let dst = takosumi_runner::create_private_file(&plan_path)
+            .map_err(io("writing the saved plan"))?;
+        let mut dst = std::io::BufWriter::new(dst);
+        let mut src = std::fs::File::open(&staged).map_err(io("opening the sealed plan"))?;
+        let mut magic = [0u8; 4];
+        let n = std::io::Read::read(&mut src, &mut magic).map_err(io("reading the sealed plan"))?;
+        if &magic[..n] == takosumi_seal::MAGIC_V2.as_slice() {
+            std::io::Seek::rewind(&mut src).map_err(io("reading the sealed plan"))?;
+            let streamed = sealer.unseal_stream(Purpose::Plan, &subject, src, &mut dst)?;
+            std::io::Write::flush(&mut dst).map_err(io("writing the saved plan"))?;
+            return Ok(streamed.sha256_hex());
+        }
+        // A whole-object seal from before chunking (at most the old 19 MiB limit).
+        let sealed = std::fs::read(&staged).map_err(io("reading the sealed plan"))?;
+        let mut plain = sealer.unseal(Purpose::Plan, &subject, &sealed)?;
+        std::io::Write::write_all(&mut dst, &plain).map_err(io("writing the saved plan"))?;
+        std::io::Write::flush(&mut dst).map_err(io("writing the saved plan"))?;
+        let digest = takosumi_store::sha256_hex(&plain);
+        zeroize::Zeroize::zeroize(&mut plain);
+        Ok(digest)
+    })
+    .await
+    .map_err(|e| PlanFetchError::Step(StepError::internal(e)));
+    let _ = std::fs::remove_file(scratch);
+    let result = match opened? {
+        Ok(got) if got == digest => return Ok(()),
+        Ok(_) => PlanFetchError::DigestMismatch,
+        Err(SealError::UnknownKey { .. }) => PlanFetchError::UnknownKey,
+        Err(e @ SealError::Io { .. }) => PlanFetchError::Step(StepError::transient(e)),
+        Err(_) => PlanFetchError::DoesNotOpen,
+    };
+    let _ = ctx.runner.wipe_plan_file(wd);
+    Err(result)
 }
 
 /// A provider lockfile sealed, stored and read back under the Run's claim.

@@ -8,9 +8,11 @@
 //!
 //! It must never print, log or return key material or plaintext: `Debug` on [`Sealer`]
 //! shows only key ids, error messages carry no secret bytes, and keys live in zeroizing
-//! containers. It does no I/O besides asking the operating system for random nonces.
+//! containers. It does no I/O besides asking the operating system for random nonces and
+//! reading and writing the streams a caller hands [`Sealer::seal_stream`] and
+//! [`Sealer::unseal_stream`] (the chunked format 2 for artifacts of any size, see `stream`).
 //!
-//! # Format
+//! # Format (version 1, whole objects)
 //!
 //! ```text
 //! "TKS1" | key-id length (1 byte, 1..=64) | key-id (ASCII [A-Za-z0-9._-]) | nonce (12 bytes) | ciphertext + tag (16 bytes)
@@ -36,6 +38,9 @@ use takosumi_core::Secret;
 use zeroize::Zeroizing;
 
 pub mod delivery;
+mod stream;
+
+pub use stream::{CHUNK_LEN, MAGIC_V2, Streamed};
 
 /// The magic bytes every sealed object starts with (format version 1).
 pub const MAGIC: &[u8; 4] = b"TKS1";
@@ -110,6 +115,14 @@ pub enum SealError {
     /// The operating system's random number generator failed.
     #[error("random number generator failed")]
     Randomness,
+    /// Reading or writing a stream failed ([`Sealer::seal_stream`], [`Sealer::unseal_stream`]).
+    #[error("{what} failed: {kind}")]
+    Io {
+        /// What was being read or written.
+        what: &'static str,
+        /// The I/O error's kind (its message could name a path; the kind cannot).
+        kind: std::io::ErrorKind,
+    },
 }
 
 impl SealError {
@@ -124,6 +137,8 @@ impl SealError {
             // An OS RNG failure is an environment fault, not a property of the input, but
             // it is not expected to clear up by itself either.
             SealError::Randomness => false,
+            // A local disk or pipe: a full disk or an interrupted read may clear.
+            SealError::Io { .. } => true,
         }
     }
 }
@@ -258,14 +273,19 @@ impl Sealer {
         Ok(out)
     }
 
-    /// Opens an object sealed by [`Sealer::seal`] for the same `purpose` and `subject`,
-    /// with the current key or one of the previous keys.
+    /// Opens an object sealed by [`Sealer::seal`] (or, whole, by [`Sealer::seal_stream`])
+    /// for the same `purpose` and `subject`, with the current key or one of the previous keys.
     pub fn unseal(
         &self,
         purpose: Purpose,
         subject: &str,
         sealed: &[u8],
     ) -> Result<Vec<u8>, SealError> {
+        if sealed.starts_with(MAGIC_V2) {
+            let mut out = Vec::with_capacity(sealed.len());
+            self.unseal_stream(purpose, subject, sealed, &mut out)?;
+            return Ok(out);
+        }
         let parsed = parse(sealed)?;
         let key = self
             .keys

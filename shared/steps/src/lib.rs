@@ -143,8 +143,10 @@ pub struct PlanOutput {
     pub lockfile: Option<Vec<u8>>,
     /// `show -json` of the saved plan (holds sensitive values: seal it).
     pub show: Value,
-    /// The saved plan file's bytes (a secret: seal it, never log it).
-    pub plan_bytes: Vec<u8>,
+    /// The saved plan's size in bytes. The file itself stays at the run directory's
+    /// `plan_path()` for the host to seal and store (or hand over); dropping the
+    /// directory wipes it.
+    pub plan_size: u64,
     /// A drift check's answer from `-detailed-exitcode` (exit 2), `None` otherwise.
     pub tool_says_drift: Option<bool>,
     /// Names of every injected variable.
@@ -367,10 +369,9 @@ pub async fn plan<H: PlanHost>(
     }
     host.log("plan", masker, &planned.output).await;
     let show = show.map_err(|e| tool_failure(e, "reading the saved plan"))?;
-    let plan_bytes = runner
-        .read_plan_file(wd)
+    let plan_size = runner
+        .plan_file_size(wd)
         .map_err(|e| tool_failure(e, "reading the saved plan file"))?;
-    let _ = runner.wipe_plan_file(wd);
     Ok(Planned::Done(Box::new(PlanOutput {
         source,
         tool_version,
@@ -378,15 +379,16 @@ pub async fn plan<H: PlanHost>(
         scan_report,
         lockfile,
         show,
-        plan_bytes,
+        plan_size,
         tool_says_drift,
         injected_env_names: env.names(),
         masker: masker.clone(),
     })))
 }
 
-/// What a pinned apply runs: the plan's commit and tree, its saved plan file (its digest
-/// already checked against the reviewed one) and its dependency snapshot.
+/// What a pinned apply runs: the plan's commit and tree and its dependency snapshot. The
+/// host has already put the saved plan at the run directory's `plan_path()` (its digest
+/// checked against the reviewed one); the pipeline wipes it once the tool ran.
 pub struct ApplyInputs {
     /// The Capsule's tool.
     pub tool: Tool,
@@ -400,8 +402,6 @@ pub struct ApplyInputs {
     pub tree_digest: String,
     /// The Capsule's directory.
     pub dir: String,
-    /// The saved plan file (a secret: written into the run directory, wiped after).
-    pub plan_bytes: Vec<u8>,
     /// The plan's dependency snapshot (`None`: made by an older runner; refused).
     pub dependency_snapshot: Option<String>,
     /// The plan Run's kind (a drift check's plan is a reconcile).
@@ -482,7 +482,7 @@ pub async fn apply<H: ApplyHost>(
     host: &H,
     runner: &Runner,
     wd: &Workdir,
-    mut inputs: ApplyInputs,
+    inputs: ApplyInputs,
 ) -> Result<ApplyOutput, PlanError<H::Error>> {
     let tool = inputs.tool;
     let source = match runner
@@ -580,9 +580,6 @@ pub async fn apply<H: ApplyHost>(
         ));
     }
 
-    let written = runner.write_plan_file(wd, &inputs.plan_bytes);
-    zeroize::Zeroize::zeroize(&mut inputs.plan_bytes);
-    written.map_err(|e| tool_failure(e, "writing the saved plan"))?;
     // Everything the saved plan marks sensitive joins the masker before apply prints.
     let show = runner.show_json(wd, tool, &env).await.map_err(|e| match e.failure_code() {
         Some(_) => PlanError::Fail(
