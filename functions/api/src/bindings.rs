@@ -15,12 +15,13 @@
 
 use std::collections::BTreeMap;
 
+use crate::access::{Access, Api, Scope};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::Method;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{delete, post};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
@@ -42,19 +43,37 @@ const MAX_VALUE_BYTES: usize = 64 * 1024;
 /// Most arguments of a credential command.
 const MAX_ARGS: usize = 64;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub fn api() -> Api {
+    Api::new()
         .route(
+            Method::POST,
             "/api/v1/workspaces/{ws}/provider-bindings",
-            post(create_binding).get(list_bindings),
+            Access::Token(Action::Operate, Scope::Workspace),
+            create_binding,
         )
         .route(
+            Method::GET,
+            "/api/v1/workspaces/{ws}/provider-bindings",
+            Access::Token(Action::Read, Scope::Workspace),
+            list_bindings,
+        )
+        .route(
+            Method::POST,
             "/api/v1/capsules/{cap}/provider-bindings",
-            post(attach_binding).get(capsule_bindings),
+            Access::Token(Action::Operate, Scope::Capsule),
+            attach_binding,
         )
         .route(
+            Method::GET,
+            "/api/v1/capsules/{cap}/provider-bindings",
+            Access::Token(Action::Read, Scope::Capsule),
+            capsule_bindings,
+        )
+        .route(
+            Method::DELETE,
             "/api/v1/capsules/{cap}/provider-bindings/{pb}",
-            delete(detach_binding),
+            Access::Token(Action::Operate, Scope::Capsule),
+            detach_binding,
         )
 }
 

@@ -7,11 +7,12 @@
 //! management HTTP API, which production brokers often do not expose, and not from a
 //! table, which would miss what the broker dead-letters on its own.
 
+use crate::access::{Access, Api, Scope};
+use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
+use axum::http::Method;
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -24,8 +25,13 @@ const DEFAULT_LIMIT: u16 = 10;
 const MAX_LIMIT: u16 = 50;
 
 /// The dead-letter endpoint; merged into the API's router.
-pub fn router() -> Router<AppState> {
-    Router::new().route("/api/v1/dead-letters", get(list))
+pub fn api() -> Api {
+    Api::new().route(
+        Method::GET,
+        "/api/v1/dead-letters",
+        Access::Token(Action::Administer, Scope::Instance),
+        list,
+    )
 }
 
 #[derive(Deserialize)]

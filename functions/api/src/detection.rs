@@ -6,12 +6,13 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use crate::access::{Access, Api, Scope};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
+use axum::http::Method;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, patch, post};
-use axum::{Json, Router};
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -25,31 +26,74 @@ use takosumi_store::{Tx, activity, capsules, detection, events, outbox, runs, wo
 use crate::auth::{Action, Caller};
 use crate::{ApiError, AppState, views};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub fn api() -> Api {
+    Api::new()
         .route(
+            Method::POST,
             "/api/v1/workspaces/{ws}/webhook-secret",
-            post(create_webhook_secret),
+            Access::Token(Action::Administer, Scope::Workspace),
+            create_webhook_secret,
         )
-        .route("/api/v1/webhooks/git", post(git_webhook))
-        .route("/api/v1/capsules/{cap}/settings", patch(capsule_settings))
         .route(
+            Method::POST,
+            "/api/v1/webhooks/git",
+            Access::WebhookSignature,
+            git_webhook,
+        )
+        .route(
+            Method::PATCH,
+            "/api/v1/capsules/{cap}/settings",
+            Access::Token(Action::Operate, Scope::Capsule),
+            capsule_settings,
+        )
+        .route(
+            Method::PATCH,
             "/api/v1/workspaces/{ws}/settings",
-            patch(workspace_settings),
+            Access::Token(Action::Administer, Scope::Workspace),
+            workspace_settings,
         )
         .route(
+            Method::POST,
             "/api/v1/capsules/{cap}/drift-check",
-            post(capsule_drift_check),
+            Access::Token(Action::Submit, Scope::Capsule),
+            capsule_drift_check,
         )
         .route(
+            Method::POST,
             "/api/v1/workspaces/{ws}/drift-check",
-            post(workspace_drift_check),
+            Access::Token(Action::Submit, Scope::Workspace),
+            workspace_drift_check,
         )
-        .route("/api/v1/workspaces/{ws}/drift", get(workspace_drift))
-        .route("/api/v1/workspaces/{ws}/plan-update", post(plan_update))
-        .route("/api/v1/run-groups/{rg}", get(get_group))
-        .route("/api/v1/run-groups/{rg}/approve", post(approve_group))
-        .route("/api/v1/run-groups/{rg}/apply", post(apply_group))
+        .route(
+            Method::GET,
+            "/api/v1/workspaces/{ws}/drift",
+            Access::Token(Action::Read, Scope::Workspace),
+            workspace_drift,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/workspaces/{ws}/plan-update",
+            Access::Token(Action::Submit, Scope::Workspace),
+            plan_update,
+        )
+        .route(
+            Method::GET,
+            "/api/v1/run-groups/{rg}",
+            Access::Token(Action::Read, Scope::RunGroup),
+            get_group,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/run-groups/{rg}/approve",
+            Access::Token(Action::Approve, Scope::RunGroup),
+            approve_group,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/run-groups/{rg}/apply",
+            Access::Token(Action::Submit, Scope::RunGroup),
+            apply_group,
+        )
 }
 
 fn bad_id(e: takosumi_core::IdParseError) -> ApiError {

@@ -4,12 +4,13 @@
 //! another, the requester cannot approve their own Run, and only the rule's approver
 //! roles count.
 
+use crate::access::{Access, Api, Scope};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::Method;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{post, put};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use takosumi_core::{CapsuleId, RunId, RunStatus, Topic, WorkspaceId};
@@ -19,17 +20,38 @@ use takosumi_store::{activity, capsules, events, gates, outbox, runs, workspaces
 use crate::auth::{Action, Caller};
 use crate::{ApiError, AppState, views};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub fn api() -> Api {
+    Api::new()
         .route(
+            Method::PUT,
             "/api/v1/workspaces/{ws}/rules",
-            put(set_workspace_rules).get(get_workspace_rules),
+            Access::Token(Action::Administer, Scope::Workspace),
+            set_workspace_rules,
         )
         .route(
-            "/api/v1/capsules/{cap}/rules",
-            put(set_capsule_rules).get(get_capsule_rules),
+            Method::GET,
+            "/api/v1/workspaces/{ws}/rules",
+            Access::Token(Action::Read, Scope::Workspace),
+            get_workspace_rules,
         )
-        .route("/api/v1/runs/{run}/approve", post(approve))
+        .route(
+            Method::PUT,
+            "/api/v1/capsules/{cap}/rules",
+            Access::Token(Action::Administer, Scope::Capsule),
+            set_capsule_rules,
+        )
+        .route(
+            Method::GET,
+            "/api/v1/capsules/{cap}/rules",
+            Access::Token(Action::Read, Scope::Capsule),
+            get_capsule_rules,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/runs/{run}/approve",
+            Access::Token(Action::Approve, Scope::Run),
+            approve,
+        )
 }
 
 fn parse_rules(body: &Bytes) -> Result<RuleSet, ApiError> {

@@ -3,6 +3,7 @@
 //! tool, never reads sealed objects, and never shows an object key. The outbox relay and
 //! the lease reaper run beside it.
 
+mod access;
 mod auth;
 mod bindings;
 mod dead_letters;
@@ -28,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub use access::{Access, Endpoint, Scope, endpoints};
 pub use auth::{Action, Caller, new_token};
 pub use error::ApiError;
 
@@ -53,7 +55,11 @@ pub struct AppState {
 
 /// The API's routes.
 pub fn router(state: AppState) -> Router {
-    routes::router().with_state(state)
+    // Every route's guard reads the state from the request (it is mounted before the
+    // state exists).
+    routes::router()
+        .layer(axum::Extension(state.clone()))
+        .with_state(state)
 }
 
 /// Stores `TAKOSUMI_ADMIN_TOKEN` (hashed) as an admin token, if set.

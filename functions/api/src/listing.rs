@@ -2,11 +2,12 @@
 //! `GET /workspaces/{ws}/capsules`. Read-only; a token limited to one Workspace sees only
 //! that one, and another Workspace's Capsules answer 404 as an unknown id would.
 
+use crate::access::{Access, Api, Scope};
+use axum::Json;
 use axum::extract::{Path, State};
+use axum::http::Method;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde_json::json;
 use takosumi_core::WorkspaceId;
 use takosumi_store::{listing, workspaces};
@@ -14,10 +15,20 @@ use takosumi_store::{listing, workspaces};
 use crate::auth::{Action, Caller};
 use crate::{ApiError, AppState, views};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/workspaces", get(list_workspaces))
-        .route("/api/v1/workspaces/{ws}/capsules", get(list_capsules))
+pub fn api() -> Api {
+    Api::new()
+        .route(
+            Method::GET,
+            "/api/v1/workspaces",
+            Access::Token(Action::Read, Scope::Instance),
+            list_workspaces,
+        )
+        .route(
+            Method::GET,
+            "/api/v1/workspaces/{ws}/capsules",
+            Access::Token(Action::Read, Scope::Workspace),
+            list_capsules,
+        )
 }
 
 async fn list_workspaces(

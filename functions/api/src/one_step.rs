@@ -8,12 +8,13 @@
 //! binds the plan that runs. An agent's submission is held before anything plans.
 //! The gate checks the rules again when it decides (see the gate's `one_step`).
 
+use crate::access::{Access, Api, Scope};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::Method;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::post;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use takosumi_core::{CapsuleId, RunKind, Topic};
@@ -23,8 +24,13 @@ use takosumi_store::{activity, apply_modes, capsules, events, gates, outbox, run
 use crate::auth::{Action, Caller};
 use crate::{ApiError, AppState};
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/api/v1/capsules/{cap}/apply", post(apply_capsule))
+pub fn api() -> Api {
+    Api::new().route(
+        Method::POST,
+        "/api/v1/capsules/{cap}/apply",
+        Access::Token(Action::Submit, Scope::Capsule),
+        apply_capsule,
+    )
 }
 
 #[derive(Deserialize, Default)]

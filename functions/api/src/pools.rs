@@ -3,12 +3,13 @@
 //! stays deliverable for a grace period), and set the pool a Capsule runs on. With no
 //! pool a Capsule runs on the control node's own queues, as before.
 
+use crate::access::{Access, Api, Scope};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::Method;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{post, put};
-use axum::{Json, Router};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -26,11 +27,26 @@ pub const POOL_STEPS: [&str; 3] = ["run.plan", "run.apply", "run.drift"];
 /// How long a rotated-out delivery key is still delivered to, unless the rotation says.
 pub const DEFAULT_GRACE_SECS: i64 = 24 * 3600;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/workspaces/{ws}/pools", post(create_pool))
-        .route("/api/v1/pools/{pool}/delivery-key", post(rotate_key))
-        .route("/api/v1/capsules/{cap}/pool", put(set_capsule_pool))
+pub fn api() -> Api {
+    Api::new()
+        .route(
+            Method::POST,
+            "/api/v1/workspaces/{ws}/pools",
+            Access::Token(Action::Administer, Scope::Workspace),
+            create_pool,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/pools/{pool}/delivery-key",
+            Access::Token(Action::Administer, Scope::Pool),
+            rotate_key,
+        )
+        .route(
+            Method::PUT,
+            "/api/v1/capsules/{cap}/pool",
+            Access::Token(Action::Operate, Scope::Capsule),
+            set_capsule_pool,
+        )
 }
 
 /// A pool as the API shows it: names and key ids, never the token or a key.

@@ -16,13 +16,14 @@
 //! `attach_state` also give the Capsule a state through the generation compare-and-set
 //! (see `resolve_state`).
 
+use crate::access::{Access, Api, Scope};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
+use axum::http::Method;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use chrono::DateTime;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -42,19 +43,42 @@ const MAX_LIMIT: i64 = 100;
 const MAX_NOTE_CHARS: usize = 2000;
 
 /// The record endpoints; merged into the API's router.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/runs/{run}/cancel", post(cancel_run))
-        .route("/api/v1/runs/{run}/cost", get(run_cost))
+pub fn api() -> Api {
+    Api::new()
         .route(
-            "/api/v1/runs/{run}/resolve",
-            // An attached state is up to 8 MiB; the limit is answered in JSON below.
-            post(resolve_run).layer(axum::extract::DefaultBodyLimit::max(
-                crate::resolve_state::RESOLVE_BODY_LIMIT,
-            )),
+            Method::POST,
+            "/api/v1/runs/{run}/cancel",
+            Access::Token(Action::Operate, Scope::Run),
+            cancel_run,
         )
-        .route("/api/v1/workspaces/{ws}/runs", get(list_runs))
-        .route("/api/v1/workspaces/{ws}/activity", get(list_activity))
+        .route(
+            Method::GET,
+            "/api/v1/runs/{run}/cost",
+            Access::Token(Action::Read, Scope::Run),
+            run_cost,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/runs/{run}/resolve",
+            Access::Token(Action::Administer, Scope::Run),
+            // An attached state is up to 8 MiB; the limit is answered in JSON below.
+            axum::handler::Handler::layer(
+                resolve_run,
+                axum::extract::DefaultBodyLimit::max(crate::resolve_state::RESOLVE_BODY_LIMIT),
+            ),
+        )
+        .route(
+            Method::GET,
+            "/api/v1/workspaces/{ws}/runs",
+            Access::Token(Action::Read, Scope::Workspace),
+            list_runs,
+        )
+        .route(
+            Method::GET,
+            "/api/v1/workspaces/{ws}/activity",
+            Access::Token(Action::Read, Scope::Workspace),
+            list_activity,
+        )
 }
 
 fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(

@@ -28,13 +28,14 @@
 
 use std::time::Duration;
 
+use crate::access::{Access, Api};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::Method;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{post, put};
-use axum::{Json, Router};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -70,18 +71,63 @@ const MAX_STATE_BYTES: u64 = 256 * 1024 * 1024;
 const MAX_SEALED_PLAN: u64 = MAX_RELAY_PLAN_BYTES + 4096;
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/relay/claim", post(claim))
-        .route("/api/v1/relay/runs/{run}/progress", post(progress))
-        .route("/api/v1/relay/runs/{run}/plan-file", put(plan_file))
-        .route("/api/v1/relay/runs/{run}/scanned", post(scanned))
-        .route("/api/v1/relay/runs/{run}/one-step", post(one_step))
-        .route("/api/v1/relay/runs/{run}/planned", post(planned))
-        .route("/api/v1/relay/runs/{run}/applied", post(applied))
-        .route("/api/v1/relay/runs/{run}/fail", post(fail))
-        .route("/api/v1/relay/runs/{run}/canceled", post(canceled))
-        .layer(DefaultBodyLimit::max(UPLOAD_LIMIT))
+pub fn api() -> Api {
+    Api::new()
+        .route(
+            Method::POST,
+            "/api/v1/relay/claim",
+            Access::PoolToken,
+            claim,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/relay/runs/{run}/progress",
+            Access::PoolToken,
+            progress,
+        )
+        .route(
+            Method::PUT,
+            "/api/v1/relay/runs/{run}/plan-file",
+            Access::PoolToken,
+            plan_file,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/relay/runs/{run}/scanned",
+            Access::PoolToken,
+            scanned,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/relay/runs/{run}/one-step",
+            Access::PoolToken,
+            one_step,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/relay/runs/{run}/planned",
+            Access::PoolToken,
+            planned,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/relay/runs/{run}/applied",
+            Access::PoolToken,
+            applied,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/relay/runs/{run}/fail",
+            Access::PoolToken,
+            fail,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/relay/runs/{run}/canceled",
+            Access::PoolToken,
+            canceled,
+        )
+        .map_router(|r| r.layer(DefaultBodyLimit::max(UPLOAD_LIMIT)))
 }
 
 /// A caller authenticated with a pool token.
@@ -95,6 +141,10 @@ impl FromRequestParts<AppState> for PoolCaller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        // The route's guard authenticated the request already.
+        if let Some(caller) = parts.extensions.get::<PoolCaller>() {
+            return Ok(caller.clone());
+        }
         let unauthorized = |m: &str| ApiError::client(StatusCode::UNAUTHORIZED, "unauthorized", m);
         let token = parts
             .headers

@@ -1,11 +1,12 @@
 //! Endpoints. Each submission validates everything first, then writes its rows and the
 //! wake-up in one transaction; bad input changes nothing.
 
+use crate::access::{Access, Api, Scope};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
+use axum::http::Method;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -17,32 +18,80 @@ use takosumi_store::{activity, capsules, events, outbox, runs, workspaces};
 use crate::auth::{Action, Caller};
 use crate::{ApiError, AppState, views};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
+pub fn api() -> Api {
+    Api::new()
+        .route(Method::GET, "/healthz", Access::Public, || async {
+            Json(json!({ "status": "ok" }))
+        })
         .route(
-            "/healthz",
-            get(|| async { Json(json!({ "status": "ok" })) }),
+            Method::POST,
+            "/api/v1/workspaces",
+            Access::Token(Action::Administer, Scope::Instance),
+            create_workspace,
         )
-        .route("/api/v1/workspaces", post(create_workspace))
-        .route("/api/v1/workspaces/{ws}/capsules", post(create_capsule))
         .route(
+            Method::POST,
+            "/api/v1/workspaces/{ws}/capsules",
+            Access::Token(Action::Operate, Scope::Workspace),
+            create_capsule,
+        )
+        .route(
+            Method::GET,
             "/api/v1/capsules/{cap}",
-            get(get_capsule).delete(destroy_capsule),
+            Access::Token(Action::Read, Scope::Capsule),
+            get_capsule,
         )
-        .route("/api/v1/capsules/{cap}/plan", post(plan_capsule))
-        .route("/api/v1/runs/{run}", get(get_run))
-        .route("/api/v1/runs/{run}/events", get(run_events))
-        .route("/api/v1/runs/{run}/logs", get(run_logs))
-        .route("/api/v1/runs/{run}/apply", post(apply_run))
-        .merge(crate::gates::router())
-        .merge(crate::one_step::router())
-        .merge(crate::detection::router())
-        .merge(crate::listing::router())
-        .merge(crate::bindings::router())
-        .merge(crate::records::router())
-        .merge(crate::dead_letters::router())
-        .merge(crate::pools::router())
-        .merge(crate::relay::router())
+        .route(
+            Method::DELETE,
+            "/api/v1/capsules/{cap}",
+            Access::Token(Action::Submit, Scope::Capsule),
+            destroy_capsule,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/capsules/{cap}/plan",
+            Access::Token(Action::Submit, Scope::Capsule),
+            plan_capsule,
+        )
+        .route(
+            Method::GET,
+            "/api/v1/runs/{run}",
+            Access::Token(Action::Read, Scope::Run),
+            get_run,
+        )
+        .route(
+            Method::GET,
+            "/api/v1/runs/{run}/events",
+            Access::Token(Action::Read, Scope::Run),
+            run_events,
+        )
+        .route(
+            Method::GET,
+            "/api/v1/runs/{run}/logs",
+            Access::Token(Action::Read, Scope::Run),
+            run_logs,
+        )
+        .route(
+            Method::POST,
+            "/api/v1/runs/{run}/apply",
+            Access::Token(Action::Submit, Scope::Run),
+            apply_run,
+        )
+        .merge(crate::gates::api())
+        .merge(crate::one_step::api())
+        .merge(crate::detection::api())
+        .merge(crate::listing::api())
+        .merge(crate::bindings::api())
+        .merge(crate::records::api())
+        .merge(crate::dead_letters::api())
+        .merge(crate::pools::api())
+        .merge(crate::relay::api())
+}
+
+/// The routes with the answers for no route and a wrong method.
+pub fn router() -> Router<AppState> {
+    let (router, _) = api().into_parts();
+    router
         .fallback(|| async {
             ApiError::client(
                 StatusCode::NOT_FOUND,

@@ -47,3 +47,63 @@ pub async fn get(pool: &sqlx::PgPool, id: WorkspaceId) -> Result<Option<Workspac
         created_at: r.created_at,
     }))
 }
+
+/// A resource a request path names, for finding the Workspace it belongs to (the API's
+/// access check, made before any handler runs).
+#[derive(Debug, Clone, Copy)]
+pub enum Owned<'a> {
+    /// A Workspace itself.
+    Workspace(WorkspaceId),
+    /// A Capsule.
+    Capsule(takosumi_core::CapsuleId),
+    /// A Run.
+    Run(takosumi_core::RunId),
+    /// A RunGroup.
+    RunGroup(takosumi_core::RunGroupId),
+    /// A worker pool, by name.
+    Pool(&'a str),
+}
+
+/// The Workspace `what` belongs to; `None` when it does not exist.
+pub async fn owner_of(
+    pool: &sqlx::PgPool,
+    what: Owned<'_>,
+) -> Result<Option<WorkspaceId>, StoreError> {
+    let id = match what {
+        Owned::Workspace(id) => {
+            sqlx::query_scalar!("SELECT id FROM workspaces WHERE id = $1", id.as_uuid())
+                .fetch_optional(pool)
+                .await?
+        }
+        Owned::Capsule(id) => {
+            sqlx::query_scalar!(
+                "SELECT workspace_id FROM capsules WHERE id = $1",
+                id.as_uuid()
+            )
+            .fetch_optional(pool)
+            .await?
+        }
+        Owned::Run(id) => {
+            sqlx::query_scalar!("SELECT workspace_id FROM runs WHERE id = $1", id.as_uuid())
+                .fetch_optional(pool)
+                .await?
+        }
+        Owned::RunGroup(id) => {
+            sqlx::query_scalar!(
+                "SELECT workspace_id FROM run_groups WHERE id = $1",
+                id.as_uuid()
+            )
+            .fetch_optional(pool)
+            .await?
+        }
+        Owned::Pool(name) => {
+            sqlx::query_scalar!(
+                "SELECT workspace_id FROM worker_pools WHERE name = $1",
+                name
+            )
+            .fetch_optional(pool)
+            .await?
+        }
+    };
+    Ok(id.map(WorkspaceId::from_uuid))
+}

@@ -1,0 +1,238 @@
+//! Default-deny access: every route is mounted through [`Api::route`] with the [`Access`]
+//! it requires, and a guard in front of its handler enforces that before the handler runs
+//! (authentication, and the caller's role in the Workspace the path names). No route can
+//! be mounted without one, and the table of every route with its access ([`endpoints`]) is
+//! what the role matrix and the fuzzer are generated from, so a route missing from either
+//! cannot exist. Handlers may check more (an approval rule's roles, a pool's own Runs); the
+//! guard is the floor.
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::extract::{FromRequestParts, RawPathParams, Request};
+use axum::handler::Handler;
+use axum::http::Method;
+use axum::middleware::{Next, from_fn};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, on};
+use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
+use takosumi_store::workspaces::{self, Owned};
+
+use crate::auth::{Action, Caller};
+use crate::relay::PoolCaller;
+use crate::{ApiError, AppState};
+
+/// What a route requires of its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Nothing (the health check).
+    Public,
+    /// An API token whose role allows the action within the Workspace the path names.
+    Token(Action, Scope),
+    /// A worker pool's token (the relay endpoints); no API token of any role.
+    PoolToken,
+    /// A Git webhook whose signature the handler checks against the Workspace's secret
+    /// (the signature is the credential; a token is no substitute).
+    WebhookSignature,
+}
+
+/// Where a token's role is checked: which path parameter names the Workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Instance-wide: a token limited to one Workspace may only read.
+    Instance,
+    /// `{ws}`.
+    Workspace,
+    /// `{cap}`: the Capsule's Workspace.
+    Capsule,
+    /// `{run}`: the Run's Workspace.
+    Run,
+    /// `{rg}`: the RunGroup's Workspace.
+    RunGroup,
+    /// `{pool}`: the worker pool's Workspace.
+    Pool,
+}
+
+impl Scope {
+    fn param(self) -> Option<&'static str> {
+        match self {
+            Scope::Instance => None,
+            Scope::Workspace => Some("ws"),
+            Scope::Capsule => Some("cap"),
+            Scope::Run => Some("run"),
+            Scope::RunGroup => Some("rg"),
+            Scope::Pool => Some("pool"),
+        }
+    }
+}
+
+/// One mounted route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Its method.
+    pub method: Method,
+    /// Its path template (`/api/v1/runs/{run}`).
+    pub path: &'static str,
+    /// What it requires.
+    pub access: Access,
+}
+
+/// The API's routes as they are built: the router and the table of what each requires.
+pub struct Api {
+    router: Router<AppState>,
+    endpoints: Vec<Endpoint>,
+}
+
+impl Default for Api {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Api {
+    /// No routes.
+    pub fn new() -> Self {
+        Self {
+            router: Router::new(),
+            endpoints: Vec::new(),
+        }
+    }
+
+    /// Mounts `handler` for `method` on `path`, behind the guard for `access`.
+    pub fn route<H, T>(
+        mut self,
+        method: Method,
+        path: &'static str,
+        access: Access,
+        handler: H,
+    ) -> Self
+    where
+        H: Handler<T, AppState>,
+        T: 'static,
+    {
+        if let Access::Token(_, scope) = access
+            && let Some(param) = scope.param()
+        {
+            assert!(
+                path.contains(&format!("{{{param}}}")),
+                "{method} {path}: scope {scope:?} needs a {{{param}}} parameter"
+            );
+        }
+        let filter = MethodFilter::try_from(method.clone())
+            .unwrap_or_else(|_| panic!("{method} cannot be routed"));
+        let guarded = on(filter, handler).route_layer(from_fn(move |req: Request, next: Next| {
+            guard(access, req, next)
+        }));
+        self.router = self.router.route(path, guarded);
+        self.endpoints.push(Endpoint {
+            method,
+            path,
+            access,
+        });
+        self
+    }
+
+    /// Adds `other`'s routes.
+    pub fn merge(mut self, other: Api) -> Self {
+        self.router = self.router.merge(other.router);
+        self.endpoints.extend(other.endpoints);
+        self
+    }
+
+    /// Applies `f` to the routes mounted so far (a body limit, say); the table is kept.
+    pub fn map_router(mut self, f: impl FnOnce(Router<AppState>) -> Router<AppState>) -> Self {
+        self.router = f(self.router);
+        self
+    }
+
+    /// The router and the table.
+    pub fn into_parts(self) -> (Router<AppState>, Vec<Endpoint>) {
+        (self.router, self.endpoints)
+    }
+}
+
+/// Every route the API mounts, with what it requires (the role matrix and the fuzzer read
+/// this; nothing else decides).
+pub fn endpoints() -> Vec<Endpoint> {
+    crate::routes::api().into_parts().1
+}
+
+/// The guard in front of every handler. The handler's own `Caller` / `PoolCaller`
+/// extractors reuse what it authenticated.
+async fn guard(access: Access, req: Request, next: Next) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let Some(st) = parts.extensions.get::<AppState>().cloned() else {
+        // Mounted without `router(state)`: refuse rather than serve unchecked.
+        return ApiError::forbidden("this endpoint has no access check in this server")
+            .into_response();
+    };
+    let checked: Result<(), ApiError> = async {
+        match access {
+            Access::Public | Access::WebhookSignature => Ok(()),
+            Access::PoolToken => {
+                let caller = PoolCaller::from_request_parts(&mut parts, &st).await?;
+                parts.extensions.insert(caller);
+                Ok(())
+            }
+            Access::Token(action, scope) => {
+                let caller = Caller::from_request_parts(&mut parts, &st).await?;
+                let params: HashMap<String, String> =
+                    match RawPathParams::from_request_parts(&mut parts, &st).await {
+                        Ok(p) => p
+                            .iter()
+                            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                            .collect(),
+                        Err(_) => HashMap::new(),
+                    };
+                match workspace_of(&st, scope, &params).await? {
+                    Named::Instance => caller.require(action, None)?,
+                    Named::Workspace(ws) => caller.require(action, Some(ws))?,
+                    // An id that does not parse or names nothing: the handler answers it
+                    // (400 / 404) exactly as for any caller, revealing nothing more.
+                    Named::Unknown => {}
+                }
+                parts.extensions.insert(caller);
+                Ok(())
+            }
+        }
+    }
+    .await;
+    match checked {
+        Ok(()) => next.run(Request::from_parts(parts, body)).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+enum Named {
+    Instance,
+    Workspace(WorkspaceId),
+    Unknown,
+}
+
+async fn workspace_of(
+    st: &AppState,
+    scope: Scope,
+    params: &HashMap<String, String>,
+) -> Result<Named, ApiError> {
+    let Some(param) = scope.param() else {
+        return Ok(Named::Instance);
+    };
+    let Some(raw) = params.get(param) else {
+        return Ok(Named::Unknown);
+    };
+    let owned = match scope {
+        Scope::Instance => return Ok(Named::Instance),
+        Scope::Workspace => raw.parse::<WorkspaceId>().ok().map(Owned::Workspace),
+        Scope::Capsule => raw.parse::<CapsuleId>().ok().map(Owned::Capsule),
+        Scope::Run => raw.parse::<RunId>().ok().map(Owned::Run),
+        Scope::RunGroup => raw.parse::<RunGroupId>().ok().map(Owned::RunGroup),
+        Scope::Pool => Some(Owned::Pool(raw)),
+    };
+    let Some(owned) = owned else {
+        return Ok(Named::Unknown);
+    };
+    Ok(match workspaces::owner_of(&st.pool, owned).await? {
+        Some(ws) => Named::Workspace(ws),
+        None => Named::Unknown,
+    })
+}
