@@ -43,6 +43,7 @@ pub fn router() -> Router<AppState> {
         .merge(crate::dead_letters::router())
         .merge(crate::pools::router())
         .merge(crate::relay::router())
+        .merge(crate::evidence::router())
         .fallback(|| async {
             ApiError::client(
                 StatusCode::NOT_FOUND,

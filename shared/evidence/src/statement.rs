@@ -343,4 +343,7 @@ pub struct Bundle {
     pub keys: Vec<PublishedKey>,
     /// The envelopes, in chain order.
     pub statements: Vec<Envelope>,
+    /// The chain's head as the server recorded it at export.
+    #[serde(default)]
+    pub head: Option<ChainHead>,
 }

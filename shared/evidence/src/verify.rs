@@ -10,7 +10,9 @@ use serde_json::Value;
 use crate::canonical::{canonical_value, sha256_hex};
 use crate::envelope::{Envelope, PAYLOAD_TYPE, pae};
 use crate::keys::KeyRing;
-use crate::statement::{PREDICATE_TYPE, STATEMENT_TYPE, Statement};
+use crate::statement::{
+    BUNDLE_FORMAT, Bundle, ChainHead, PREDICATE_TYPE, STATEMENT_TYPE, Statement,
+};
 
 /// One statement that verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +62,32 @@ impl Report {
         self.statements.last().map(|s| s.digest.as_str())
     }
 
+    /// Checks the chain reaches `head`, the last statement the server recorded (read before
+    /// the statements, so the chain may have grown past it). Only a
+    /// consistency check: whoever can delete statements can rewrite the head too, so an
+    /// auditor also keeps the head of the last chain they verified (the head's digest is
+    /// printed on every verification) and compares.
+    pub fn check_head(&self, head: Option<&ChainHead>) -> Result<(), VerifyError> {
+        let Some(head) = head else { return Ok(()) };
+        let found = self.statements.len() as u64;
+        // The head may be older than the statements read after it, never newer.
+        let at_head = usize::try_from(head.sequence)
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|i| self.statements.get(i));
+        if head.sequence == 0
+            || at_head.map(|s| Some(s.digest.as_str())) == Some(head.digest.as_deref())
+        {
+            return Ok(());
+        }
+        Err(VerifyError::Truncated {
+            found,
+            found_digest: self.head().map(str::to_owned),
+            head: head.sequence,
+            head_digest: head.digest.clone(),
+        })
+    }
+
     /// The distinct key ids that signed the chain, in first use order.
     pub fn key_ids(&self) -> Vec<&str> {
         let mut ids: Vec<&str> = Vec::new();
@@ -79,6 +107,12 @@ pub enum VerifyError {
     /// Nothing to verify.
     #[error("there is no statement to verify")]
     Empty,
+    /// The public keys cannot be used.
+    #[error("the public keys cannot be used: {0}")]
+    Keys(String),
+    /// A bundle of another format.
+    #[error("not an evidence bundle of format {BUNDLE_FORMAT}: {0:?}")]
+    BundleFormat(String),
     /// The envelope or statement cannot be read.
     #[error("statement #{position}: {problem}")]
     Malformed {
@@ -229,6 +263,22 @@ pub enum VerifyError {
         /// The plan digest the plan statement names.
         plan_digest: Option<String>,
     },
+    /// The chain ends before the head the server recorded for it.
+    #[error(
+        "the chain ends at statement #{found} ({}), but the Workspace's recorded head is #{head} ({}): statements at its end were deleted",
+        short(found_digest.as_deref()),
+        short(head_digest.as_deref())
+    )]
+    Truncated {
+        /// The last statement's position.
+        found: u64,
+        /// Its digest.
+        found_digest: Option<String>,
+        /// The head's position.
+        head: u64,
+        /// The head's digest.
+        head_digest: Option<String>,
+    },
     /// The Run has no statement in the chain.
     #[error(
         "{run_id} has no statement in the chain of Workspace {workspace_id}: it was never written, or it was deleted"
@@ -247,13 +297,17 @@ impl VerifyError {
     pub fn check(&self) -> &'static str {
         match self {
             Self::UnknownKey { .. } | Self::BadSignature { .. } => "signature",
-            Self::BrokenLink { .. } | Self::Sequence { .. } | Self::DuplicateRun { .. } => "chain",
+            Self::BrokenLink { .. }
+            | Self::Sequence { .. }
+            | Self::DuplicateRun { .. }
+            | Self::Truncated { .. } => "chain",
             Self::WrongWorkspace { .. } => "workspace",
             Self::PlanMissing { .. }
             | Self::PlanStatementMismatch { .. }
             | Self::PlanDigestMismatch { .. } => "plan_link",
             Self::Malformed { .. } | Self::NotCanonical { .. } => "format",
             Self::Empty | Self::RunMissing { .. } => "missing",
+            Self::Keys(_) | Self::BundleFormat(_) => "input",
         }
     }
 
@@ -271,7 +325,11 @@ impl VerifyError {
             | Self::PlanMissing { position, .. }
             | Self::PlanStatementMismatch { position, .. }
             | Self::PlanDigestMismatch { position, .. } => Some(*position),
-            Self::Empty | Self::RunMissing { .. } => None,
+            Self::Empty
+            | Self::RunMissing { .. }
+            | Self::Keys(_)
+            | Self::BundleFormat(_)
+            | Self::Truncated { .. } => None,
         }
     }
 }
@@ -435,6 +493,32 @@ pub fn verify_chain(
         workspace_id: expected_ws.unwrap_or_default(),
         statements: out,
     })
+}
+
+impl Bundle {
+    /// Verifies the bundle's chain offline, against `trusted` keys or, without them, the
+    /// keys the bundle carries (which are only as trustworthy as where the bundle came from:
+    /// pin the server's published keys with `trusted` when it matters).
+    pub fn verify(&self, trusted: Option<&KeyRing>) -> Result<Report, VerifyError> {
+        if self.format != BUNDLE_FORMAT {
+            return Err(VerifyError::BundleFormat(self.format.clone()));
+        }
+        let own;
+        let keys = match trusted {
+            Some(k) => k,
+            None => {
+                own = crate::keys::PublishedKeys {
+                    keys: self.keys.clone(),
+                }
+                .to_ring()
+                .map_err(|e| VerifyError::Keys(e.to_string()))?;
+                &own
+            }
+        };
+        let report = verify_chain(Some(&self.workspace_id), &self.statements, keys)?;
+        report.check_head(self.head.as_ref())?;
+        Ok(report)
+    }
 }
 
 #[cfg(test)]
@@ -765,6 +849,61 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_bundle_verifies_offline_with_its_keys_or_pinned_ones() {
+        let (k, _) = Signer::generate("e1").unwrap();
+        let (other, _) = Signer::generate("e9").unwrap();
+        let c = chain(
+            &k,
+            "ws_a",
+            &[("plan", "run_p", None), ("apply", "run_a", Some("run_p"))],
+        );
+        let bundle = Bundle {
+            format: BUNDLE_FORMAT.into(),
+            workspace_id: "ws_a".into(),
+            keys: crate::keys::PublishedKeys::new(&k, &[]).keys,
+            statements: c,
+            head: None,
+        };
+        let text = serde_json::to_string(&bundle).unwrap();
+        let back: Bundle = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.verify(None).unwrap().statements.len(), 2);
+        let err = back.verify(Some(&ring(&[&other]))).unwrap_err();
+        assert_eq!(err.check(), "signature", "{err}");
+        let mut wrong_ws = back.clone();
+        wrong_ws.workspace_id = "ws_b".into();
+        assert_eq!(wrong_ws.verify(None).unwrap_err().check(), "workspace");
+        let report = back.verify(None).unwrap();
+        let mut truncated = back.clone();
+        truncated.head = Some(ChainHead {
+            sequence: 3,
+            digest: Some("ab".repeat(32)),
+        });
+        let err = truncated.verify(None).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                VerifyError::Truncated {
+                    found: 2,
+                    head: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        truncated.head = Some(ChainHead {
+            sequence: 2,
+            digest: report.head().map(str::to_owned),
+        });
+        assert!(truncated.verify(None).is_ok());
+        let mut wrong_format = back;
+        wrong_format.format = "something/v0".into();
+        assert!(matches!(
+            wrong_format.verify(None),
+            Err(VerifyError::BundleFormat(_))
+        ));
     }
 
     #[test]
