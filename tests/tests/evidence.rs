@@ -311,7 +311,7 @@ async fn plan_approve_apply_leaves_two_statements_that_verify_and_link() -> anyh
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("verified: 2 statement(s)"), "{out}");
     assert!(
-        out.contains(&format!("statement #2 (apply applied)"))
+        out.contains("statement #2 (apply applied)")
             && out.contains(&format!("carries out plan Run {} (statement #1)", plan.id)),
         "{out}"
     );

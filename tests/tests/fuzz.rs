@@ -60,6 +60,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v1/relay/runs/{run}/fail"),
     ("POST", "/api/v1/relay/runs/{run}/scanned"),
     ("POST", "/api/v1/relay/runs/{run}/one-step"),
+    ("GET", "/api/v1/runs/{run}/evidence"),
+    ("GET", "/api/v1/workspaces/{ws}/evidence"),
+    ("GET", "/api/v1/evidence/keys"),
 ];
 
 /// How a path id is filled in.

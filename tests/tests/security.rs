@@ -583,6 +583,21 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
             ),
             Need::PoolToken,
         ),
+        // Signed evidence (issue 20): read like the Run and Workspace records; the public
+        // keys are public, a verifier must be able to fetch them from anywhere.
+        e(
+            "GET",
+            format!("/api/v1/runs/{planned}/evidence"),
+            None,
+            Need::Read,
+        ),
+        e(
+            "GET",
+            format!("/api/v1/workspaces/{ws}/evidence"),
+            None,
+            Need::Read,
+        ),
+        e("GET", "/api/v1/evidence/keys".into(), None, Need::Public),
     ];
 
     // Refusals first: each leaves every row and column as it was.
@@ -1002,7 +1017,7 @@ async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
 
     // Every API response about what happened.
     for run in &all_runs {
-        for suffix in ["", "/events", "/logs", "/cost"] {
+        for suffix in ["", "/events", "/logs", "/cost", "/evidence"] {
             let r = probe::call(
                 &stack,
                 "GET",
@@ -1031,7 +1046,14 @@ async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
             );
         }
     }
-    for suffix in ["runs", "activity", "provider-bindings", "drift", "rules"] {
+    for suffix in [
+        "runs",
+        "activity",
+        "provider-bindings",
+        "drift",
+        "rules",
+        "evidence",
+    ] {
         responses.push(
             probe::call(
                 &stack,
