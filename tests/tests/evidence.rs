@@ -884,3 +884,56 @@ async fn key_rotation_keeps_old_statements_verifiable() -> anyhow::Result<()> {
     task.await?;
     stack.stop().await
 }
+
+/// The promise: however many writers run at once (several API processes), every ended Run
+/// gets exactly one statement and the Workspace's chain stays one unbroken line. Four
+/// writers race the API's own while Runs end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_append_each_statement_once() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let cap = capsule(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let ws = cap.workspace_id;
+    let key = Signer::from_seed_base64(KEY_ID, &stack.env_vars()["TAKOSUMI_EVIDENCE_KEY"])?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let writers: Vec<_> = (0..4)
+        .map(|_| {
+            let (pool, key, stop) = (stack.ctx.pool.clone(), key.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut written = 0;
+                while !stop.is_cancelled() {
+                    written += takosumi_store::evidence::write_pending(&pool, &key).await?;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                anyhow::Ok(written)
+            })
+        })
+        .collect();
+    let mut ended = Vec::new();
+    for _ in 0..12 {
+        ended.push(canceled_run(&stack, &cap, "race").await?);
+    }
+    for run in &ended {
+        evidence_of(&stack, *run).await?;
+    }
+    stop.cancel();
+    let mut by_racers = 0;
+    for w in writers {
+        by_racers += w.await??;
+    }
+    let per_run: Vec<i64> = sqlx::query_scalar(
+        "SELECT count(*) FROM evidence_statements WHERE workspace_id = $1 GROUP BY run_id",
+    )
+    .bind(ws.as_uuid())
+    .fetch_all(&stack.ctx.pool)
+    .await?;
+    assert_eq!(per_run.len(), ended.len(), "one statement per ended Run");
+    assert!(per_run.iter().all(|n| *n == 1), "{per_run:?}");
+    assert!(by_racers <= ended.len());
+    assert_workspace_verifies(&stack, ws, ended.len()).await?;
+    stack.stop().await
+}

@@ -69,6 +69,11 @@ async fn run_evidence(
             format!("{id} ended; its evidence statement is being signed: ask again in a moment"),
         ));
     }
+    // The writer turns the pending row into the statement in one transaction: it may have
+    // committed between the two reads above, and then the statement is there now.
+    if let Some(s) = evidence::of_run(&st.pool, id).await? {
+        return Ok(Json(s.to_signed()));
+    }
     Err(ApiError::client(
         StatusCode::NOT_FOUND,
         "evidence_missing",
