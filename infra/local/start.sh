@@ -46,6 +46,10 @@ fi
 if [ -z "${SEAL_KEY:-}" ]; then
     SEAL_KEY=$(head -c32 /dev/urandom | base64 -w0) && echo "SEAL_KEY=$SEAL_KEY" >>"$SECRETS" && changed=1
 fi
+# The API signs every Run's evidence statement with it (an Ed25519 seed: any 32 random bytes).
+if [ -z "${EVIDENCE_KEY:-}" ]; then
+    EVIDENCE_KEY=$(head -c32 /dev/urandom | base64 -w0) && echo "EVIDENCE_KEY=$EVIDENCE_KEY" >>"$SECRETS" && changed=1
+fi
 # Postgres and RabbitMQ get passwords of their own: Run sandboxes share the network, so
 # nothing the stack serves on loopback may accept a well-known password.
 if [ -z "${PG_PASSWORD:-}" ]; then
@@ -166,6 +170,8 @@ tmp=$(mktemp "$STACK/.env.XXXXXX")
     q TAKOSUMI_S3_BUCKET "$S3_BUCKET"
     q TAKOSUMI_SEAL_KEY "$SEAL_KEY"
     q TAKOSUMI_SEAL_KEY_ID local-1
+    q TAKOSUMI_EVIDENCE_KEY "$EVIDENCE_KEY"
+    q TAKOSUMI_EVIDENCE_KEY_ID local-evidence-1
     q TAKOSUMI_TERRAFORM_BIN "$CACHE/tools/bin/terraform"
     q TAKOSUMI_TF_CLI_CONFIG "$CACHE/tools/terraformrc"
     q TAKOSUMI_WORK_DIR "$STACK/work"

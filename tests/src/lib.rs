@@ -249,6 +249,9 @@ impl Stack {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let api_url = format!("http://{}", listener.local_addr()?);
         let admin_token = format!("tks_test_{}", short_id());
+        // An evidence signing key of its own: a test may sign with it (to forge a statement
+        // the server could have signed) and rotate it.
+        let (_, evidence_key) = takosumi_evidence::Signer::generate("test-evidence-1")?;
         let mut vars: HashMap<String, String> = HashMap::new();
         for (k, v) in [
             ("TAKOSUMI_DATABASE_URL", database_url),
@@ -266,6 +269,8 @@ impl Stack {
             ("TAKOSUMI_S3_BUCKET", format!("t-{id}")),
             ("TAKOSUMI_SEAL_KEY", env("TAKOSUMI_SEAL_KEY")?),
             ("TAKOSUMI_SEAL_KEY_ID", "test-1".to_owned()),
+            ("TAKOSUMI_EVIDENCE_KEY", evidence_key.to_string()),
+            ("TAKOSUMI_EVIDENCE_KEY_ID", "test-evidence-1".to_owned()),
             ("TAKOSUMI_TERRAFORM_BIN", tool_bin.display().to_string()),
             ("TAKOSUMI_SANDBOX_RO_PATHS", ro_paths.join(":")),
             // the test repositories are local paths

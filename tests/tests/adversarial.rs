@@ -116,6 +116,10 @@ fn server_canaries(stack: &Stack) -> Vec<(&'static str, String)> {
         .expect("a password in the database URL");
     vec![
         ("seal key", vars["TAKOSUMI_SEAL_KEY"].clone()),
+        (
+            "evidence signing key",
+            vars["TAKOSUMI_EVIDENCE_KEY"].clone(),
+        ),
         ("S3 secret", vars["TAKOSUMI_S3_SECRET_KEY"].clone()),
         ("admin token", stack.admin_token.clone()),
         ("database password", db_password),

@@ -13,54 +13,14 @@ use takosumi_core::RunMessage;
 use takosumi_tests::probe::{self, record};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
 
-/// Every route (method and path template) at the time of writing; `{…}` are ids.
-const ROUTES: &[(&str, &str)] = &[
-    ("GET", "/healthz"),
-    ("POST", "/api/v1/workspaces"),
-    ("GET", "/api/v1/dead-letters"),
-    ("POST", "/api/v1/workspaces/{ws}/capsules"),
-    ("GET", "/api/v1/capsules/{cap}"),
-    ("DELETE", "/api/v1/capsules/{cap}"),
-    ("POST", "/api/v1/capsules/{cap}/plan"),
-    ("GET", "/api/v1/runs/{run}"),
-    ("GET", "/api/v1/runs/{run}/events"),
-    ("GET", "/api/v1/runs/{run}/logs"),
-    ("GET", "/api/v1/runs/{run}/cost"),
-    ("POST", "/api/v1/runs/{run}/apply"),
-    ("POST", "/api/v1/runs/{run}/approve"),
-    ("POST", "/api/v1/runs/{run}/cancel"),
-    ("POST", "/api/v1/runs/{run}/resolve"),
-    ("GET", "/api/v1/workspaces/{ws}/runs"),
-    ("GET", "/api/v1/workspaces/{ws}/activity"),
-    ("PUT", "/api/v1/workspaces/{ws}/rules"),
-    ("GET", "/api/v1/workspaces/{ws}/rules"),
-    ("PUT", "/api/v1/capsules/{cap}/rules"),
-    ("GET", "/api/v1/capsules/{cap}/rules"),
-    ("POST", "/api/v1/workspaces/{ws}/provider-bindings"),
-    ("GET", "/api/v1/workspaces/{ws}/provider-bindings"),
-    ("POST", "/api/v1/capsules/{cap}/provider-bindings"),
-    ("GET", "/api/v1/capsules/{cap}/provider-bindings"),
-    ("DELETE", "/api/v1/capsules/{cap}/provider-bindings/{pb}"),
-    ("POST", "/api/v1/workspaces/{ws}/webhook-secret"),
-    ("POST", "/api/v1/webhooks/git"),
-    ("PATCH", "/api/v1/capsules/{cap}/settings"),
-    ("PATCH", "/api/v1/workspaces/{ws}/settings"),
-    ("POST", "/api/v1/capsules/{cap}/drift-check"),
-    ("POST", "/api/v1/workspaces/{ws}/drift-check"),
-    ("GET", "/api/v1/workspaces/{ws}/drift"),
-    ("GET", "/api/v1/workspaces"),
-    ("GET", "/api/v1/workspaces/{ws}/capsules"),
-    ("POST", "/api/v1/workspaces/{ws}/plan-update"),
-    ("GET", "/api/v1/run-groups/{rg}"),
-    ("POST", "/api/v1/run-groups/{rg}/approve"),
-    ("POST", "/api/v1/run-groups/{rg}/apply"),
-    ("POST", "/api/v1/workspaces/{ws}/pools"),
-    ("PUT", "/api/v1/capsules/{cap}/pool"),
-    ("POST", "/api/v1/relay/claim"),
-    ("POST", "/api/v1/relay/runs/{run}/fail"),
-    ("POST", "/api/v1/relay/runs/{run}/scanned"),
-    ("POST", "/api/v1/relay/runs/{run}/one-step"),
-];
+/// Every route (method and path template), from the API's own route table: a new route
+/// is fuzzed the day it is mounted.
+static ROUTES: std::sync::LazyLock<Vec<(String, &'static str)>> = std::sync::LazyLock::new(|| {
+    takosumi_api::endpoints()
+        .into_iter()
+        .map(|e| (e.method.as_str().to_owned(), e.path))
+        .collect()
+});
 
 /// How a path id is filled in.
 #[derive(Debug, Clone)]
@@ -250,7 +210,7 @@ impl Fixture {
 }
 
 async fn run_case(stack: &Stack, fx: &Fixture, c: &Case) -> Result<(), TestCaseError> {
-    let (method, template) = ROUTES[c.route];
+    let (method, template) = (ROUTES[c.route].0.as_str(), ROUTES[c.route].1);
     let mut url =
         reqwest::Url::parse(&stack.api_url).map_err(|e| TestCaseError::fail(e.to_string()))?;
     {

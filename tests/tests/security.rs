@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use takosumi_client::{Capsule, NewCapsule, PlanRequest, Source};
 use takosumi_core::{Outcome, RunId, RunMessage, RunStatus};
 use takosumi_seal::Purpose;
+use takosumi_api::{Access, Action, Scope};
 use takosumi_tests::probe::{self, record};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
 
@@ -154,9 +155,61 @@ impl Who {
 
 struct Endpoint {
     method: &'static str,
+    /// The route template it exercises.
+    template: &'static str,
     path: String,
     body: Option<String>,
     need: Need,
+}
+
+/// What the matrix expects of a route's callers, from the access the route declares.
+fn need_of(access: Access) -> Need {
+    match access {
+        Access::Public => Need::Public,
+        Access::WebhookSignature => Need::Webhook,
+        Access::PoolToken => Need::PoolToken,
+        Access::Token(Action::Read, _) => Need::Read,
+        Access::Token(Action::Operate, _) => Need::Operate,
+        Access::Token(Action::Submit, _) => Need::Submit,
+        Access::Token(Action::Administer, Scope::Instance) => Need::InstanceAdmin,
+        Access::Token(Action::Administer, _) => Need::Admin,
+        // A group approval answers every reader, counting only the rule's roles.
+        Access::Token(Action::Approve, Scope::RunGroup) => Need::ApproveBatch,
+        Access::Token(Action::Approve, _) => Need::Approve,
+    }
+}
+
+/// The route template a concrete path (query string ignored) is an instance of: literal
+/// segments equal, `{…}` segments anything; the most literal match wins.
+fn template_of<'a>(
+    table: &'a [takosumi_api::Endpoint],
+    method: &str,
+    path: &str,
+) -> Option<&'a takosumi_api::Endpoint> {
+    let path = path.split('?').next().unwrap_or_default();
+    let segments: Vec<&str> = path.split('/').collect();
+    table
+        .iter()
+        .filter(|r| r.method.as_str() == method)
+        .filter_map(|r| {
+            let t: Vec<&str> = r.path.split('/').collect();
+            if t.len() != segments.len() {
+                return None;
+            }
+            let mut literal = 0;
+            for (a, b) in t.iter().zip(&segments) {
+                if a.starts_with('{') {
+                    continue;
+                }
+                if a != b {
+                    return None;
+                }
+                literal += 1;
+            }
+            Some((literal, r))
+        })
+        .max_by_key(|(literal, _)| *literal)
+        .map(|(_, r)| r)
 }
 
 async fn send(stack: &Stack, w: &Who, ep: &Endpoint) -> anyhow::Result<probe::Response> {
@@ -316,274 +369,269 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
 
     let cap = capsule.id;
     let new_capsule = json!({"name": "n2", "source": {"repo": repo.url(), "branch": "main"}, "dir": "infra/network", "tool": "terraform"}).to_string();
-    let e = |method: &'static str, path: String, body: Option<&str>, need: Need| Endpoint {
-        method,
-        path,
-        body: body.map(str::to_owned),
-        need,
+    let e = |method: &'static str, path: String, body: Option<&str>| {
+        (method, path, body.map(str::to_owned))
     };
-    let endpoints = vec![
-        e("GET", "/healthz".into(), None, Need::Public),
+    let fixtures = vec![
+        e("GET", "/healthz".into(), None),
         e(
             "POST",
             format!("/api/v1/webhooks/git?workspace={ws}"),
-            Some(r#"{"ref":"refs/heads/main"}"#),
-            Need::Webhook,
+            Some(r#"{"ref":"refs/heads/main"}"#)
         ),
         e(
             "POST",
             "/api/v1/workspaces".into(),
-            Some(r#"{"name":"matrix-new"}"#),
-            Need::InstanceAdmin,
+            Some(r#"{"name":"matrix-new"}"#)
         ),
         e(
             "GET",
             "/api/v1/dead-letters".into(),
-            None,
-            Need::InstanceAdmin,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/capsules"),
-            Some(&new_capsule),
-            Need::Operate,
+            Some(&new_capsule)
         ),
-        e("GET", format!("/api/v1/capsules/{cap}"), None, Need::Read),
+        e("GET", format!("/api/v1/capsules/{cap}"), None),
         e(
             "DELETE",
             format!("/api/v1/capsules/{cap}"),
-            None,
-            Need::Submit,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/capsules/{cap}/plan"),
-            None,
-            Need::Submit,
+            None
         ),
-        e("GET", format!("/api/v1/runs/{planned}"), None, Need::Read),
+        e("GET", format!("/api/v1/runs/{planned}"), None),
         e(
             "GET",
             format!("/api/v1/runs/{planned}/events"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "GET",
             format!("/api/v1/runs/{planned}/logs"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "GET",
             format!("/api/v1/runs/{planned}/cost"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/runs/{planned}/apply"),
-            None,
-            Need::Submit,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/runs/{held}/approve"),
-            None,
-            Need::Approve,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/runs/{queued}/cancel"),
-            None,
-            Need::Operate,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/runs/{planned}/resolve"),
-            Some(r#"{"action":"mark_resolved","note":"checked"}"#),
-            Need::Admin,
+            Some(r#"{"action":"mark_resolved","note":"checked"}"#)
         ),
         e(
             "GET",
             format!("/api/v1/workspaces/{ws}/runs"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "GET",
             format!("/api/v1/workspaces/{ws}/activity"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "PUT",
             format!("/api/v1/workspaces/{ws}/rules"),
-            Some("{}"),
-            Need::Admin,
+            Some("{}")
         ),
         e(
             "GET",
             format!("/api/v1/workspaces/{ws}/rules"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "PUT",
             format!("/api/v1/capsules/{cap}/rules"),
-            Some("{}"),
-            Need::Admin,
+            Some("{}")
         ),
         e(
             "GET",
             format!("/api/v1/capsules/{cap}/rules"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/provider-bindings"),
-            Some(r#"{"name":"other","kind":"env","env":{"OTHER_TOKEN":"v"}}"#),
-            Need::Operate,
+            Some(r#"{"name":"other","kind":"env","env":{"OTHER_TOKEN":"v"}}"#)
         ),
         e(
             "GET",
             format!("/api/v1/workspaces/{ws}/provider-bindings"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/capsules/{cap}/provider-bindings"),
-            Some(&attach_body),
-            Need::Operate,
+            Some(&attach_body)
         ),
         e(
             "GET",
             format!("/api/v1/capsules/{cap}/provider-bindings"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "DELETE",
             format!("/api/v1/capsules/{cap}/provider-bindings/{pb}"),
-            None,
-            Need::Operate,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/webhook-secret"),
-            None,
-            Need::Admin,
+            None
         ),
         e(
             "PATCH",
             format!("/api/v1/capsules/{cap}/settings"),
-            Some("{}"),
-            Need::Operate,
+            Some("{}")
         ),
         e(
             "PATCH",
             format!("/api/v1/workspaces/{ws}/settings"),
-            Some("{}"),
-            Need::Admin,
+            Some("{}")
         ),
         e(
             "POST",
             format!("/api/v1/capsules/{cap}/drift-check"),
-            None,
-            Need::Submit,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/drift-check"),
-            None,
-            Need::Submit,
+            None
         ),
         e(
             "GET",
             format!("/api/v1/workspaces/{ws}/drift"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "GET",
             format!("/api/v1/workspaces/{ws}/capsules"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/plan-update"),
-            None,
-            Need::Submit,
+            None
         ),
         e(
             "GET",
             format!("/api/v1/run-groups/{group}"),
-            None,
-            Need::Read,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/run-groups/{group}/approve"),
-            None,
-            Need::ApproveBatch,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/run-groups/{group}/apply"),
-            None,
-            Need::Submit,
+            None
         ),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/pools"),
-            Some(r#"{"name":"matrix-pool-2"}"#),
-            Need::Admin,
+            Some(r#"{"name":"matrix-pool-2"}"#)
         ),
         e(
             "POST",
             "/api/v1/pools/matrix-pool/delivery-key".into(),
             Some(
                 r#"{"keyId":"matrix-k1","publicKey":"AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA="}"#,
-            ),
-            Need::Admin,
+            )
         ),
         e(
             "PUT",
             format!("/api/v1/capsules/{cap}/pool"),
-            Some(r#"{"pool":null}"#),
-            Need::Operate,
+            Some(r#"{"pool":null}"#)
         ),
-        e("POST", "/api/v1/relay/claim".into(), None, Need::PoolToken),
+        e("POST", "/api/v1/relay/claim".into(), None),
         e(
             "POST",
             format!("/api/v1/relay/runs/{planned}/progress"),
-            Some("{}"),
-            Need::PoolToken,
+            Some("{}")
         ),
         e(
             "POST",
             format!("/api/v1/relay/runs/{planned}/fail"),
-            Some(r#"{"code":"plan_failed","message":"x"}"#),
-            Need::PoolToken,
+            Some(r#"{"code":"plan_failed","message":"x"}"#)
         ),
         e(
             "POST",
             format!("/api/v1/relay/runs/{planned}/scanned"),
-            Some(r#"{"scanReport":{"findings":[],"unreadable":[],"modulesRead":[]}}"#),
-            Need::PoolToken,
+            Some(r#"{"scanReport":{"findings":[],"unreadable":[],"modulesRead":[]}}"#)
         ),
         e(
             "POST",
             format!("/api/v1/relay/runs/{planned}/one-step"),
             Some(
                 r#"{"commit":"a","treeDigest":"b","toolVersion":{},"providerLockDigest":null,"injectedEnvNames":[]}"#,
-            ),
-            Need::PoolToken,
+            )
         ),
+        // Signed evidence (issue 20): read like the Run and Workspace records; the public
+        // keys are public, a verifier must be able to fetch them from anywhere.
+        e(
+            "GET",
+            format!("/api/v1/runs/{planned}/evidence"),
+            None
+        ),
+        e(
+            "GET",
+            format!("/api/v1/workspaces/{ws}/evidence"),
+            None
+        ),
+        e("GET", "/api/v1/evidence/keys".into(), None),
     ];
+    // What each endpoint requires comes from the API's own route table (default-deny: a
+    // route cannot be mounted without it); a route with no fixture here fails the test.
+    let table = takosumi_api::endpoints();
+    let mut endpoints = Vec::new();
+    for (method, path, body) in fixtures {
+        let template = template_of(&table, method, &path)
+            .unwrap_or_else(|| panic!("{method} {path} is not a route of the API"));
+        endpoints.push(Endpoint {
+            method,
+            need: need_of(template.access),
+            template: template.path,
+            path,
+            body,
+        });
+    }
+    for route in &table {
+        let covered = endpoints
+            .iter()
+            .filter(|e| e.method == route.method.as_str() && e.template == route.path)
+            .count();
+        assert!(
+            covered == 1,
+            "{} {} has {covered} fixtures in the role matrix (each route needs exactly one)",
+            route.method,
+            route.path
+        );
+    }
 
     // Refusals first: each leaves every row and column as it was.
     let mut tried = 0usize;
@@ -627,7 +675,12 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
                 continue;
             }
             if ep.method == "DELETE" && ep.path.contains("/provider-bindings/") {
-                send(&stack, &who[6], &endpoints[24]).await?; // re-attach (as admin) before each detach
+                // re-attach (as admin) before each detach
+                let attach = endpoints
+                    .iter()
+                    .find(|e| e.method == "POST" && e.template == "/api/v1/capsules/{cap}/provider-bindings")
+                    .expect("the attach fixture");
+                send(&stack, &who[6], attach).await?;
             }
             let r = send(&stack, w, ep).await?;
             tried += 1;
@@ -1002,7 +1055,7 @@ async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
 
     // Every API response about what happened.
     for run in &all_runs {
-        for suffix in ["", "/events", "/logs", "/cost"] {
+        for suffix in ["", "/events", "/logs", "/cost", "/evidence"] {
             let r = probe::call(
                 &stack,
                 "GET",
@@ -1031,7 +1084,14 @@ async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
             );
         }
     }
-    for suffix in ["runs", "activity", "provider-bindings", "drift", "rules"] {
+    for suffix in [
+        "runs",
+        "activity",
+        "provider-bindings",
+        "drift",
+        "rules",
+        "evidence",
+    ] {
         responses.push(
             probe::call(
                 &stack,

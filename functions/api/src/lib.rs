@@ -1,7 +1,8 @@
 //! The HTTP API and Git webhook receiver. It authenticates callers, validates input, and
 //! writes rows together with their outbox wake-ups in one transaction; it never runs the
 //! tool, never reads sealed objects, and never shows an object key. The outbox relay and
-//! the lease reaper run beside it.
+//! the lease reaper run beside it, and so does the evidence writer, which signs each ended
+//! Run's statement (issue 20).
 
 mod access;
 mod auth;
@@ -9,6 +10,7 @@ mod bindings;
 mod dead_letters;
 mod detection;
 mod error;
+mod evidence;
 mod gates;
 mod listing;
 mod one_step;
@@ -51,6 +53,8 @@ pub struct AppState {
     pub ctx: takosumi_runtime::Ctx,
     /// `TAKOSUMI_ALLOW_FILE_REPOS`: Capsules may name local repositories.
     pub allow_file_repos: bool,
+    /// The evidence public keys, current and rotated out (`GET /api/v1/evidence/keys`).
+    pub evidence_keys: Arc<takosumi_evidence::PublishedKeys>,
 }
 
 /// The API's routes.
@@ -78,7 +82,13 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), RuntimeError> {
+    // Refuses to serve without a signing key: Runs would end without evidence.
+    let signer = settings.evidence_signer()?;
     bootstrap_admin(&ctx.pool, settings).await?;
+    let evidence_keys = Arc::new(takosumi_evidence::PublishedKeys::new(
+        &signer,
+        &settings.evidence_previous_keys,
+    ));
     let background = CancellationToken::new();
     let relay = {
         let bus = ctx.bus.clone();
@@ -98,6 +108,11 @@ pub async fn serve(
         settings.stuck_queued_secs,
         background.clone(),
     ));
+    let evidence_writer = tokio::spawn(evidence::run_writer(
+        ctx.pool.clone(),
+        signer,
+        background.clone(),
+    ));
     let app = router(AppState {
         pool: ctx.pool.clone(),
         relay_wake: ctx.relay_wake.clone(),
@@ -106,6 +121,7 @@ pub async fn serve(
         objects: ctx.objects.clone(),
         ctx: ctx.clone(),
         allow_file_repos: settings.allow_file_repos,
+        evidence_keys,
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening");
@@ -122,6 +138,7 @@ pub async fn serve(
     background.cancel();
     let _ = relay.await;
     let _ = reaper.await;
+    let _ = evidence_writer.await;
     ctx.bus.close().await;
     Ok(())
 }

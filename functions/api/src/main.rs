@@ -1,4 +1,5 @@
-//! `takosumi-api`: serves the API (with the outbox relay and the reaper), or mints a token.
+//! `takosumi-api`: serves the API (with the outbox relay, the reaper and the evidence
+//! writer), mints a token, or makes an evidence signing key.
 
 use clap::{Parser, Subcommand};
 use takosumi_runtime::{Ctx, Settings, init_telemetry, shutdown_signal};
@@ -26,11 +27,27 @@ enum Command {
         #[arg(long)]
         workspace: Option<takosumi_core::WorkspaceId>,
     },
+    /// Make a new evidence signing key and print it once: the settings that give the API
+    /// the key, and its public key in the form TAKOSUMI_EVIDENCE_PREVIOUS_KEYS lists once
+    /// the key is rotated out. Needs no other setting.
+    EvidenceKeygen {
+        /// The id statements signed with it name (1-64 letters, digits, '.', '_', '-').
+        #[arg(long)]
+        key_id: String,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(Command::EvidenceKeygen { key_id }) = &cli.command {
+        let (signer, seed) = takosumi_evidence::Signer::generate(key_id)?;
+        println!("TAKOSUMI_EVIDENCE_KEY={}", seed.as_str());
+        println!("TAKOSUMI_EVIDENCE_KEY_ID={}", signer.key_id());
+        println!("# public key, for TAKOSUMI_EVIDENCE_PREVIOUS_KEYS after a rotation:");
+        println!("# {}", signer.public_key().to_entry());
+        return Ok(());
+    }
     let settings = Settings::from_env()?;
     init_telemetry("api");
     match cli.command.unwrap_or(Command::Serve) {
@@ -54,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
             takosumi_store::tokens::upsert(&pool, &token, &name, &role, workspace).await?;
             println!("{token}");
         }
+        Command::EvidenceKeygen { .. } => unreachable!("handled before the settings are read"),
     }
     Ok(())
 }

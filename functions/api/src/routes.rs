@@ -86,6 +86,7 @@ pub fn api() -> Api {
         .merge(crate::dead_letters::api())
         .merge(crate::pools::api())
         .merge(crate::relay::api())
+        .merge(crate::evidence::api())
 }
 
 /// The routes with the answers for no route and a wrong method.

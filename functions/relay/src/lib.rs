@@ -50,6 +50,7 @@ impl RelaySettings {
             "TAKOSUMI_S3_SECRET_KEY",
             "TAKOSUMI_S3_ACCESS_KEY",
             "TAKOSUMI_SEAL_KEY",
+            "TAKOSUMI_EVIDENCE_KEY",
         ] {
             anyhow::ensure!(
                 std::env::var_os(forbidden).is_none(),

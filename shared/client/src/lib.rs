@@ -24,6 +24,7 @@ use takosumi_core::Secret;
 
 mod bindings;
 mod dead_letters;
+pub mod evidence;
 mod gates;
 mod listing;
 mod pools;

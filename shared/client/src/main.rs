@@ -6,6 +6,7 @@
 
 mod config_cli;
 mod dead_letters_cli;
+mod evidence_cli;
 mod gates_cli;
 mod pools_cli;
 mod records_cli;
@@ -293,6 +294,17 @@ enum Command {
         #[arg(value_name = "RUN")]
         run: RunId,
     },
+    /// Signed audit evidence: export a Workspace's chain for offline checks, show a Run's
+    /// statement, list the public keys.
+    Evidence {
+        #[command(subcommand)]
+        command: evidence_cli::EvidenceCommand,
+    },
+    /// Verify signed audit evidence: a Run's statement (`verify RUN`) or a Workspace's
+    /// whole chain (`--workspace WS`): every signature, every link, and that each apply
+    /// carries out exactly the plan digest its plan Run's statement names. `--bundle FILE`
+    /// checks an exported bundle offline (no URL, no token). Exit 1 names the broken link.
+    Verify(evidence_cli::VerifyArgs),
     /// Wait until a Run is finished or held, then show it.
     Wait {
         /// The Run (`run_…`).
@@ -735,6 +747,12 @@ fn ended_badly(status: RunStatus) -> bool {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Offline verification trusts nothing but a bundle and keys: no API, no token.
+    if let Command::Verify(args) = &cli.command
+        && args.bundle.is_some()
+    {
+        return ExitCode::from(evidence_cli::verify_offline(args, cli.json));
+    }
     if let Command::Login = cli.command {
         let url = cli.url.clone().unwrap_or_else(|| DEFAULT_URL.to_owned());
         return ExitCode::from(config_cli::login(&url, cli.token.clone(), cli.json).await);
@@ -1037,6 +1055,8 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
         }
         Command::DeadLetters { limit } => dead_letters_cli::dead_letters(client, limit, json).await,
         Command::Pool { command } => pools_cli::pool(client, command, json).await,
+        Command::Evidence { command } => evidence_cli::evidence(client, command, json).await,
+        Command::Verify(args) => evidence_cli::verify_online(client, &args, json).await,
         Command::Capsule {
             command: CapsuleCommand::SetPool(args),
         } => pools_cli::set_pool(client, args, json).await,

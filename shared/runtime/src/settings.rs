@@ -63,6 +63,16 @@ pub struct Settings {
     /// `TAKOSUMI_ALLOW_FILE_REPOS=true`: Capsules may name local repositories (`file://…`
     /// or an absolute path). For local use only; off by default.
     pub allow_file_repos: bool,
+    /// `TAKOSUMI_EVIDENCE_KEY` (or `_FILE`): the Ed25519 seed (32 bytes, standard base64)
+    /// the API signs each Run's evidence statement with. Only the API needs it (it refuses to
+    /// start without it, see [`Settings::evidence_signer`]); the steps never do.
+    pub evidence_key: Option<Secret<String>>,
+    /// `TAKOSUMI_EVIDENCE_KEY_ID` (default `evidence-1`): the id statements name; a new key
+    /// gets a new id.
+    pub evidence_key_id: String,
+    /// `TAKOSUMI_EVIDENCE_PREVIOUS_KEYS`: rotated-out public keys, `id:base64,…`, still
+    /// published so the statements they signed stay verifiable.
+    pub evidence_previous_keys: Vec<takosumi_evidence::PublicKey>,
 }
 
 impl Settings {
@@ -98,6 +108,7 @@ impl Settings {
         let s3_secret_key = secret("TAKOSUMI_S3_SECRET_KEY", true).unwrap_or_default();
         let seal_key = secret("TAKOSUMI_SEAL_KEY", true).unwrap_or_default();
         let admin_token = secret("TAKOSUMI_ADMIN_TOKEN", false);
+        let evidence_key = secret("TAKOSUMI_EVIDENCE_KEY", false);
         let mut required = |k: &str| {
             get(k).unwrap_or_else(|| {
                 problems.push(format!("{k} is not set"));
@@ -139,6 +150,23 @@ impl Settings {
                 false
             }
         };
+        let evidence_key_id =
+            get("TAKOSUMI_EVIDENCE_KEY_ID").unwrap_or_else(|| "evidence-1".to_owned());
+        if let Some(key) = &evidence_key
+            && let Err(e) =
+                takosumi_evidence::Signer::from_seed_base64(&evidence_key_id, key.expose())
+        {
+            problems.push(format!(
+                "TAKOSUMI_EVIDENCE_KEY / TAKOSUMI_EVIDENCE_KEY_ID: {e}"
+            ));
+        }
+        let evidence_previous_keys = takosumi_evidence::PublicKey::parse_list(
+            &get("TAKOSUMI_EVIDENCE_PREVIOUS_KEYS").unwrap_or_default(),
+        )
+        .unwrap_or_else(|e| {
+            problems.push(format!("TAKOSUMI_EVIDENCE_PREVIOUS_KEYS: {e}"));
+            Vec::new()
+        });
         if !problems.is_empty() {
             return Err(SettingsError { problems });
         }
@@ -163,7 +191,28 @@ impl Settings {
             stuck_queued_secs,
             pricing_catalogue: get("TAKOSUMI_PRICING_CATALOGUE").map(PathBuf::from),
             allow_file_repos,
+            evidence_key,
+            evidence_key_id,
+            evidence_previous_keys,
         })
+    }
+
+    /// The evidence signing key. The API signs a statement for every Run that ends; one
+    /// started without a key would leave Runs without evidence, so it refuses to start
+    /// and says how to make one.
+    pub fn evidence_signer(&self) -> Result<takosumi_evidence::Signer, SettingsError> {
+        let Some(key) = &self.evidence_key else {
+            return Err(SettingsError {
+                problems: vec![
+                    "TAKOSUMI_EVIDENCE_KEY (or TAKOSUMI_EVIDENCE_KEY_FILE) is not set: the API signs every Run's evidence statement with it; make one with `takosumi-api evidence-keygen --key-id <id>`".to_owned(),
+                ],
+            });
+        };
+        takosumi_evidence::Signer::from_seed_base64(&self.evidence_key_id, key.expose()).map_err(
+            |e| SettingsError {
+                problems: vec![format!("TAKOSUMI_EVIDENCE_KEY: {e}")],
+            },
+        )
     }
 }
 
@@ -208,6 +257,33 @@ mod tests {
         assert!(!printed.contains("canary"), "{printed}");
         assert_eq!(s.lease_secs, 60);
         assert_eq!(s.listen, "127.0.0.1:8080");
+    }
+
+    #[test]
+    fn the_evidence_key_is_checked_and_never_printed() {
+        let mut m = full();
+        assert!(Settings::from_map(&m).unwrap().evidence_signer().is_err());
+        let (_, seed) = takosumi_evidence::Signer::generate("x").unwrap();
+        m.insert("TAKOSUMI_EVIDENCE_KEY".into(), seed.to_string());
+        m.insert("TAKOSUMI_EVIDENCE_KEY_ID".into(), "e2".into());
+        let (old, _) = takosumi_evidence::Signer::generate("e1").unwrap();
+        m.insert(
+            "TAKOSUMI_EVIDENCE_PREVIOUS_KEYS".into(),
+            old.public_key().to_entry(),
+        );
+        let s = Settings::from_map(&m).unwrap();
+        assert_eq!(s.evidence_signer().unwrap().key_id(), "e2");
+        assert_eq!(s.evidence_previous_keys, vec![old.public_key()]);
+        assert!(!format!("{s:?}").contains(seed.as_str()));
+        m.insert("TAKOSUMI_EVIDENCE_KEY".into(), "short".into());
+        m.insert("TAKOSUMI_EVIDENCE_PREVIOUS_KEYS".into(), "e1".into());
+        let text = Settings::from_map(&m).unwrap_err().to_string();
+        assert!(
+            text.contains("TAKOSUMI_EVIDENCE_KEY /")
+                && text.contains("TAKOSUMI_EVIDENCE_PREVIOUS_KEYS"),
+            "{text}"
+        );
+        assert!(!text.contains("short"), "{text}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod capsules;
 pub mod detection;
 pub mod dry_runs;
 pub mod events;
+pub mod evidence;
 pub mod gates;
 pub mod listing;
 pub mod logs;
@@ -49,6 +50,9 @@ pub enum StoreError {
     /// A conditional update found the row changed under it.
     #[error("conflict: {0}")]
     Conflict(&'static str),
+    /// An evidence statement could not be encoded (a bug: statements hold no fractions).
+    #[error("evidence statement: {0}")]
+    Evidence(String),
 }
 
 impl StoreError {

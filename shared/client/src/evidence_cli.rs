@@ -1,0 +1,308 @@
+//! `takosumi evidence …` and `takosumi verify`: signed audit evidence (issue 20) from the
+//! command line. `evidence export` writes a Workspace's chain and the public keys as one
+//! bundle; `verify` checks signatures, the chain's links and every apply's plan link,
+//! either fetching the chain from the API or, with `--bundle`, offline from an exported
+//! bundle (no URL, no token). What is checked is `takosumi_evidence::verify_chain`; this
+//! module only fetches, reads files and prints.
+//!
+//! Exit codes: 0 verified; 1 verification failed (the message names the statement and the
+//! check that broke) or the API refused; 2 a file could not be read or the arguments are
+//! wrong.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+use takosumi_client::evidence::{Bundle, PublishedKeys, Report, VerifyError, verify_chain};
+use takosumi_client::{Client, ClientError, RunId, WorkspaceId};
+use takosumi_evidence::{KeyRing, Verified, sha256_hex};
+
+use crate::{EXIT_FAILED, EXIT_USAGE, print_json};
+
+/// `takosumi evidence …`
+#[derive(Subcommand)]
+pub enum EvidenceCommand {
+    /// Write a Workspace's signed statements and the server's public keys as one JSON
+    /// bundle, for `takosumi verify --bundle FILE` anywhere, offline.
+    Export {
+        /// The Workspace (`ws_…`).
+        #[arg(long, value_name = "WS")]
+        workspace: WorkspaceId,
+        /// Write the bundle here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Print a Run's signed statement (the envelope and the statement it carries).
+    Show {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+    },
+    /// Print the public keys the server signs and signed statements with.
+    Keys,
+}
+
+/// `takosumi verify [RUN] [--workspace WS] [--bundle FILE] [--keys FILE]`
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// The Run whose statement to check (with its Workspace's whole chain).
+    #[arg(value_name = "RUN", required_unless_present_any = ["workspace", "bundle"])]
+    pub run: Option<RunId>,
+    /// Check this Workspace's whole chain.
+    #[arg(long, value_name = "WS", conflicts_with = "run")]
+    pub workspace: Option<WorkspaceId>,
+    /// Check an exported bundle offline, without the API.
+    #[arg(long, value_name = "FILE")]
+    pub bundle: Option<PathBuf>,
+    /// Trust only these public keys (the JSON `takosumi evidence keys --json` prints)
+    /// rather than the ones the API (or the bundle) carries.
+    #[arg(long, value_name = "FILE")]
+    pub keys: Option<PathBuf>,
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{} is not {what}: {e}", path.display()))
+}
+
+fn trusted_keys(path: Option<&Path>) -> Result<Option<KeyRing>, String> {
+    let Some(path) = path else { return Ok(None) };
+    let keys: PublishedKeys = read_json(path, "a public key list")?;
+    keys.to_ring()
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn usage(message: &str) -> u8 {
+    eprintln!("error: {message}");
+    EXIT_USAGE
+}
+
+/// `takosumi verify --bundle FILE [RUN]`: needs no API, so it runs before a token is
+/// looked for.
+pub fn verify_offline(args: &VerifyArgs, json: bool) -> u8 {
+    let Some(path) = &args.bundle else {
+        return usage("verify_offline needs --bundle");
+    };
+    let bundle: Bundle = match read_json(path, "an evidence bundle") {
+        Ok(b) => b,
+        Err(e) => return usage(&e),
+    };
+    if let Some(ws) = args.workspace
+        && ws.to_string() != bundle.workspace_id
+    {
+        return failed(
+            &VerifyError::WrongWorkspace {
+                position: 0,
+                run_id: "the bundle".into(),
+                found: bundle.workspace_id.clone(),
+                expected: ws.to_string(),
+            },
+            json,
+        );
+    }
+    let keys = match trusted_keys(args.keys.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return usage(&e),
+    };
+    let outcome = bundle
+        .verify(keys.as_ref())
+        .and_then(|report| checked_run(report, args.run));
+    report(outcome, json)
+}
+
+/// `takosumi verify RUN` / `--workspace WS` against the API.
+pub async fn verify_online(
+    client: &Client,
+    args: &VerifyArgs,
+    json: bool,
+) -> Result<u8, ClientError> {
+    let keys = match trusted_keys(args.keys.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return Ok(usage(&e)),
+    };
+    // The Run's own statement names its Workspace; the chain is fetched whole, so the
+    // links before and after the Run are checked too.
+    let (ws, served) = match (args.run, args.workspace) {
+        (Some(run), _) => {
+            let s = client.run_evidence(run).await?;
+            match s.workspace_id.parse::<WorkspaceId>() {
+                Ok(ws) => (ws, Some(s)),
+                Err(_) => {
+                    return Ok(failed(
+                        &VerifyError::Malformed {
+                            position: s.sequence,
+                            problem: format!("the API names Workspace {:?}", s.workspace_id),
+                        },
+                        json,
+                    ));
+                }
+            }
+        }
+        (None, Some(ws)) => (ws, None),
+        (None, None) => return Ok(usage("name a Run, or --workspace WS")),
+    };
+    let (chain, head) = client.workspace_evidence(ws).await?;
+    let ring = match keys {
+        Some(k) => k,
+        None => match client.evidence_keys().await?.to_ring() {
+            Ok(k) => k,
+            Err(e) => return Ok(failed(&VerifyError::Keys(e.to_string()), json)),
+        },
+    };
+    let envelopes: Vec<_> = chain.into_iter().map(|s| s.envelope).collect();
+    let ws_text = ws.to_string();
+    let outcome = verify_chain(Some(&ws_text), &envelopes, &ring).and_then(|report| {
+        report.check_head(head.as_ref())?;
+        let out = checked_run(report, args.run)?;
+        // The statement the API served for the Run must be the one in the chain.
+        if let (Some(s), Some(v)) = (&served, out.1.as_ref())
+            && s.envelope.payload_bytes().map(|b| sha256_hex(&b)) != Some(v.digest.clone())
+        {
+            return Err(VerifyError::Malformed {
+                position: v.position,
+                problem: format!(
+                    "{}: the API served another statement for the Run than the one in its Workspace's chain",
+                    v.run_id()
+                ),
+            });
+        }
+        Ok(out)
+    });
+    Ok(report(outcome, json))
+}
+
+/// The report, and the Run's statement when a Run was named.
+fn checked_run(
+    report: Report,
+    run: Option<RunId>,
+) -> Result<(Report, Option<Verified>), VerifyError> {
+    let v = match run {
+        Some(run) => Some(report.require(&run.to_string())?.clone()),
+        None => None,
+    };
+    Ok((report, v))
+}
+
+fn failed(err: &VerifyError, json: bool) -> u8 {
+    if json {
+        print_json(&json!({
+            "verified": false, "check": err.check(), "position": err.position(),
+            "message": err.to_string(),
+        }));
+    } else {
+        eprintln!("verification FAILED: {err}");
+    }
+    EXIT_FAILED
+}
+
+fn report(outcome: Result<(Report, Option<Verified>), VerifyError>, json: bool) -> u8 {
+    let (report, run) = match outcome {
+        Ok(v) => v,
+        Err(e) => return failed(&e, json),
+    };
+    let run_line = run.as_ref().map(|v| {
+        let p = &v.statement.predicate;
+        let mut line = format!(
+            "{}: statement #{} ({} {}), signed by {}",
+            p.run_id, v.position, p.kind, p.result.status, v.key_id
+        );
+        if let Some(plan) = &p.plan_run {
+            let plan_pos = report.find(&plan.run_id).map_or(0, |s| s.position);
+            line.push_str(&format!(
+                "; carries out plan Run {} (statement #{plan_pos}), plan digest {}",
+                plan.run_id,
+                p.plan_digest.as_deref().unwrap_or("none")
+            ));
+        } else if let Some(d) = &p.plan_digest {
+            line.push_str(&format!("; plan digest {d}"));
+        }
+        line
+    });
+    if json {
+        print_json(&json!({
+            "verified": true,
+            "workspaceId": report.workspace_id,
+            "statements": report.statements.len(),
+            "head": report.head(),
+            "keyIds": report.key_ids(),
+            "run": run.as_ref().map(|v| json!({
+                "runId": v.run_id(), "position": v.position, "digest": v.digest, "keyId": v.key_id,
+                "statement": v.statement,
+            })),
+        }));
+    } else {
+        println!(
+            "verified: {} statement(s) of {}, signed by {}; head sha256:{}",
+            report.statements.len(),
+            report.workspace_id,
+            report.key_ids().join(", "),
+            report.head().unwrap_or_default()
+        );
+        if let Some(line) = run_line {
+            println!("{line}");
+        }
+    }
+    0
+}
+
+/// `takosumi evidence …`
+pub async fn evidence(
+    client: &Client,
+    command: EvidenceCommand,
+    json: bool,
+) -> Result<u8, ClientError> {
+    match command {
+        EvidenceCommand::Export { workspace, out } => {
+            let bundle = client.export_evidence(workspace).await?;
+            let text = serde_json::to_string_pretty(&bundle).map_err(|e| {
+                ClientError::Config(format!("the bundle could not be encoded: {e}"))
+            })?;
+            match out {
+                Some(path) => {
+                    if let Err(e) = std::fs::write(&path, format!("{text}\n")) {
+                        return Ok(usage(&format!("cannot write {}: {e}", path.display())));
+                    }
+                    if !json {
+                        eprintln!(
+                            "wrote {} statement(s) of {workspace} and {} key(s) to {}",
+                            bundle.statements.len(),
+                            bundle.keys.len(),
+                            path.display()
+                        );
+                    }
+                }
+                None => println!("{text}"),
+            }
+            Ok(0)
+        }
+        EvidenceCommand::Show { run } => {
+            let s = client.run_evidence(run).await?;
+            let statement: serde_json::Value = s
+                .envelope
+                .payload_bytes()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or(serde_json::Value::Null);
+            print_json(&json!({ "signed": s, "statement": statement }));
+            Ok(0)
+        }
+        EvidenceCommand::Keys => {
+            let keys = client.evidence_keys().await?;
+            if json {
+                print_json(&keys);
+            } else {
+                for k in &keys.keys {
+                    println!(
+                        "{}  {}  {}{}",
+                        k.key_id,
+                        k.algorithm,
+                        k.public_key,
+                        if k.current { "  (current)" } else { "" }
+                    );
+                }
+            }
+            Ok(0)
+        }
+    }
+}

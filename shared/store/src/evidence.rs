@@ -1,0 +1,463 @@
+//! The evidence chain's rows (issue 20): which ended Runs still need a statement, the
+//! statements themselves and each Workspace's chain head, and the one writer that turns
+//! the first into the second ([`write_pending`]).
+//!
+//! A Run is queued for its statement by a trigger on `runs` (see the migration
+//! `20261201000500_evidence.sql`) in the very transaction that ends it, so no code path
+//! that ends a Run needs to remember evidence. The writer appends under a row lock on the
+//! Workspace's head: many writers at once append each statement exactly once, in the order
+//! the Runs ended, each naming the digest of the one before.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::Value;
+use takosumi_core::{RunId, RunKind, WorkspaceId};
+use takosumi_evidence::{
+    Actor, Approval, ChainHead, ChainLink, ChangeCounts, Envelope, EnvelopeSignature, GateDecision,
+    PAYLOAD_TYPE, PlanRunRef, ProviderLock, RuleVersions, RunEvidence, RunResult, ScanRef,
+    SignedStatement, Signer, SourceRef, StateVersionRef, Statement, ToolRef,
+    canonical::canonical_value, sha256_hex,
+};
+
+use crate::{StoreError, Tx};
+
+/// The channel the trigger notifies when a Run ends.
+pub const CHANNEL: &str = "takosumi_evidence";
+/// Statements one writer transaction appends to a Workspace's chain at most.
+const BATCH: i64 = 100;
+
+/// A stored statement.
+#[derive(Debug, Clone)]
+pub struct StoredStatement {
+    /// The Run.
+    pub run_id: RunId,
+    /// Its Workspace.
+    pub workspace_id: WorkspaceId,
+    /// Its position in the chain.
+    pub sequence: i64,
+    /// SHA-256 of `statement`.
+    pub digest: String,
+    /// The previous statement's digest.
+    pub previous_digest: Option<String>,
+    /// The canonical JSON as signed.
+    pub statement: String,
+    /// The signing key's id.
+    pub key_id: String,
+    /// Base64 Ed25519 signature over the DSSE encoding.
+    pub signature: String,
+}
+
+impl StoredStatement {
+    /// As the API serves it: the DSSE envelope rebuilt from the stored bytes, so whatever
+    /// the row holds is what a verifier checks.
+    pub fn to_signed(&self) -> SignedStatement {
+        use base64::Engine as _;
+        SignedStatement {
+            run_id: self.run_id.to_string(),
+            workspace_id: self.workspace_id.to_string(),
+            sequence: u64::try_from(self.sequence).unwrap_or_default(),
+            digest: self.digest.clone(),
+            previous_digest: self.previous_digest.clone(),
+            key_id: self.key_id.clone(),
+            envelope: Envelope {
+                payload_type: PAYLOAD_TYPE.to_owned(),
+                payload: base64::engine::general_purpose::STANDARD.encode(&self.statement),
+                signatures: vec![EnvelopeSignature {
+                    keyid: self.key_id.clone(),
+                    sig: self.signature.clone(),
+                }],
+            },
+        }
+    }
+}
+
+/// The statement of a Run, if written.
+pub async fn of_run<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    run_id: RunId,
+) -> Result<Option<StoredStatement>, StoreError> {
+    let row = sqlx::query_as!(
+        StoredStatement,
+        r#"SELECT run_id as "run_id: RunId", workspace_id as "workspace_id: WorkspaceId", sequence,
+                  digest, previous_digest, statement, key_id, signature
+             FROM evidence_statements WHERE run_id = $1"#,
+        run_id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row)
+}
+
+/// Whether a Run is queued for its statement.
+pub async fn is_pending<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    run_id: RunId,
+) -> Result<bool, StoreError> {
+    let row = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM evidence_pending WHERE run_id = $1) as "pending!""#,
+        run_id.as_uuid()
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(row)
+}
+
+/// Up to `limit` statements of a Workspace's chain after position `after`, in order, and
+/// whether more follow.
+pub async fn page<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    workspace_id: WorkspaceId,
+    after: i64,
+    limit: i64,
+) -> Result<(Vec<StoredStatement>, bool), StoreError> {
+    let mut rows = sqlx::query_as!(
+        StoredStatement,
+        r#"SELECT run_id as "run_id: RunId", workspace_id as "workspace_id: WorkspaceId", sequence,
+                  digest, previous_digest, statement, key_id, signature
+             FROM evidence_statements WHERE workspace_id = $1 AND sequence > $2
+            ORDER BY sequence LIMIT $3"#,
+        workspace_id.as_uuid(),
+        after,
+        limit + 1
+    )
+    .fetch_all(executor)
+    .await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(usize::try_from(limit).unwrap_or_default());
+    Ok((rows, more))
+}
+
+/// A Workspace's chain head, once it has a statement.
+pub async fn head<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    workspace_id: WorkspaceId,
+) -> Result<Option<ChainHead>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT sequence, digest FROM evidence_heads WHERE workspace_id = $1 AND sequence > 0",
+        workspace_id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| ChainHead {
+        sequence: u64::try_from(r.sequence).unwrap_or_default(),
+        digest: r.digest,
+    }))
+}
+
+/// Writes the statement of every ended Run still waiting for one, Workspace by Workspace;
+/// returns how many were written. Safe to run from many processes at once: a Workspace's
+/// chain another writer holds is left to it.
+pub async fn write_pending(pool: &sqlx::PgPool, signer: &Signer) -> Result<usize, StoreError> {
+    let workspaces = sqlx::query_scalar!(
+        r#"SELECT DISTINCT workspace_id as "workspace_id: WorkspaceId" FROM evidence_pending"#
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut written = 0;
+    let mut first_error = None;
+    for ws in workspaces {
+        loop {
+            match append(pool, ws, signer).await {
+                Ok(n) => {
+                    written += n;
+                    if n < usize::try_from(BATCH).unwrap_or_default() {
+                        break;
+                    }
+                }
+                // One Workspace's trouble does not hold up the others' chains.
+                Err(e) => {
+                    tracing::warn!(workspace = %ws, error = %e, "evidence statements not written");
+                    first_error.get_or_insert(e);
+                    break;
+                }
+            }
+        }
+    }
+    match first_error {
+        Some(e) if written == 0 => Err(e),
+        _ => Ok(written),
+    }
+}
+
+/// One transaction: locks the Workspace's head, appends up to [`BATCH`] statements in the
+/// order their Runs ended, advances the head.
+async fn append(
+    pool: &sqlx::PgPool,
+    workspace_id: WorkspaceId,
+    signer: &Signer,
+) -> Result<usize, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        "INSERT INTO evidence_heads (workspace_id) VALUES ($1) ON CONFLICT DO NOTHING",
+        workspace_id.as_uuid()
+    )
+    .execute(&mut *tx)
+    .await?;
+    let Some(head) = sqlx::query!(
+        "SELECT sequence, digest FROM evidence_heads WHERE workspace_id = $1 FOR UPDATE SKIP LOCKED",
+        workspace_id.as_uuid()
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        // Another writer is appending to this chain right now.
+        return Ok(0);
+    };
+    let (mut sequence, mut previous) = (head.sequence, head.digest);
+    let pending = sqlx::query_scalar!(
+        r#"SELECT run_id as "run_id: RunId" FROM evidence_pending
+            WHERE workspace_id = $1 ORDER BY id LIMIT $2"#,
+        workspace_id.as_uuid(),
+        BATCH
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut written = 0;
+    for run_id in pending {
+        if of_run(&mut *tx, run_id).await?.is_none() {
+            let link = ChainLink {
+                workspace_id: workspace_id.to_string(),
+                sequence: u64::try_from(sequence + 1).unwrap_or_default(),
+                previous: previous.clone(),
+            };
+            let statement = Statement::new(predicate(&mut tx, run_id, link).await?);
+            let bytes = statement
+                .to_canonical()
+                .map_err(|e| StoreError::Evidence(e.to_string()))?;
+            let digest = sha256_hex(&bytes);
+            let envelope = signer.sign(&bytes);
+            let text = String::from_utf8(bytes)
+                .map_err(|_| StoreError::Evidence("canonical JSON is not UTF-8".into()))?;
+            sqlx::query!(
+                r#"INSERT INTO evidence_statements
+                       (run_id, workspace_id, sequence, digest, previous_digest, statement, key_id, signature)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"#,
+                run_id.as_uuid(),
+                workspace_id.as_uuid(),
+                sequence + 1,
+                digest,
+                previous,
+                text,
+                signer.key_id(),
+                envelope.signatures[0].sig
+            )
+            .execute(&mut *tx)
+            .await?;
+            sequence += 1;
+            previous = Some(digest);
+            written += 1;
+        }
+        sqlx::query!(
+            "DELETE FROM evidence_pending WHERE run_id = $1",
+            run_id.as_uuid()
+        )
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query!(
+        "UPDATE evidence_heads SET sequence = $2, digest = $3 WHERE workspace_id = $1",
+        workspace_id.as_uuid(),
+        sequence,
+        previous
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(written)
+}
+
+fn rfc3339(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// SHA-256 of a JSON value's canonical form (the dry-run scan report).
+fn json_digest(v: &Value) -> Result<String, StoreError> {
+    canonical_value(v)
+        .map(|b| sha256_hex(&b))
+        .map_err(|e| StoreError::Evidence(e.to_string()))
+}
+
+fn versions(v: &Value) -> Option<RuleVersions> {
+    v.is_object().then(|| RuleVersions {
+        workspace: v["workspace"].as_i64(),
+        capsule: v["capsule"].as_i64(),
+    })
+}
+
+/// What the statement of an ended Run says, read in the writer's transaction. Only
+/// digests, names, ids, versions, counts, times and codes are read: never a message, a
+/// variable, a hold's details or a log.
+async fn predicate(
+    tx: &mut Tx,
+    run_id: RunId,
+    chain: ChainLink,
+) -> Result<RunEvidence, StoreError> {
+    let run = crate::runs::get(&mut **tx, run_id)
+        .await?
+        .ok_or(StoreError::NotFound("an ended Run"))?;
+    let extra = sqlx::query!(
+        r#"SELECT r.finished_at, r.scan_report, c.tool as "tool!"
+             FROM runs r JOIN capsules c ON c.id = r.capsule_id WHERE r.id = $1"#,
+        run_id.as_uuid()
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    // The plan this Run made or carried out: its scan report is the dry-run evidence.
+    let plan_run = match (run.kind, run.plan_run_id) {
+        (RunKind::Apply, Some(plan)) => Some(plan),
+        _ => None,
+    };
+    let (scan_run, scan_report) = match plan_run {
+        Some(plan) => (plan, crate::gates::scan_report(&mut **tx, plan).await?),
+        None => (run_id, extra.scan_report),
+    };
+    let dry_run_scan = match &scan_report {
+        Some(report) => Some(ScanRef {
+            run_id: scan_run.to_string(),
+            report_digest: json_digest(report)?,
+            clean: report["clean"].as_bool(),
+        }),
+        None => None,
+    };
+    let module_tree_digest = scan_report
+        .as_ref()
+        .and_then(|r| r["modulesDigest"].as_str())
+        .map(str::to_owned);
+    let plan_ref = match plan_run {
+        Some(plan) => {
+            let statement_digest = match of_run(&mut **tx, plan).await? {
+                Some(stmt) => stmt.digest,
+                // Not signed yet (the plan ended first, so this cannot last): try again.
+                None if is_pending(&mut **tx, plan).await? => {
+                    return Err(StoreError::Conflict(
+                        "an apply's plan Run's statement is not written yet",
+                    ));
+                }
+                // Gone from the database: the chain keeps growing, and verification names
+                // the missing plan statement at this apply.
+                None => String::new(),
+            };
+            Some(PlanRunRef {
+                run_id: plan.to_string(),
+                statement_digest,
+            })
+        }
+        None => None,
+    };
+    let state_version = match run.state_version_id {
+        Some(sv) => sqlx::query_scalar!(
+            "SELECT digest FROM state_versions WHERE id = $1",
+            sv.as_uuid()
+        )
+        .fetch_optional(&mut **tx)
+        .await?
+        .map(|digest| StateVersionRef {
+            id: sv.to_string(),
+            digest,
+        }),
+        None => None,
+    };
+    let approvals = sqlx::query!(
+        r#"SELECT approver_id, approver_role, plan_digest, created_at FROM approvals
+            WHERE run_id = $1 ORDER BY id"#,
+        run_id.as_uuid()
+    )
+    .fetch_all(&mut **tx)
+    .await?
+    .into_iter()
+    .map(|a| Approval {
+        approver: a.approver_id,
+        role: a.approver_role,
+        at: rfc3339(a.created_at),
+        plan_digest: a.plan_digest,
+    })
+    .collect();
+    // The gate's holds and releases. A plan's own gate step only records that its apply
+    // is gated ("recorded", possibly after the plan ended): not a decision on this Run.
+    let gate = sqlx::query!(
+        r#"SELECT kind, data, at FROM run_events
+            WHERE run_id = $1 AND kind IN ('gate_decision', 'held', 'released') ORDER BY id"#,
+        run_id.as_uuid()
+    )
+    .fetch_all(&mut **tx)
+    .await?
+    .into_iter()
+    .filter_map(|e| {
+        let decision = match e.kind.as_str() {
+            "gate_decision" => e.data["decision"].as_str()?.to_owned(),
+            other => other.to_owned(),
+        };
+        (decision != "recorded").then(|| GateDecision {
+            decision,
+            reason: e.data["reason"].as_str().map(str::to_owned),
+            rule_versions: versions(&e.data["ruleVersions"]),
+            rules: e.data["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.as_str().map(str::to_owned))
+                .collect(),
+            at: rfc3339(e.at),
+        })
+    })
+    .collect();
+    let ws_rules = crate::gates::current_rules(&mut **tx, run.workspace_id, None).await?;
+    let cap_rules =
+        crate::gates::current_rules(&mut **tx, run.workspace_id, Some(run.capsule_id)).await?;
+    let changes = run.changes().map(|c| ChangeCounts {
+        add: c.add,
+        change: c.change,
+        destroy: c.destroy,
+    });
+    let enum_name = |v: Value| v.as_str().unwrap_or_default().to_owned();
+    Ok(RunEvidence {
+        chain,
+        run_id: run.id.to_string(),
+        kind: enum_name(serde_json::json!(run.kind)),
+        capsule_id: run.capsule_id.to_string(),
+        run_group_id: run.run_group_id.map(|g| g.to_string()),
+        actor: Actor {
+            kind: enum_name(serde_json::json!(run.actor_kind)),
+            id: run.actor_id.clone(),
+        },
+        auto_apply_requested: run.auto_apply_requested,
+        result: RunResult {
+            status: run.status.as_str().to_owned(),
+            error_code: run.error_code.clone(),
+            canceled_by: run.canceled_by.clone(),
+        },
+        ended_at: rfc3339(extra.finished_at.unwrap_or(run.updated_at)),
+        plan_digest: run.plan_digest.clone(),
+        source: run.source_commit.as_ref().map(|commit| SourceRef {
+            commit: commit.clone(),
+            tree_digest: run.tree_digest.clone(),
+        }),
+        tool: ToolRef {
+            name: extra.tool,
+            version: run.tool_version.as_ref().and_then(|v| {
+                v["terraform_version"]
+                    .as_str()
+                    .or_else(|| v["version"].as_str())
+                    .map(str::to_owned)
+            }),
+        },
+        provider_lock: ProviderLock {
+            state: run.provider_lock_state.clone(),
+            digest: run.provider_lock_digest.clone(),
+        },
+        module_tree_digest,
+        dependency_snapshot: run.dependency_snapshot.clone(),
+        state_generation: run.state_generation,
+        changes,
+        drift: run.drift,
+        rules_in_force: RuleVersions {
+            workspace: ws_rules.map(|r| i64::from(r.version)),
+            capsule: cap_rules.map(|r| i64::from(r.version)),
+        },
+        gate,
+        dry_run_scan,
+        approvals,
+        sandbox: run.sandbox.clone(),
+        plan_run: plan_ref,
+        state_version,
+    })
+}
