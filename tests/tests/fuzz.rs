@@ -3,7 +3,7 @@
 //! headers (including bytes that are not UTF-8) and bodies (random JSON, valid bodies
 //! with one field replaced, raw bytes), against the real API and Postgres.
 //!
-//! 64 cases by default (CI); `TAKOSUMI_FUZZ_CASES=<n>` for more.
+//! 1,000 cases by default (CI), over every route of the API's route table; `TAKOSUMI_FUZZ_CASES=<n>` for more.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -385,7 +385,7 @@ fn fuzzed_requests_never_fail_on_our_side_nor_change_anything_when_refused() -> 
     let cases: u32 = std::env::var("TAKOSUMI_FUZZ_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(64);
+        .unwrap_or(1000);
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,

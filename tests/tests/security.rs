@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
+use takosumi_api::{Access, Action, Scope};
 use takosumi_client::{Capsule, NewCapsule, PlanRequest, Source};
 use takosumi_core::{Outcome, RunId, RunMessage, RunStatus};
 use takosumi_seal::Purpose;
-use takosumi_api::{Access, Action, Scope};
 use takosumi_tests::probe::{self, record};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
 
@@ -78,6 +78,8 @@ enum Need {
     Webhook,
     /// Any role in the Workspace.
     Read,
+    /// Any role, instance-wide: a Workspace-limited token too (it sees only its own).
+    InstanceRead,
     /// admin, operator.
     Operate,
     /// admin, operator, agent.
@@ -113,10 +115,10 @@ impl Who {
             return matches!(need, Need::Public);
         };
         if self.scoped {
-            return matches!(need, Need::Public);
+            return matches!(need, Need::Public | Need::InstanceRead);
         }
         match need {
-            Need::Public | Need::Read | Need::ApproveBatch => true,
+            Need::Public | Need::Read | Need::InstanceRead | Need::ApproveBatch => true,
             Need::Webhook => false,
             Need::Operate => matches!(role, "admin" | "operator"),
             Need::Submit => matches!(role, "admin" | "operator" | "agent"),
@@ -168,6 +170,7 @@ fn need_of(access: Access) -> Need {
         Access::Public => Need::Public,
         Access::WebhookSignature => Need::Webhook,
         Access::PoolToken => Need::PoolToken,
+        Access::Token(Action::Read, Scope::Instance) => Need::InstanceRead,
         Access::Token(Action::Read, _) => Need::Read,
         Access::Token(Action::Operate, _) => Need::Operate,
         Access::Token(Action::Submit, _) => Need::Submit,
@@ -377,233 +380,155 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         e(
             "POST",
             format!("/api/v1/webhooks/git?workspace={ws}"),
-            Some(r#"{"ref":"refs/heads/main"}"#)
+            Some(r#"{"ref":"refs/heads/main"}"#),
         ),
         e(
             "POST",
             "/api/v1/workspaces".into(),
-            Some(r#"{"name":"matrix-new"}"#)
+            Some(r#"{"name":"matrix-new"}"#),
         ),
-        e(
-            "GET",
-            "/api/v1/dead-letters".into(),
-            None
-        ),
+        e("GET", "/api/v1/dead-letters".into(), None),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/capsules"),
-            Some(&new_capsule)
+            Some(&new_capsule),
         ),
         e("GET", format!("/api/v1/capsules/{cap}"), None),
-        e(
-            "DELETE",
-            format!("/api/v1/capsules/{cap}"),
-            None
-        ),
-        e(
-            "POST",
-            format!("/api/v1/capsules/{cap}/plan"),
-            None
-        ),
+        e("DELETE", format!("/api/v1/capsules/{cap}"), None),
+        e("POST", format!("/api/v1/capsules/{cap}/plan"), None),
         e("GET", format!("/api/v1/runs/{planned}"), None),
-        e(
-            "GET",
-            format!("/api/v1/runs/{planned}/events"),
-            None
-        ),
-        e(
-            "GET",
-            format!("/api/v1/runs/{planned}/logs"),
-            None
-        ),
-        e(
-            "GET",
-            format!("/api/v1/runs/{planned}/cost"),
-            None
-        ),
-        e(
-            "POST",
-            format!("/api/v1/runs/{planned}/apply"),
-            None
-        ),
-        e(
-            "POST",
-            format!("/api/v1/runs/{held}/approve"),
-            None
-        ),
-        e(
-            "POST",
-            format!("/api/v1/runs/{queued}/cancel"),
-            None
-        ),
+        e("GET", format!("/api/v1/runs/{planned}/events"), None),
+        e("GET", format!("/api/v1/runs/{planned}/logs"), None),
+        e("GET", format!("/api/v1/runs/{planned}/cost"), None),
+        e("POST", format!("/api/v1/runs/{planned}/apply"), None),
+        e("POST", format!("/api/v1/runs/{held}/approve"), None),
+        e("POST", format!("/api/v1/runs/{queued}/cancel"), None),
         e(
             "POST",
             format!("/api/v1/runs/{planned}/resolve"),
-            Some(r#"{"action":"mark_resolved","note":"checked"}"#)
+            Some(r#"{"action":"mark_resolved","note":"checked"}"#),
         ),
-        e(
-            "GET",
-            format!("/api/v1/workspaces/{ws}/runs"),
-            None
-        ),
-        e(
-            "GET",
-            format!("/api/v1/workspaces/{ws}/activity"),
-            None
-        ),
-        e(
-            "PUT",
-            format!("/api/v1/workspaces/{ws}/rules"),
-            Some("{}")
-        ),
-        e(
-            "GET",
-            format!("/api/v1/workspaces/{ws}/rules"),
-            None
-        ),
-        e(
-            "PUT",
-            format!("/api/v1/capsules/{cap}/rules"),
-            Some("{}")
-        ),
-        e(
-            "GET",
-            format!("/api/v1/capsules/{cap}/rules"),
-            None
-        ),
+        e("GET", format!("/api/v1/workspaces/{ws}/runs"), None),
+        e("GET", format!("/api/v1/workspaces/{ws}/activity"), None),
+        e("PUT", format!("/api/v1/workspaces/{ws}/rules"), Some("{}")),
+        e("GET", format!("/api/v1/workspaces/{ws}/rules"), None),
+        e("PUT", format!("/api/v1/capsules/{cap}/rules"), Some("{}")),
+        e("GET", format!("/api/v1/capsules/{cap}/rules"), None),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/provider-bindings"),
-            Some(r#"{"name":"other","kind":"env","env":{"OTHER_TOKEN":"v"}}"#)
+            Some(r#"{"name":"other","kind":"env","env":{"OTHER_TOKEN":"v"}}"#),
         ),
         e(
             "GET",
             format!("/api/v1/workspaces/{ws}/provider-bindings"),
-            None
+            None,
         ),
         e(
             "POST",
             format!("/api/v1/capsules/{cap}/provider-bindings"),
-            Some(&attach_body)
+            Some(&attach_body),
         ),
         e(
             "GET",
             format!("/api/v1/capsules/{cap}/provider-bindings"),
-            None
+            None,
         ),
         e(
             "DELETE",
             format!("/api/v1/capsules/{cap}/provider-bindings/{pb}"),
-            None
+            None,
         ),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/webhook-secret"),
-            None
+            None,
         ),
         e(
             "PATCH",
             format!("/api/v1/capsules/{cap}/settings"),
-            Some("{}")
+            Some("{}"),
         ),
         e(
             "PATCH",
             format!("/api/v1/workspaces/{ws}/settings"),
-            Some("{}")
+            Some("{}"),
         ),
-        e(
-            "POST",
-            format!("/api/v1/capsules/{cap}/drift-check"),
-            None
-        ),
-        e(
-            "POST",
-            format!("/api/v1/workspaces/{ws}/drift-check"),
-            None
-        ),
-        e(
-            "GET",
-            format!("/api/v1/workspaces/{ws}/drift"),
-            None
-        ),
-        e(
-            "GET",
-            format!("/api/v1/workspaces/{ws}/capsules"),
-            None
-        ),
-        e(
-            "POST",
-            format!("/api/v1/workspaces/{ws}/plan-update"),
-            None
-        ),
-        e(
-            "GET",
-            format!("/api/v1/run-groups/{group}"),
-            None
-        ),
-        e(
-            "POST",
-            format!("/api/v1/run-groups/{group}/approve"),
-            None
-        ),
-        e(
-            "POST",
-            format!("/api/v1/run-groups/{group}/apply"),
-            None
-        ),
+        e("POST", format!("/api/v1/capsules/{cap}/drift-check"), None),
+        e("POST", format!("/api/v1/workspaces/{ws}/drift-check"), None),
+        e("GET", format!("/api/v1/workspaces/{ws}/drift"), None),
+        e("GET", format!("/api/v1/workspaces/{ws}/capsules"), None),
+        e("POST", format!("/api/v1/workspaces/{ws}/plan-update"), None),
+        e("GET", format!("/api/v1/run-groups/{group}"), None),
+        e("POST", format!("/api/v1/run-groups/{group}/approve"), None),
+        e("POST", format!("/api/v1/run-groups/{group}/apply"), None),
         e(
             "POST",
             format!("/api/v1/workspaces/{ws}/pools"),
-            Some(r#"{"name":"matrix-pool-2"}"#)
+            Some(r#"{"name":"matrix-pool-2"}"#),
         ),
         e(
             "POST",
             "/api/v1/pools/matrix-pool/delivery-key".into(),
             Some(
                 r#"{"keyId":"matrix-k1","publicKey":"AQIDBAUGBwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyA="}"#,
-            )
+            ),
         ),
         e(
             "PUT",
             format!("/api/v1/capsules/{cap}/pool"),
-            Some(r#"{"pool":null}"#)
+            Some(r#"{"pool":null}"#),
         ),
         e("POST", "/api/v1/relay/claim".into(), None),
         e(
             "POST",
             format!("/api/v1/relay/runs/{planned}/progress"),
-            Some("{}")
+            Some("{}"),
         ),
         e(
             "POST",
             format!("/api/v1/relay/runs/{planned}/fail"),
-            Some(r#"{"code":"plan_failed","message":"x"}"#)
+            Some(r#"{"code":"plan_failed","message":"x"}"#),
         ),
         e(
             "POST",
             format!("/api/v1/relay/runs/{planned}/scanned"),
-            Some(r#"{"scanReport":{"findings":[],"unreadable":[],"modulesRead":[]}}"#)
+            Some(r#"{"scanReport":{"findings":[],"unreadable":[],"modulesRead":[]}}"#),
         ),
         e(
             "POST",
             format!("/api/v1/relay/runs/{planned}/one-step"),
             Some(
                 r#"{"commit":"a","treeDigest":"b","toolVersion":{},"providerLockDigest":null,"injectedEnvNames":[]}"#,
-            )
+            ),
         ),
         // Signed evidence (issue 20): read like the Run and Workspace records; the public
         // keys are public, a verifier must be able to fetch them from anywhere.
-        e(
-            "GET",
-            format!("/api/v1/runs/{planned}/evidence"),
-            None
-        ),
-        e(
-            "GET",
-            format!("/api/v1/workspaces/{ws}/evidence"),
-            None
-        ),
+        e("GET", format!("/api/v1/runs/{planned}/evidence"), None),
+        e("GET", format!("/api/v1/workspaces/{ws}/evidence"), None),
         e("GET", "/api/v1/evidence/keys".into(), None),
+        e("GET", "/api/v1/workspaces".into(), None),
+        e("POST", format!("/api/v1/capsules/{cap}/apply"), Some("{}")),
+        e(
+            "PUT",
+            format!("/api/v1/relay/runs/{planned}/plan-file"),
+            Some("not a plan"),
+        ),
+        e(
+            "POST",
+            format!("/api/v1/relay/runs/{planned}/planned"),
+            Some("{}"),
+        ),
+        e(
+            "POST",
+            format!("/api/v1/relay/runs/{planned}/applied"),
+            Some("{}"),
+        ),
+        e(
+            "POST",
+            format!("/api/v1/relay/runs/{planned}/canceled"),
+            Some("{}"),
+        ),
     ];
     // What each endpoint requires comes from the API's own route table (default-deny: a
     // route cannot be mounted without it); a route with no fixture here fails the test.
@@ -620,18 +545,21 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
             body,
         });
     }
-    for route in &table {
-        let covered = endpoints
-            .iter()
-            .filter(|e| e.method == route.method.as_str() && e.template == route.path)
-            .count();
-        assert!(
-            covered == 1,
-            "{} {} has {covered} fixtures in the role matrix (each route needs exactly one)",
-            route.method,
-            route.path
-        );
-    }
+    let uncovered: Vec<String> = table
+        .iter()
+        .filter(|route| {
+            endpoints
+                .iter()
+                .filter(|e| e.method == route.method.as_str() && e.template == route.path)
+                .count()
+                != 1
+        })
+        .map(|route| format!("{} {}", route.method, route.path))
+        .collect();
+    assert!(
+        uncovered.is_empty(),
+        "routes without exactly one fixture in the role matrix: {uncovered:?}"
+    );
 
     // Refusals first: each leaves every row and column as it was.
     let mut tried = 0usize;
@@ -678,7 +606,10 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
                 // re-attach (as admin) before each detach
                 let attach = endpoints
                     .iter()
-                    .find(|e| e.method == "POST" && e.template == "/api/v1/capsules/{cap}/provider-bindings")
+                    .find(|e| {
+                        e.method == "POST"
+                            && e.template == "/api/v1/capsules/{cap}/provider-bindings"
+                    })
                     .expect("the attach fixture");
                 send(&stack, &who[6], attach).await?;
             }
