@@ -258,6 +258,25 @@ fn to_error(class: Class, fault: ObjectFault) -> ObjectError {
     }
 }
 
+/// A conditional write's answer: written, or refused because the key exists (412, or 409
+/// from servers that report a conflicting concurrent write).
+fn created_unless_exists<T, E>(
+    operation: &'static str,
+    sent: Result<T, SdkError<E, HttpResponse>>,
+) -> Result<PutOutcome, ObjectError>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    match sent {
+        Ok(_) => Ok(PutOutcome::Created),
+        Err(err) => match classify(operation, &err) {
+            (Class::Precondition, _) => Ok(PutOutcome::AlreadyExists),
+            (_, fault) if fault.status == Some(409) => Ok(PutOutcome::AlreadyExists),
+            (class, fault) => Err(to_error(class, fault)),
+        },
+    }
+}
+
 fn sdk_error<E>(operation: &'static str, err: &SdkError<E, HttpResponse>) -> ObjectError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
@@ -431,14 +450,7 @@ impl ObjectStore {
                 .body(ByteStream::from(body.clone()))
                 .send()
                 .await;
-            match sent {
-                Ok(_) => Ok(PutOutcome::Created),
-                Err(err) => match classify("PutObject", &err) {
-                    (Class::Precondition, _) => Ok(PutOutcome::AlreadyExists),
-                    (_, fault) if fault.status == Some(409) => Ok(PutOutcome::AlreadyExists),
-                    (class, fault) => Err(to_error(class, fault)),
-                },
-            }
+            created_unless_exists("PutObject", sent)
         })
         .await
     }
@@ -565,14 +577,7 @@ impl ObjectStore {
                 .if_none_match("*")
                 .send()
                 .await;
-            match sent {
-                Ok(_) => Ok(PutOutcome::Created),
-                Err(err) => match classify("CompleteMultipartUpload", &err) {
-                    (Class::Precondition, _) => Ok(PutOutcome::AlreadyExists),
-                    (_, fault) if fault.status == Some(409) => Ok(PutOutcome::AlreadyExists),
-                    (class, fault) => Err(to_error(class, fault)),
-                },
-            }
+            created_unless_exists("CompleteMultipartUpload", sent)
         })
         .await
     }
