@@ -582,6 +582,33 @@ impl ObjectStore {
         .await
     }
 
+    /// Starts reading the object under `key`: its body and announced size, refused when it
+    /// announces more than `max_size` (the readers also count what arrives).
+    async fn open_capped(
+        &self,
+        key: &str,
+        max_size: u64,
+    ) -> Result<(ByteStream, Option<u64>), ObjectError> {
+        let output = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|err| sdk_error("GetObject", &err))?;
+        let announced = output.content_length().map(i64_to_u64);
+        if let Some(size) = announced
+            && size > max_size
+        {
+            return Err(ObjectError::TooLarge {
+                size,
+                limit: max_size,
+            });
+        }
+        Ok((output.body, announced))
+    }
+
     /// Downloads the object under `key` into a new file at `path` (mode 0600), refusing
     /// objects larger than `max_size`; memory stays bounded whatever its size. A retried
     /// download starts the file over. Returns the bytes written.
@@ -592,23 +619,7 @@ impl ObjectStore {
         max_size: u64,
     ) -> Result<u64, ObjectError> {
         with_retries(self.backoff, "GetObject", || async {
-            let output = self
-                .client
-                .get_object()
-                .bucket(&self.bucket)
-                .key(key)
-                .send()
-                .await
-                .map_err(|err| sdk_error("GetObject", &err))?;
-            let announced = output.content_length().map(i64_to_u64);
-            if let Some(size) = announced
-                && size > max_size
-            {
-                return Err(ObjectError::TooLarge {
-                    size,
-                    limit: max_size,
-                });
-            }
+            let (body, announced) = self.open_capped(key, max_size).await?;
             let write_err =
                 |e: std::io::Error| local("GetObject", "writing the downloaded file", &e);
             let mut file = tokio::fs::OpenOptions::new()
@@ -619,7 +630,7 @@ impl ObjectStore {
                 .open(path)
                 .await
                 .map_err(write_err)?;
-            let mut body = output.body;
+            let mut body = body;
             let mut total = 0u64;
             loop {
                 match body.try_next().await {
@@ -691,24 +702,8 @@ impl ObjectStore {
                 });
             }
 
-            let output = self
-                .client
-                .get_object()
-                .bucket(&self.bucket)
-                .key(key)
-                .send()
-                .await
-                .map_err(|err| sdk_error("GetObject", &err))?;
-            let announced = output.content_length().map(i64_to_u64);
-            if let Some(size) = announced
-                && size > max_size
-            {
-                return Err(ObjectError::TooLarge {
-                    size,
-                    limit: max_size,
-                });
-            }
-            read_capped(output.body, announced, max_size).await
+            let (body, announced) = self.open_capped(key, max_size).await?;
+            read_capped(body, announced, max_size).await
         })
         .await
     }
