@@ -1222,3 +1222,263 @@ async fn a_drift_check_plans_with_the_applied_plans_variables() -> anyhow::Resul
     assert_eq!(after.drift, Some(false), "{after:?}");
     Ok(())
 }
+
+/// Delivers `body` to the Workspace's webhook with `headers` (signature included).
+async fn deliver(
+    stack: &Stack,
+    ws: WorkspaceId,
+    headers: &[(&str, String)],
+    body: &Value,
+) -> anyhow::Result<(u16, Value)> {
+    let mut req = reqwest::Client::new()
+        .post(format!(
+            "{}/api/v1/webhooks/git?workspace={ws}",
+            stack.api_url
+        ))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body)?);
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    Ok((status, resp.json().await.unwrap_or(Value::Null)))
+}
+
+/// What a delivery can change, counted: Runs, activity lines, and the Capsule's last
+/// update (a stale mark moves it).
+async fn effects(stack: &Stack, cap: &Capsule) -> anyhow::Result<(i64, i64, String)> {
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    let activity: i64 = sqlx::query_scalar("SELECT count(*) FROM activity")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    let updated: String = sqlx::query_scalar("SELECT updated_at::text FROM capsules WHERE id = $1")
+        .bind(cap.id.as_uuid())
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    Ok((runs, activity, updated))
+}
+
+/// A webhook delivery id is processed once: a signed push replayed with the same
+/// `X-GitHub-Delivery` (sequentially, or four copies at once) answers 200 `duplicate` and
+/// adds no Run, no activity line and no stale mark; the same payload under a new id is a
+/// new delivery and processed again. GitLab's `X-Gitlab-Event-UUID` and `Idempotency-Key`
+/// (kept across GitLab's retries, preferred over the event UUID) likewise, and a pull
+/// request's speculative plan is not started twice. A delivery naming no id is processed
+/// every time. Ids older than the retention are pruned by a later delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replayed_delivery_changes_nothing() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("null")?;
+    let ws = workspace(&stack).await?;
+    let cap = capsule(
+        &stack,
+        ws,
+        "nulls",
+        &repo.url(),
+        "main",
+        "infra/null",
+        json!({}),
+    )
+    .await?;
+    // Automatic update: every processed push starts a Run, the effect a replay must not repeat.
+    let (s, b) = stack
+        .call(
+            "PATCH",
+            &format!("/api/v1/capsules/{}/settings", cap.id),
+            json!({ "autoUpdate": true }),
+        )
+        .await?;
+    assert_eq!(s, 200, "{b}");
+    let (_, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/webhook-secret"),
+            json!({}),
+        )
+        .await?;
+    let secret = b["secret"].as_str().unwrap().to_owned();
+    let commit = repo.commit(&[("README.md", "push")], "push")?;
+    let event = json!({ "ref": "refs/heads/main", "after": commit, "repository": { "clone_url": repo.url() } });
+    let github = |id: &str| {
+        vec![
+            ("x-github-event", "push".to_owned()),
+            (
+                "x-hub-signature-256",
+                sign(&secret, &serde_json::to_vec(&event).unwrap()),
+            ),
+            ("x-github-delivery", id.to_owned()),
+        ]
+    };
+
+    let baseline = effects(&stack, &cap).await?;
+    let (s, b) = deliver(&stack, ws, &github("gh-1"), &event).await?;
+    assert_eq!(s, 202, "{b}");
+    assert_eq!(
+        b["autoUpdatePlans"].as_array().map(Vec::len),
+        Some(1),
+        "{b}"
+    );
+    let once = effects(&stack, &cap).await?;
+    let (s, b) = deliver(&stack, ws, &github("gh-1"), &event).await?;
+    assert_eq!((s, &b["duplicate"]), (200, &json!(true)), "{b}");
+    assert_eq!(
+        effects(&stack, &cap).await?,
+        once,
+        "a replayed push changed something"
+    );
+
+    // Four copies of one new delivery at once: exactly one is processed.
+    let copies = futures::future::join_all((0..4).map(|_| {
+        let headers = github("gh-race");
+        let (stack, event) = (&stack, &event);
+        async move { deliver(stack, ws, &headers, event).await }
+    }))
+    .await;
+    let mut statuses: Vec<u16> = Vec::new();
+    for c in copies {
+        statuses.push(c?.0);
+    }
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        vec![200, 200, 200, 202],
+        "concurrent copies of one delivery"
+    );
+    let (runs, activity, _) = effects(&stack, &cap).await?;
+    let per_push = (once.0 - baseline.0, once.1 - baseline.1);
+    assert_eq!(
+        (runs, activity),
+        (once.0 + per_push.0, once.1 + per_push.1),
+        "the race processed it once"
+    );
+
+    // The same payload under a new id is a new delivery.
+    let (s, b) = deliver(&stack, ws, &github("gh-2"), &event).await?;
+    assert_eq!(s, 202, "{b}");
+    assert_eq!(effects(&stack, &cap).await?.0, once.0 + 2);
+
+    // GitLab: the token is the credential, the event UUID or the idempotency key the id.
+    let gl_event = json!({ "ref": "refs/heads/main", "checkout_sha": commit, "project": { "git_http_url": repo.url() } });
+    let gitlab = |extra: &[(&'static str, &str)]| {
+        let mut h = vec![
+            ("x-gitlab-event", "Push Hook".to_owned()),
+            ("x-gitlab-token", secret.clone()),
+        ];
+        h.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        h
+    };
+    let before = effects(&stack, &cap).await?;
+    let (s, b) = deliver(
+        &stack,
+        ws,
+        &gitlab(&[("x-gitlab-event-uuid", "gl-1")]),
+        &gl_event,
+    )
+    .await?;
+    assert_eq!(s, 202, "{b}");
+    let (s, b) = deliver(
+        &stack,
+        ws,
+        &gitlab(&[("x-gitlab-event-uuid", "gl-1")]),
+        &gl_event,
+    )
+    .await?;
+    assert_eq!((s, &b["duplicate"]), (200, &json!(true)), "{b}");
+    // A GitLab retry keeps its Idempotency-Key, whatever event UUID it carries.
+    let (s, b) = deliver(
+        &stack,
+        ws,
+        &gitlab(&[
+            ("idempotency-key", "key-1"),
+            ("x-gitlab-event-uuid", "gl-2"),
+        ]),
+        &gl_event,
+    )
+    .await?;
+    assert_eq!(s, 202, "{b}");
+    let (s, b) = deliver(
+        &stack,
+        ws,
+        &gitlab(&[
+            ("idempotency-key", "key-1"),
+            ("x-gitlab-event-uuid", "gl-3"),
+        ]),
+        &gl_event,
+    )
+    .await?;
+    assert_eq!((s, &b["duplicate"]), (200, &json!(true)), "{b}");
+    assert_eq!(
+        effects(&stack, &cap).await?.0,
+        before.0 + 2,
+        "GitLab replays started Runs"
+    );
+
+    // A pull request replayed does not start its speculative plan twice.
+    let pr = json!({
+        "action": "opened",
+        "pull_request": { "base": { "ref": "main" }, "head": { "ref": "feature", "sha": commit } },
+        "repository": { "clone_url": repo.url() }
+    });
+    let pr_headers = vec![
+        ("x-github-event", "pull_request".to_owned()),
+        (
+            "x-hub-signature-256",
+            sign(&secret, &serde_json::to_vec(&pr)?),
+        ),
+        ("x-github-delivery", "gh-pr".to_owned()),
+    ];
+    let (s, b) = deliver(&stack, ws, &pr_headers, &pr).await?;
+    assert_eq!(s, 202, "{b}");
+    let with_pr = effects(&stack, &cap).await?;
+    let (s, b) = deliver(&stack, ws, &pr_headers, &pr).await?;
+    assert_eq!((s, &b["duplicate"]), (200, &json!(true)), "{b}");
+    assert_eq!(
+        effects(&stack, &cap).await?,
+        with_pr,
+        "a replayed pull request changed something"
+    );
+
+    // No id: processed each time.
+    let no_id: Vec<_> = github("unused").into_iter().take(2).collect();
+    let before = effects(&stack, &cap).await?.0;
+    for _ in 0..2 {
+        let (s, b) = deliver(&stack, ws, &no_id, &event).await?;
+        assert_eq!(s, 202, "{b}");
+    }
+    assert_eq!(effects(&stack, &cap).await?.0, before + 2);
+
+    // A malformed id is refused and changes nothing.
+    let before = effects(&stack, &cap).await?;
+    let (s, b) = deliver(&stack, ws, &github(&"x".repeat(300)), &event).await?;
+    assert_eq!(
+        (s, b["code"].as_str()),
+        (400, Some("invalid_delivery_id")),
+        "{b}"
+    );
+    assert_eq!(effects(&stack, &cap).await?, before);
+
+    // Pruning: an id past the retention goes with the next delivery; a recent one stays.
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (workspace_id, delivery_id, received_at)
+         VALUES ($1, 'github:old', now() - interval '8 days'), ($1, 'github:recent', now() - interval '6 days')",
+    )
+    .bind(ws.as_uuid())
+    .execute(&stack.ctx.pool)
+    .await?;
+    let (s, b) = deliver(&stack, ws, &github("gh-3"), &event).await?;
+    assert_eq!(s, 202, "{b}");
+    let kept: Vec<String> = sqlx::query_scalar(
+        "SELECT delivery_id FROM webhook_deliveries WHERE delivery_id IN ('github:old', 'github:recent')",
+    )
+    .fetch_all(&stack.ctx.pool)
+    .await?;
+    assert_eq!(kept, vec!["github:recent".to_owned()]);
+    stack.stop().await
+}

@@ -3,6 +3,11 @@
 //! plan that can never be applied), drift checks of a Capsule or a whole Workspace, and
 //! RunGroups (plan-update, approve and apply a group at once, each Run's record kept).
 //! Detection never starts an apply.
+//!
+//! A webhook delivery is processed once: its id (see [`delivery_id`]) is recorded per
+//! Workspace in the transaction that carries its effect, and a replay of a signed delivery
+//! answers `200 {"duplicate": true}` and changes nothing (no stale mark, activity line or
+//! Run). A delivery that names no id is processed each time it arrives.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -298,6 +303,61 @@ fn verify(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> bool {
     false
 }
 
+/// The delivery's id, namespaced by sender: GitHub's `X-GitHub-Delivery` (kept when a
+/// person redelivers), else GitLab's `Idempotency-Key` (GitLab 17.4 and later; kept across
+/// its retries) or `X-Gitlab-Event-UUID`. `None` when the sender names none: such a
+/// delivery is still processed, every time it arrives (its effects are idempotent marks
+/// and activity lines, plus an automatic-update or speculative plan per delivery), so a
+/// sender that can replay should send an id. An id that is empty, longer than 256 bytes or
+/// not visible ASCII is refused (400) rather than guessed at.
+fn delivery_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let gitlab = headers.contains_key("x-gitlab-token") || headers.contains_key("x-gitlab-event");
+    let named = if let Some(v) = headers.get("x-github-delivery") {
+        Some(("github", v))
+    } else if gitlab {
+        headers
+            .get("idempotency-key")
+            .or_else(|| headers.get("x-gitlab-event-uuid"))
+            .map(|v| ("gitlab", v))
+    } else {
+        None
+    };
+    let Some((sender, value)) = named else {
+        return Ok(None);
+    };
+    let id = value.to_str().unwrap_or_default().trim();
+    if id.is_empty() || id.len() > 256 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::client(
+            StatusCode::BAD_REQUEST,
+            "invalid_delivery_id",
+            "the delivery id header must be 1 to 256 visible ASCII characters",
+        ));
+    }
+    Ok(Some(format!("{sender}:{id}")))
+}
+
+/// Claims the delivery id in the transaction that carries the delivery's effect; the
+/// answer to give instead when it was processed before (the caller then drops the
+/// transaction, so nothing of the replay is written).
+async fn replayed(
+    tx: &mut Tx,
+    ws: WorkspaceId,
+    event: &str,
+    delivery: Option<&str>,
+) -> Result<Option<(StatusCode, Json<Value>)>, ApiError> {
+    let Some(id) = delivery else {
+        return Ok(None);
+    };
+    if detection::record_delivery(tx, ws, id).await? {
+        return Ok(None);
+    }
+    tracing::info!(workspace = %ws, delivery = id, event, "git webhook replayed: ignored");
+    Ok(Some((
+        StatusCode::OK,
+        Json(json!({ "event": event, "duplicate": true, "deliveryId": id })),
+    )))
+}
+
 fn normalize_repo(url: &str) -> String {
     let u = url.trim().trim_end_matches('/');
     let u = u.strip_suffix(".git").unwrap_or(u);
@@ -357,6 +417,7 @@ async fn git_webhook(
         audit_bad_signature(&raw_ws);
         return Err(unauthorized());
     }
+    let delivery = delivery_id(&headers)?;
     let payload: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid_json(format!("the event is not JSON: {e}")))?;
     let event = headers
@@ -367,8 +428,10 @@ async fn git_webhook(
         .to_ascii_lowercase();
     match event.as_str() {
         "ping" => Ok((StatusCode::OK, Json(json!({ "event": "ping" })))),
-        "push" | "push hook" => push(&st, ws, &payload).await,
-        "pull_request" | "merge request hook" => pull_request(&st, ws, &payload).await,
+        "push" | "push hook" => push(&st, ws, &payload, delivery.as_deref()).await,
+        "pull_request" | "merge request hook" => {
+            pull_request(&st, ws, &payload, delivery.as_deref()).await
+        }
         other => Ok((
             StatusCode::ACCEPTED,
             Json(json!({ "event": other, "ignored": true })),
@@ -380,6 +443,7 @@ async fn push(
     st: &AppState,
     ws: WorkspaceId,
     payload: &Value,
+    delivery: Option<&str>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let git_ref = payload["ref"].as_str().unwrap_or_default();
     let Some(branch) = git_ref.strip_prefix("refs/heads/") else {
@@ -406,6 +470,9 @@ async fn push(
         .collect();
     let ids: Vec<CapsuleId> = targets.iter().map(|t| t.id).collect();
     let mut tx = st.pool.begin().await?;
+    if let Some(duplicate) = replayed(&mut tx, ws, "push", delivery).await? {
+        return Ok(duplicate);
+    }
     detection::mark_stale(&mut tx, &ids, commit).await?;
     activity::append(
         &mut *tx,
@@ -454,6 +521,7 @@ async fn pull_request(
     st: &AppState,
     ws: WorkspaceId,
     payload: &Value,
+    delivery: Option<&str>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let pr = if payload["pull_request"].is_object() {
         &payload["pull_request"]
@@ -499,6 +567,9 @@ async fn pull_request(
         .filter(|t| urls.contains(&normalize_repo(&t.repo)))
         .collect();
     let mut tx = st.pool.begin().await?;
+    if let Some(duplicate) = replayed(&mut tx, ws, "pull_request", delivery).await? {
+        return Ok(duplicate);
+    }
     let mut started = Vec::new();
     for t in &targets {
         let Some(capsule) = capsules::get(&mut *tx, t.id).await? else {

@@ -36,6 +36,46 @@ pub async fn webhook_secret(
     Ok(row.and_then(|r| r.webhook_secret_sealed))
 }
 
+/// How long a webhook delivery id is remembered: a replay within this window changes
+/// nothing. GitHub lets a person redeliver a delivery of the last three days and GitLab
+/// retries within hours, so a week covers both with room to spare.
+pub const DELIVERY_RETENTION_DAYS: i32 = 7;
+
+/// Records that `ws` processed the delivery `delivery_id`, in the transaction that carries
+/// the delivery's effect; `false` when the id was recorded before (a replay: the caller
+/// rolls back and answers that it was a duplicate). A concurrent delivery of the same id
+/// waits on the first one's transaction and then finds it, or inserts if it rolled back.
+/// Also prunes up to 100 ids older than [`DELIVERY_RETENTION_DAYS`] (any Workspace's; rows
+/// another transaction is pruning are skipped, never waited for), so the table stays
+/// about a week of deliveries without a timer.
+pub async fn record_delivery(
+    tx: &mut Tx,
+    ws: WorkspaceId,
+    delivery_id: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "INSERT INTO webhook_deliveries (workspace_id, delivery_id) VALUES ($1, $2)
+         ON CONFLICT (workspace_id, delivery_id) DO NOTHING",
+        ws.as_uuid(),
+        delivery_id
+    )
+    .execute(&mut **tx)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Ok(false);
+    }
+    sqlx::query!(
+        "DELETE FROM webhook_deliveries WHERE (workspace_id, delivery_id) IN (
+             SELECT workspace_id, delivery_id FROM webhook_deliveries
+              WHERE received_at < now() - make_interval(days => $1)
+              ORDER BY received_at LIMIT 100 FOR UPDATE SKIP LOCKED)",
+        DELIVERY_RETENTION_DAYS
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(true)
+}
+
 /// A Capsule a push may concern.
 #[derive(Debug, Clone)]
 pub struct PushTarget {
