@@ -47,6 +47,35 @@ pub struct ObjectStoreConfig {
     pub secret_key: Secret<String>,
     /// The bucket every operation works in.
     pub bucket: String,
+    /// How long one request may take.
+    pub timeouts: ObjectTimeouts,
+}
+
+/// How long one storage request may take before it counts as a transient failure (and is
+/// retried with backoff, at most 4 more times). The SDK's own retries are off, so a request
+/// is one attempt: `attempt` bounds sending it and reading the answer's head, `operation`
+/// the whole call (signing and endpoint resolution included). A server that accepts the
+/// connection and never answers therefore fails an operation within about
+/// 5 × `attempt` plus the backoff (under 20 s), never hangs a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectTimeouts {
+    /// Opening the TCP (and TLS) connection.
+    pub connect: Duration,
+    /// One attempt of a request.
+    pub attempt: Duration,
+    /// One call of the SDK.
+    pub operation: Duration,
+}
+
+impl Default for ObjectTimeouts {
+    /// 5 s to connect; 2 min per attempt (an 8 MiB part over a slow link), 150 s per call.
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(5),
+            attempt: Duration::from_secs(120),
+            operation: Duration::from_secs(150),
+        }
+    }
 }
 
 /// Part size of a multipart upload ([`ObjectStore::put_file_if_absent`]); a file up to
@@ -348,9 +377,9 @@ impl fmt::Debug for ObjectStore {
 
 impl ObjectStore {
     /// Builds a client for `cfg`: static credentials, the given region and endpoint,
-    /// path-style addressing, SDK-level retries off (this crate retries), a 5 s connect
-    /// timeout and a 2 min timeout per attempt. Reads no environment variables or profile
-    /// files and makes no request.
+    /// path-style addressing, SDK-level retries off (this crate retries), and the
+    /// connect, attempt and operation timeouts of [`ObjectStoreConfig::timeouts`]. Reads no
+    /// environment variables or profile files and makes no request.
     pub async fn connect(cfg: &ObjectStoreConfig) -> Self {
         let credentials = Credentials::new(
             cfg.access_key.clone(),
@@ -360,8 +389,9 @@ impl ObjectStore {
             "takosumi-static",
         );
         let timeouts = TimeoutConfig::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .operation_attempt_timeout(Duration::from_secs(120))
+            .connect_timeout(cfg.timeouts.connect)
+            .operation_attempt_timeout(cfg.timeouts.attempt)
+            .operation_timeout(cfg.timeouts.operation)
             .build();
         let mut builder = aws_sdk_s3::Config::builder()
             .behavior_version(BehaviorVersion::latest())
@@ -848,6 +878,7 @@ mod tests {
             access_key: "AKIDTEST".to_owned(),
             secret_key: Secret::new(CANARY.to_owned()),
             bucket: "takosumi-test".to_owned(),
+            timeouts: ObjectTimeouts::default(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
 use takosumi_core::Secret;
-use takosumi_objects::{ObjectError, ObjectStore, ObjectStoreConfig, PutOutcome};
+use takosumi_objects::{ObjectError, ObjectStore, ObjectStoreConfig, ObjectTimeouts, PutOutcome};
 
 fn random_hex() -> String {
     let mut h = RandomState::new().build_hasher();
@@ -34,6 +34,7 @@ async fn store(test: &str) -> Option<ObjectStore> {
         access_key: std::env::var("TAKOSUMI_S3_ACCESS_KEY").unwrap_or_default(),
         secret_key: Secret::new(std::env::var("TAKOSUMI_S3_SECRET_KEY").unwrap_or_default()),
         bucket: format!("t-objects-{}", random_hex()),
+        timeouts: ObjectTimeouts::default(),
     };
     let store = ObjectStore::connect(&cfg).await;
     store.ensure_bucket().await.expect("create bucket");
@@ -150,6 +151,7 @@ async fn wrong_secret_is_denied() {
         access_key: std::env::var("TAKOSUMI_S3_ACCESS_KEY").unwrap_or_default(),
         secret_key: Secret::new(canary.to_owned()),
         bucket: format!("t-objects-{}", random_hex()),
+        timeouts: ObjectTimeouts::default(),
     };
     let s = ObjectStore::connect(&cfg).await;
     let err = s.put("k", b"x".to_vec()).await.unwrap_err();

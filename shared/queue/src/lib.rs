@@ -17,7 +17,7 @@ pub use relay::{relay_once, run_relay};
 pub use topology::Topology;
 
 mod bus;
-pub use bus::Bus;
+pub use bus::{Bus, CONNECT_TIMEOUT, WAIT_TIMEOUT};
 
 mod dead;
 pub use dead::{DeadLetter, DeadQueue};

@@ -55,7 +55,9 @@ impl Ctx {
     /// Connects everything the settings name. Migrations run here so that any process can
     /// start first on a new database.
     pub async fn connect(settings: &Settings, name: &str) -> Result<Self, RuntimeError> {
-        let pool = takosumi_store::connect(settings.database_url.expose(), 10).await?;
+        let pool =
+            takosumi_store::connect_with(settings.database_url.expose(), 10, settings.pg_timeouts)
+                .await?;
         takosumi_store::migrate(&pool).await?;
         let bus = Arc::new(Bus::new(
             settings.amqp_url.expose().clone(),
@@ -68,6 +70,7 @@ impl Ctx {
             access_key: settings.s3_access_key.clone(),
             secret_key: settings.s3_secret_key.clone(),
             bucket: settings.s3_bucket.clone(),
+            timeouts: settings.s3_timeouts,
         })
         .await;
         objects.ensure_bucket().await?;

@@ -73,6 +73,15 @@ pub struct Settings {
     /// `TAKOSUMI_EVIDENCE_PREVIOUS_KEYS`: rotated-out public keys, `id:base64,…`, still
     /// published so the statements they signed stay verifiable.
     pub evidence_previous_keys: Vec<takosumi_evidence::PublicKey>,
+    /// `TAKOSUMI_PG_STATEMENT_TIMEOUT_MS` (default 30000), `TAKOSUMI_PG_LOCK_TIMEOUT_MS`
+    /// (default 5000) and `TAKOSUMI_PG_ACQUIRE_TIMEOUT_MS` (default 10000): how long the
+    /// database may keep a caller waiting (see [`takosumi_store::PgTimeouts`]; 0 turns the
+    /// statement or lock timeout off).
+    pub pg_timeouts: takosumi_store::PgTimeouts,
+    /// `TAKOSUMI_S3_CONNECT_TIMEOUT_MS` (default 5000), `TAKOSUMI_S3_ATTEMPT_TIMEOUT_MS`
+    /// (default 120000) and `TAKOSUMI_S3_OPERATION_TIMEOUT_MS` (default 150000): how long
+    /// one storage request may take (see [`takosumi_objects::ObjectTimeouts`]).
+    pub s3_timeouts: takosumi_objects::ObjectTimeouts,
 }
 
 impl Settings {
@@ -142,6 +151,35 @@ impl Settings {
             .unwrap_or(2000)
             .max(50);
         let stuck_queued_secs = number("TAKOSUMI_STUCK_QUEUED_SECS", 60).max(1);
+        let mut millis = |k: &str, default: std::time::Duration, min_ms: u64| {
+            let ms = u64::try_from(number(k, i64::try_from(default.as_millis()).unwrap_or(0)))
+                .unwrap_or(0);
+            std::time::Duration::from_millis(if ms == 0 { 0 } else { ms.max(min_ms) })
+        };
+        let pg_default = takosumi_store::PgTimeouts::default();
+        let pg_timeouts = takosumi_store::PgTimeouts {
+            statement: millis(
+                "TAKOSUMI_PG_STATEMENT_TIMEOUT_MS",
+                pg_default.statement,
+                100,
+            ),
+            lock: millis("TAKOSUMI_PG_LOCK_TIMEOUT_MS", pg_default.lock, 100),
+            acquire: millis("TAKOSUMI_PG_ACQUIRE_TIMEOUT_MS", pg_default.acquire, 100)
+                .max(std::time::Duration::from_millis(100)),
+        };
+        let s3_default = takosumi_objects::ObjectTimeouts::default();
+        let s3_timeouts = takosumi_objects::ObjectTimeouts {
+            connect: millis("TAKOSUMI_S3_CONNECT_TIMEOUT_MS", s3_default.connect, 100)
+                .max(std::time::Duration::from_millis(100)),
+            attempt: millis("TAKOSUMI_S3_ATTEMPT_TIMEOUT_MS", s3_default.attempt, 100)
+                .max(std::time::Duration::from_millis(100)),
+            operation: millis(
+                "TAKOSUMI_S3_OPERATION_TIMEOUT_MS",
+                s3_default.operation,
+                100,
+            )
+            .max(std::time::Duration::from_millis(100)),
+        };
         let allow_file_repos = match get("TAKOSUMI_ALLOW_FILE_REPOS").as_deref() {
             None | Some("false") => false,
             Some("true") => true,
@@ -194,6 +232,8 @@ impl Settings {
             evidence_key,
             evidence_key_id,
             evidence_previous_keys,
+            pg_timeouts,
+            s3_timeouts,
         })
     }
 
@@ -284,6 +324,39 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("short"), "{text}");
+    }
+
+    #[test]
+    fn dependency_timeouts_have_defaults_and_can_be_set() {
+        let s = Settings::from_map(&full()).unwrap();
+        assert_eq!(s.pg_timeouts, takosumi_store::PgTimeouts::default());
+        assert_eq!(s.pg_timeouts.statement, std::time::Duration::from_secs(30));
+        assert_eq!(s.pg_timeouts.lock, std::time::Duration::from_secs(5));
+        assert_eq!(s.s3_timeouts, takosumi_objects::ObjectTimeouts::default());
+        let mut m = full();
+        m.insert("TAKOSUMI_PG_STATEMENT_TIMEOUT_MS".into(), "1500".into());
+        m.insert("TAKOSUMI_PG_LOCK_TIMEOUT_MS".into(), "0".into());
+        m.insert("TAKOSUMI_PG_ACQUIRE_TIMEOUT_MS".into(), "2000".into());
+        m.insert("TAKOSUMI_S3_ATTEMPT_TIMEOUT_MS".into(), "700".into());
+        let s = Settings::from_map(&m).unwrap();
+        assert_eq!(
+            s.pg_timeouts.statement,
+            std::time::Duration::from_millis(1500)
+        );
+        assert_eq!(
+            s.pg_timeouts.lock,
+            std::time::Duration::ZERO,
+            "0 turns it off"
+        );
+        assert_eq!(s.pg_timeouts.acquire, std::time::Duration::from_secs(2));
+        assert_eq!(s.s3_timeouts.attempt, std::time::Duration::from_millis(700));
+        m.insert("TAKOSUMI_PG_LOCK_TIMEOUT_MS".into(), "soon".into());
+        assert!(
+            Settings::from_map(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("TAKOSUMI_PG_LOCK_TIMEOUT_MS")
+        );
     }
 
     #[test]

@@ -25,7 +25,10 @@ pub mod tokens;
 pub mod unrecorded;
 pub mod workspaces;
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 pub use sqlx::{PgPool as Pool, Postgres};
 
@@ -71,7 +74,14 @@ impl StoreError {
                     .as_database_error()
                     .and_then(|d| d.code())
                     .is_some_and(|c| {
-                        c.starts_with("08") || c.starts_with("57P") || c == "40001" || c == "40P01"
+                        c.starts_with("08")
+                            || c.starts_with("57P")
+                            || c == "40001"
+                            || c == "40P01"
+                            // statement_timeout (or a cancel) and lock_timeout: the
+                            // database was slow or busy, not the request wrong.
+                            || c == "57014"
+                            || c == "55P03"
                     })
             }
             _ => false,
@@ -84,18 +94,86 @@ impl StoreError {
     }
 }
 
-/// Connects a pool.
+/// How long the database may keep a caller waiting. Every connection of a pool starts with
+/// `statement_timeout` and `lock_timeout` set (Postgres enforces them: a slow statement or a
+/// lock wait ends with SQLSTATE 57014 / 55P03, which [`StoreError::retryable`] counts as
+/// transient), and taking a connection from the pool — which pings an idle one first, or
+/// opens a new one — gives up after `acquire` (`PoolTimedOut`, transient too). A server
+/// that stops answering altogether (a paused process, a dead host whose TCP connections
+/// stay open) cannot enforce its own timeouts: a statement already sent to it waits until it
+/// answers again, but every new piece of work fails within `acquire`, because the ping of
+/// the idle connection or the opening of a new one does not finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgTimeouts {
+    /// `statement_timeout` of every session (`TAKOSUMI_PG_STATEMENT_TIMEOUT_MS`).
+    pub statement: Duration,
+    /// `lock_timeout` of every session (`TAKOSUMI_PG_LOCK_TIMEOUT_MS`).
+    pub lock: Duration,
+    /// Longest wait for a pooled connection (`TAKOSUMI_PG_ACQUIRE_TIMEOUT_MS`).
+    pub acquire: Duration,
+}
+
+impl Default for PgTimeouts {
+    /// 30 s per statement (nothing Takosumi runs takes a second; a migration runs without
+    /// it), 5 s per lock wait (row locks are held for one short transaction), 10 s to get a
+    /// connection.
+    fn default() -> Self {
+        Self {
+            statement: Duration::from_secs(30),
+            lock: Duration::from_secs(5),
+            acquire: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Connects a pool with the default [`PgTimeouts`].
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+    connect_with(url, max_connections, PgTimeouts::default()).await
+}
+
+/// Connects a pool whose sessions start with `timeouts` (see [`PgTimeouts`]). A timeout of
+/// zero turns that one off, as in Postgres.
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    timeouts: PgTimeouts,
+) -> Result<PgPool, StoreError> {
+    let options = PgConnectOptions::from_str(url)?.options([
+        ("statement_timeout", millis(timeouts.statement)),
+        ("lock_timeout", millis(timeouts.lock)),
+    ]);
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect(url)
+        .acquire_timeout(timeouts.acquire)
+        // The default, said aloud: an idle connection is pinged before it is handed out, so
+        // a server that stopped answering fails the acquire (bounded) rather than the
+        // statement after it (unbounded).
+        .test_before_acquire(true)
+        .connect_with(options)
         .await?)
 }
 
-/// Applies pending migrations.
+fn millis(d: Duration) -> String {
+    d.as_millis().to_string()
+}
+
+/// Applies pending migrations, through a one-connection pool of its own without the
+/// pool's statement and lock timeouts: a migration may rewrite a large table, and waits
+/// for another process's migration lock (`pg_advisory_lock`) for as long as that one
+/// migrates.
 pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-    MIGRATOR.run(pool).await?;
+    // Later `-c` options override earlier ones: this pool's sessions have no timeouts.
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("statement_timeout", "0"), ("lock_timeout", "0")]);
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .connect_with(options)
+        .await?;
+    let ran = MIGRATOR.run(&own).await;
+    own.close().await;
+    ran?;
     Ok(())
 }
 
