@@ -36,11 +36,16 @@ pub async fn row_counts(pool: &takosumi_store::Pool) -> anyhow::Result<BTreeMap<
 /// outbox row as published.
 const VOLATILE: [&str; 2] = ["sent_at", "publish_attempts"];
 
-/// Tables the evidence writer changes on its own, after a Run ended (issue 20): a request
-/// that ended a Run moments before another one is checked would otherwise look as if the
-/// second had changed them. Only that writer writes them.
-const WRITTEN_IN_BACKGROUND: [&str; 3] =
-    ["evidence_pending", "evidence_statements", "evidence_heads"];
+/// Tables written on their own, not by the request being checked: the evidence writer's,
+/// after a Run ended (issue 20: a request that ended a Run moments before another one is
+/// checked would otherwise look as if the second had changed them), and the dead-letter
+/// collector's, whenever a step dead-letters a message (issue 15). Only those write them.
+const WRITTEN_IN_BACKGROUND: [&str; 4] = [
+    "evidence_pending",
+    "evidence_statements",
+    "evidence_heads",
+    "dead_letters",
+];
 
 /// A digest of every row of every table (`row_to_json`, in a stable order, less the
 /// [`VOLATILE`] columns), for "nothing changed" checks that also catch an UPDATE.

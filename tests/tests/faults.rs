@@ -448,8 +448,10 @@ async fn sigterm_finishes_the_run_in_flight_and_exits_cleanly() -> anyhow::Resul
 /// The promise: a message no step can process is never silently dropped. A body that is
 /// not JSON, JSON that is not a Run message, and a message naming a Run that does not
 /// exist each land in `run.plan.dead`, with the reason where a step gave one, and
-/// operators see them through `GET /api/v1/dead-letters` and `takosumi dead-letters`;
-/// looking does not remove them, and only admins may look. Nothing else changes.
+/// operators see them through `GET /api/v1/dead-letters` and `takosumi dead-letters`
+/// (collected from the broker into Postgres, so looking is read-only and never takes a
+/// message and hands it back); looking does not remove them, and only admins may look.
+/// Nothing else changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn poison_messages_are_dead_lettered_and_visible() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
@@ -605,8 +607,18 @@ async fn poison_messages_are_dead_lettered_and_visible() -> anyhow::Result<()> {
     assert_eq!(r.json["code"], "invalid_query");
 
     // No Run, event or outbox row came of any of it (beyond the workspace and tokens).
+    // The dead letters themselves are the collector's rows, and viewing them twice (and
+    // the CLI) left exactly those: nothing taken from the broker and handed back.
     let mut after = probe::row_counts(&stack.ctx.pool).await?;
-    for t in ["workspaces", "api_tokens", "activity"] {
+    assert_eq!(after["dead_letters"], 4, "{after:?}");
+    let uncollected: u32 = broker
+        .dead_letter_depths()
+        .await?
+        .iter()
+        .map(|q| q.depth)
+        .sum();
+    assert_eq!(uncollected, 0, "left in the broker");
+    for t in ["workspaces", "api_tokens", "activity", "dead_letters"] {
         after.insert(t.to_owned(), before[t]);
     }
     assert_eq!(after, before);
@@ -615,6 +627,219 @@ async fn poison_messages_are_dead_lettered_and_visible() -> anyhow::Result<()> {
         "poison messages dead-lettered and shown",
         poison.len() + 1,
     );
+    stack.stop().await
+}
+
+/// Waits until the dead-letter listing shows `total` stored dead letters.
+async fn dead_letters_total(stack: &Stack, total: u64) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = probe::call(
+            stack,
+            "GET",
+            "/api/v1/dead-letters",
+            Some(&stack.admin_token),
+            &[],
+            None,
+        )
+        .await?;
+        assert_eq!(r.status, 200, "{}", r.text);
+        if r.json["total"].as_u64() == Some(total) {
+            return Ok(r.json);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "dead letters never reached {total}: {}",
+            r.text
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The promise: operators can put dead letters back to work and clear them, and neither
+/// action loses or duplicates anything. A Run whose wake-up a step gave up on (dead-lettered
+/// with its reason) is requeued by `POST /api/v1/dead-letters/requeue`: its wake-up goes
+/// back onto `run.plan` (through the outbox) and the Run plans; a poison body is left in
+/// place (no step could ever process it) and named, and `takosumi dead-letters purge`
+/// deletes it. A requeue or purge that selects nothing is refused, not read as "all".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn operators_requeue_and_purge_dead_letters() -> anyhow::Result<()> {
+    let stack = Stack::start_on(
+        Options {
+            steps: Steps::API_ONLY,
+            ..Options::default()
+        },
+        &takosumi_tests::Endpoints {
+            // No reaper wake-ups behind the test's back: only the requeue may wake the Run.
+            settings: vec![("TAKOSUMI_STUCK_QUEUED_SECS".into(), "3600".into())],
+            ..Default::default()
+        },
+    )
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let capsule = register(&stack, &repo, json!({ "region": "eu" })).await?;
+    let run = stack.client.plan(capsule.id, None).await?.id;
+    let broker = stack.ctx.bus.get().await?;
+    let ch = broker.channel().await?;
+    // The step takes the wake-up and gives up on it, as the consume loop does after its
+    // retries: the message goes to run.plan.dead with the reason.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let wake_up = loop {
+        if let Some(got) = ch
+            .basic_get(
+                Topic::Plan.queue_name().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await?
+        {
+            break got.delivery.data;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the plan's wake-up never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    broker
+        .publish_dead(
+            Topic::Plan.queue_name(),
+            &wake_up,
+            "gave up after 5 retries (test)",
+        )
+        .await?;
+    broker
+        .publish_dead(
+            Topic::Plan.queue_name(),
+            b"not a run message",
+            "poison (test)",
+        )
+        .await?;
+    let listing = dead_letters_total(&stack, 2).await?;
+    let plan_dead = listing["queues"]
+        .as_array()
+        .and_then(|qs| qs.iter().find(|q| q["queue"] == "run.plan"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(plan_dead["uncollected"], 0, "{listing}");
+    let messages = plan_dead["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let wake = messages
+        .iter()
+        .find(|m| m["runId"] == run.to_string())
+        .unwrap_or_else(|| panic!("the Run's dead letter: {listing}"));
+    assert_eq!(wake["error"], "gave up after 5 retries (test)");
+    let poison_id = messages
+        .iter()
+        .find(|m| m["body"] == "not a run message")
+        .and_then(|m| m["id"].as_i64())
+        .unwrap_or_else(|| panic!("the poison dead letter: {listing}"));
+
+    for (body, code) in [
+        (json!({}), "no_selection"),
+        (json!({ "queue": "run.nowhere" }), "unknown_queue"),
+        (
+            json!({ "all": true, "queue": "run.plan" }),
+            "invalid_selection",
+        ),
+        (json!({ "ids": [] }), "invalid_ids"),
+    ] {
+        for action in ["requeue", "purge"] {
+            let (s, b) = stack
+                .call(
+                    "POST",
+                    &format!("/api/v1/dead-letters/{action}"),
+                    body.clone(),
+                )
+                .await?;
+            assert_eq!(
+                (s, b["code"].as_str()),
+                (422, Some(code)),
+                "{action} {body}: {b}"
+            );
+        }
+    }
+    assert_eq!(dead_letters_total(&stack, 2).await?["total"], 2);
+
+    let (s, b) = stack
+        .call(
+            "POST",
+            "/api/v1/dead-letters/requeue",
+            json!({ "queue": "run.plan" }),
+        )
+        .await?;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["requeued"].as_array().map(Vec::len), Some(1), "{b}");
+    assert_eq!(b["requeued"][0]["runId"], run.to_string(), "{b}");
+    assert_eq!(b["skipped"][0]["id"], poison_id, "{b}");
+    assert_eq!(b["remaining"], 0, "{b}");
+    dead_letters_total(&stack, 1).await?;
+
+    // The wake-up is back on run.plan (published by the relay), and the Run plans from it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let again = loop {
+        if let Some(got) = ch
+            .basic_get(
+                Topic::Plan.queue_name().into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await?
+        {
+            break got.delivery.data;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the requeued wake-up never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let msg = RunMessage::from_bytes(&again)?;
+    assert_eq!(msg.run_id, run);
+    takosumi_plan::handle(&stack.ctx, msg).await?;
+    assert_eq!(stack.client.get_run(run).await?.status, RunStatus::Planned);
+    let depth = broker
+        .dead_letter_depths()
+        .await?
+        .iter()
+        .map(|q| q.depth)
+        .sum::<u32>();
+    assert_eq!(depth, 0);
+
+    // The CLI purges the poison body; a second requeue finds nothing to move.
+    let cli = |args: &[&str]| {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let (url, token) = (stack.api_url.clone(), stack.admin_token.clone());
+        async move {
+            let out = tokio::process::Command::new(takosumi_tests::binary("takosumi")?)
+                .env_clear()
+                .env("TAKOSUMI_DEPLOY_CONTROL_URL", url)
+                .env("TAKOSUMI_DEPLOY_CONTROL_TOKEN", token)
+                .args(&args)
+                .stdin(Stdio::null())
+                .output()
+                .await?;
+            anyhow::Ok((
+                out.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            ))
+        }
+    };
+    let (ok, text) = cli(&["dead-letters", "purge"]).await?;
+    assert!(!ok, "a purge without a selection: {text}");
+    let (ok, text) = cli(&["dead-letters", "requeue", "--all"]).await?;
+    assert!(ok && text.contains("requeued 0"), "{text}");
+    assert!(text.contains("left in place 1"), "{text}");
+    let id = poison_id.to_string();
+    let (ok, text) = cli(&["dead-letters", "purge", "--id", &id]).await?;
+    assert!(ok && text.contains("purged 1"), "{text}");
+    let (ok, text) = cli(&["dead-letters"]).await?;
+    assert!(ok && text.contains("dead letters: 0"), "{text}");
+    record("faults", "dead letters requeued and purged by operators", 2);
     stack.stop().await
 }
 

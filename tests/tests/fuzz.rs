@@ -204,6 +204,9 @@ impl Fixture {
             "/api/v1/workspaces/{ws}/pools" => json!({ "name": "fuzz-pool" }),
             "/api/v1/capsules/{cap}/pool" => json!({ "pool": null }),
             "/api/v1/relay/runs/{run}/fail" => json!({ "code": "plan_failed", "message": "m" }),
+            "/api/v1/dead-letters/requeue" | "/api/v1/dead-letters/purge" => {
+                json!({ "queue": "run.plan" })
+            }
             _ => json!({}),
         }
     }

@@ -390,6 +390,16 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         e("GET", "/api/v1/dead-letters".into(), None),
         e(
             "POST",
+            "/api/v1/dead-letters/requeue".into(),
+            Some(r#"{"queue":"run.plan"}"#),
+        ),
+        e(
+            "POST",
+            "/api/v1/dead-letters/purge".into(),
+            Some(r#"{"queue":"run.plan"}"#),
+        ),
+        e(
+            "POST",
             format!("/api/v1/workspaces/{ws}/capsules"),
             Some(&new_capsule),
         ),

@@ -2,7 +2,7 @@
 //! writes rows together with their outbox wake-ups in one transaction; it never runs the
 //! tool, never reads sealed objects, and never shows an object key. The outbox relay and
 //! the lease reaper run beside it, and so does the evidence writer, which signs each ended
-//! Run's statement (issue 20).
+//! Run's statement (issue 20), and the dead-letter collector (issue 15).
 
 mod access;
 mod auth;
@@ -108,6 +108,12 @@ pub async fn serve(
         settings.stuck_queued_secs,
         background.clone(),
     ));
+    // Moves dead letters out of the broker into Postgres, where operators read them.
+    let dead_letters = tokio::spawn(takosumi_queue::run_dead_letter_collector(
+        ctx.pool.clone(),
+        ctx.bus.clone(),
+        background.clone(),
+    ));
     let evidence_writer = tokio::spawn(evidence::run_writer(
         ctx.pool.clone(),
         signer,
@@ -139,6 +145,7 @@ pub async fn serve(
     let _ = relay.await;
     let _ = reaper.await;
     let _ = evidence_writer.await;
+    let _ = dead_letters.await;
     ctx.bus.close().await;
     Ok(())
 }

@@ -33,7 +33,10 @@ mod records;
 pub use bindings::{
     NewProviderBinding, PlanRequest, ProviderBinding, ProviderBindingId, UsedBinding,
 };
-pub use dead_letters::{DeadLetter, DeadLetters, DeadQueue};
+pub use dead_letters::{
+    DeadLetter, DeadLetterSelection, DeadLetters, DeadQueue, PurgeResult, RequeueResult,
+    RequeuedLetter, SkippedLetter,
+};
 pub use pools::{CreatedPool, DeliveryKey, Pool};
 pub use records::{ActivityEntry, ActivityPage, Cost, RunPage, RunQuery};
 pub use takosumi_core::cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};

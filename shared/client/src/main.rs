@@ -263,12 +263,15 @@ enum Command {
         #[arg(long)]
         cursor: Option<String>,
     },
-    /// Show what the steps could not process: each dead-letter queue's depth and its
-    /// first messages, left in place (admin tokens).
+    /// Show what the steps could not process: each step queue's dead letters and their
+    /// first messages (viewing changes nothing); `requeue` puts them back onto their work
+    /// queue, `purge` deletes them (admin tokens).
     DeadLetters {
         /// Messages shown per queue (at most 50; default 10).
         #[arg(long)]
         limit: Option<u16>,
+        #[command(subcommand)]
+        action: Option<dead_letters_cli::DeadLetterAction>,
     },
     /// Resolve an unknown_outcome apply (admin tokens): record that it was inspected, or
     /// also give the Capsule its state (the held one, or one pulled from the provider side).
@@ -1053,7 +1056,14 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
             };
             records_cli::resolve(client, run, &note, how, json).await
         }
-        Command::DeadLetters { limit } => dead_letters_cli::dead_letters(client, limit, json).await,
+        Command::DeadLetters {
+            limit,
+            action: None,
+        } => dead_letters_cli::dead_letters(client, limit, json).await,
+        Command::DeadLetters {
+            action: Some(action),
+            ..
+        } => dead_letters_cli::act(client, action, json).await,
         Command::Pool { command } => pools_cli::pool(client, command, json).await,
         Command::Evidence { command } => evidence_cli::evidence(client, command, json).await,
         Command::Verify(args) => evidence_cli::verify_online(client, &args, json).await,

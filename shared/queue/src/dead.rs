@@ -1,118 +1,188 @@
-//! Reading the dead-letter queues for operators, over AMQP itself.
+//! Dead letters: the collector that moves them out of the broker into Postgres, and the
+//! read-only depth of what it has not collected yet.
 //!
-//! Why AMQP and not the management HTTP API or a table: the management plugin is an
-//! optional broker add-on that production brokers often do not expose, and a table
-//! written by the consume loop would miss what the broker dead-letters on its own (a body
-//! rejected as unparseable, a delivery over `x-delivery-limit`). Reading the queue is the
-//! one view that cannot disagree with what is really there. A peek takes messages with
-//! `basic.get` without acking and hands every one back (`basic.nack` with requeue) before
-//! it returns: nothing is removed, and no step consumes a dead-letter queue, so holding
-//! them for a moment disturbs nothing.
+//! Why move them instead of peeking at the queue: AMQP 0-9-1 has no read-only look at a
+//! queue. Every way of seeing a message (`basic.get`, a consumer, the management API's "get
+//! messages", whose `ack_requeue_true` is the same get-and-requeue) takes it and hands it
+//! back, and handing back is not neutral: on a quorum queue each return counts as a
+//! delivery (RabbitMQ before 4.3), RabbitMQ 4.0 gives every quorum queue a default delivery
+//! limit of 20, and our dead-letter queues have no dead-letter exchange of their own — the
+//! 20th look would drop the message. Returned messages can also come back in another order,
+//! and two operators looking at once each see part of the queue. A stream queue is
+//! read-only to read, but its entries cannot be removed one by one (no requeue or purge of a
+//! single message), and the existing queues' type cannot change in place.
+//!
+//! So the collector consumes every step queue's dead-letter queue and stores each message in
+//! `dead_letters` — committed before the message is acked, so a crash in between keeps the
+//! message in the broker (it may then be stored twice; a wake-up requeued twice is harmless,
+//! the second finds the claim taken or the step done). While an insert fails (Postgres
+//! away) the message is held, unacked, and the insert retried; it goes back to the queue
+//! only when the collector's channel closes. What operators see is a `SELECT`; requeue and
+//! purge are transactions on those rows (`takosumi_store::dead_letters`). The only thing
+//! still read from the broker is each dead-letter queue's depth (a passive declare, which
+//! changes nothing): messages not collected yet, e.g. while no API runs.
 
-use lapin::options::{BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use futures::StreamExt;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
+use takosumi_core::RunMessage;
+use takosumi_store::dead_letters::{self, NewDeadLetter};
+use tokio_util::sync::CancellationToken;
 
-use crate::{Broker, QueueError, Topology};
+use crate::{Broker, Bus, QueueError, Topology};
 
-/// The largest body shown of a dead letter (they are wake-ups of a few dozen bytes; a
-/// foreign body can be anything).
-const MAX_BODY_CHARS: usize = 2000;
+/// Messages a collector holds unacked at once.
+const PREFETCH: u16 = 50;
 
-/// One step queue's dead letters.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeadQueue {
+/// A step queue's dead-letter queue and the messages waiting in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadQueueDepth {
     /// The step queue (`run.plan`).
     pub queue: String,
     /// Its dead-letter queue (`run.plan.dead`).
     pub dead_letter_queue: String,
-    /// Messages waiting in the dead-letter queue.
+    /// Messages waiting in it, not yet collected.
     pub depth: u32,
-    /// The first few of them, oldest first, left in place.
-    pub messages: Vec<DeadLetter>,
-}
-
-/// A message that a step could not process.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeadLetter {
-    /// The body as text (lossy UTF-8, cut at 2000 characters).
-    pub body: String,
-    /// Whether the body was cut.
-    pub truncated: bool,
-    /// Why the step gave up, when a step dead-lettered it (`x-takosumi-error`).
-    pub error: Option<String>,
-    /// Why the broker dead-lettered it (`rejected`, `delivery_limit`, …), from `x-death`.
-    pub broker_reason: Option<String>,
-    /// The publisher's message id (the outbox row id), if any.
-    pub message_id: Option<String>,
 }
 
 impl Broker {
-    /// Depth and the first `limit` messages of every step queue's dead-letter queue.
-    pub async fn peek_dead_letters(&self, limit: u16) -> Result<Vec<DeadQueue>, QueueError> {
+    /// How many messages wait in each step queue's dead-letter queue (a passive declare
+    /// per queue: nothing is taken, returned or reordered).
+    pub async fn dead_letter_depths(&self) -> Result<Vec<DeadQueueDepth>, QueueError> {
         let mut out = Vec::new();
         for queue in &self.topology().queues {
-            out.push(self.peek_dead_queue(queue, limit).await?);
+            let dead = Topology::dead_queue_name(queue);
+            // A channel per queue: a failed passive declare closes its channel.
+            let ch = self.channel().await?;
+            let declared = ch
+                .queue_declare(
+                    dead.clone().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            let _ = ch.close(200, "depth read".into()).await;
+            out.push(DeadQueueDepth {
+                queue: queue.clone(),
+                dead_letter_queue: dead,
+                depth: declared.message_count(),
+            });
         }
         Ok(out)
     }
+}
 
-    async fn peek_dead_queue(&self, queue: &str, limit: u16) -> Result<DeadQueue, QueueError> {
-        let dead = Topology::dead_queue_name(queue);
-        // A channel per queue: a failed passive declare closes its channel.
-        let ch = self.channel().await?;
-        let declared = ch
-            .queue_declare(
-                dead.clone().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        let depth = declared.message_count();
-        let mut messages = Vec::new();
-        let mut last_tag = None;
-        while messages.len() < usize::from(limit)
-            && u32::try_from(messages.len()).unwrap_or(u32::MAX) < depth
-        {
-            let Some(got) = ch
-                .basic_get(dead.clone().into(), BasicGetOptions { no_ack: false })
-                .await?
-            else {
-                break;
-            };
-            let d = got.delivery;
-            last_tag = Some(d.delivery_tag);
-            messages.push(describe(&d.data, &d.properties));
+/// Collects dead letters into Postgres until `shutdown` (reconnecting with backoff when the
+/// broker goes away). Any number may run: each message goes to one of them.
+pub async fn run_dead_letter_collector(
+    pool: takosumi_store::Pool,
+    bus: Arc<Bus>,
+    shutdown: CancellationToken,
+) {
+    let backoff = || {
+        ExponentialBuilder::default()
+            .with_jitter()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(10))
+            .without_max_times()
+            .build()
+    };
+    let mut delays = backoff();
+    while !shutdown.is_cancelled() {
+        let started = tokio::time::Instant::now();
+        match collect(&pool, &bus, &shutdown).await {
+            Ok(()) => break,
+            Err(e) => {
+                if started.elapsed() > Duration::from_secs(10) {
+                    delays = backoff();
+                }
+                let delay = delays.next().unwrap_or(Duration::from_secs(10));
+                tracing::warn!(error = %e, ?delay, "dead-letter collector stopped; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
         }
-        if let Some(tag) = last_tag {
-            ch.basic_nack(
-                tag,
-                BasicNackOptions {
-                    multiple: true,
-                    requeue: true,
-                },
-            )
-            .await?;
-        }
-        // Closing also returns anything still unacked.
-        let _ = ch.close(200, "peeked".into()).await;
-        Ok(DeadQueue {
-            queue: queue.to_owned(),
-            dead_letter_queue: dead,
-            depth,
-            messages,
-        })
     }
 }
 
-fn describe(data: &[u8], props: &lapin::BasicProperties) -> DeadLetter {
-    let text = String::from_utf8_lossy(data);
-    let truncated = text.chars().count() > MAX_BODY_CHARS;
-    let body: String = text.chars().take(MAX_BODY_CHARS).collect();
+/// One session: consume every dead-letter queue on one channel until `shutdown` (`Ok`) or
+/// the connection fails (`Err`).
+async fn collect(
+    pool: &takosumi_store::Pool,
+    bus: &Bus,
+    shutdown: &CancellationToken,
+) -> Result<(), QueueError> {
+    let broker = bus.get().await?;
+    let ch = broker.channel().await?;
+    ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
+    let mut consumers = Vec::new();
+    for queue in &broker.topology().queues {
+        let dead = Topology::dead_queue_name(queue);
+        let consumer = ch
+            .basic_consume(
+                dead.clone().into(),
+                format!("collector-{dead}-{}", std::process::id()).into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let queue = queue.clone();
+        consumers.push(consumer.map(move |d| (queue.clone(), d)).boxed());
+    }
+    let mut all = futures::stream::select_all(consumers);
+    let result = loop {
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            next = all.next() => next,
+        };
+        let (queue, delivery) = match next {
+            None => {
+                break Err(QueueError::Refused(
+                    "the dead-letter consumers were canceled by the broker".into(),
+                ));
+            }
+            Some((_, Err(e))) => break Err(e.into()),
+            Some((queue, Ok(d))) => (queue, d),
+        };
+        let letter = describe(&queue, &delivery.data, &delivery.properties);
+        let store = || dead_letters::insert(pool, &letter);
+        let stored = store
+            .retry(
+                ExponentialBuilder::default()
+                    .with_jitter()
+                    .with_min_delay(Duration::from_millis(200))
+                    .with_max_delay(Duration::from_secs(10))
+                    .without_max_times(),
+            )
+            .sleep(tokio::time::sleep)
+            .when(|e: &takosumi_store::StoreError| e.retryable() && !shutdown.is_cancelled())
+            .notify(|e, delay| {
+                tracing::warn!(%queue, error = %e, ?delay, "could not store a dead letter; holding it and retrying");
+            })
+            .await;
+        match stored {
+            Ok(id) => {
+                tracing::warn!(%queue, dead_letter = id, reason = ?letter.error.as_ref().or(letter.broker_reason.as_ref()), "dead letter collected");
+                delivery.acker.ack(BasicAckOptions::default()).await?;
+            }
+            // Not acked: it goes back to its queue when the channel closes below.
+            Err(e) => break Err(e.into()),
+        }
+    };
+    let _ = ch.close(200, "collector stopped".into()).await;
+    result
+}
+
+fn describe(queue: &str, data: &[u8], props: &lapin::BasicProperties) -> NewDeadLetter {
     let headers = props.headers().as_ref().map(|h| h.inner().clone());
     let header_text = |name: &str| -> Option<String> {
         headers.as_ref().and_then(|h| h.get(name)).and_then(text_of)
@@ -128,9 +198,10 @@ fn describe(data: &[u8], props: &lapin::BasicProperties) -> DeadLetter {
             AMQPValue::FieldTable(t) => t.inner().get("reason").and_then(text_of),
             _ => None,
         });
-    DeadLetter {
-        body,
-        truncated,
+    NewDeadLetter {
+        queue: queue.to_owned(),
+        body: data.to_vec(),
+        run_id: RunMessage::from_bytes(data).ok().map(|m| m.run_id),
         error: header_text("x-takosumi-error"),
         broker_reason,
         message_id: props.message_id().as_ref().map(|m| m.to_string()),

@@ -8,6 +8,7 @@ pub mod activity;
 pub mod apply_modes;
 pub mod bindings;
 pub mod capsules;
+pub mod dead_letters;
 pub mod detection;
 pub mod dry_runs;
 pub mod events;
