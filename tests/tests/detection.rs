@@ -1480,5 +1480,6 @@ async fn a_replayed_delivery_changes_nothing() -> anyhow::Result<()> {
     .fetch_all(&stack.ctx.pool)
     .await?;
     assert_eq!(kept, vec!["github:recent".to_owned()]);
+    takosumi_tests::probe::record("detection", "webhook replays that changed nothing", 7);
     stack.stop().await
 }

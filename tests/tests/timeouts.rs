@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use takosumi_client::{NewCapsule, Source};
 use takosumi_core::{RunMessage, RunStatus, Secret};
+use takosumi_tests::probe::record;
 use takosumi_tests::services::PrivatePostgres;
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
 use tokio::time::Instant;
@@ -120,6 +121,11 @@ async fn database_sessions_carry_statement_and_lock_timeouts() -> anyhow::Result
     assert_eq!(
         s, 200,
         "once the lock is gone the same request succeeds: {b}"
+    );
+    record(
+        "timeouts",
+        "slow statement, lock wait, API request behind a lock: ended retryable in time",
+        3,
     );
     stack.stop().await
 }
@@ -327,6 +333,11 @@ async fn a_paused_postgres_fails_work_fast_and_the_run_completes_after() -> anyh
         Some(1),
         "planned once: {plans:?}"
     );
+    record(
+        "timeouts",
+        "Postgres paused mid-step: API request and handler call failed in time, Run completed",
+        2,
+    );
     admin.close().await;
     stack.stop().await?;
     drop(pg);
@@ -363,6 +374,7 @@ async fn a_silent_object_store_fails_within_its_timeouts() -> anyhow::Result<()>
         t0.elapsed()
     );
     server.abort();
+    record("timeouts", "silent S3 server: operation failed in time", 1);
     Ok(())
 }
 
@@ -399,5 +411,10 @@ async fn broker_callers_do_not_wait_behind_a_hanging_connect() -> anyhow::Result
         "the connect gave up after {took:?}, not at its 3 s timeout"
     );
     server.abort();
+    record(
+        "timeouts",
+        "silent broker: callers failed fast behind a connect",
+        1,
+    );
     Ok(())
 }
