@@ -176,4 +176,21 @@ EOF
     log "terraform $TF_VERSION + null $NULL_VERSION mirror ready (smoke test passed)"
 fi
 
-log "ready: $BIN_ROOT/bin/{s3s-fs,sqlx,cargo-sqlx}, $TOOLS/bin/terraform, $TOOLS/terraformrc"
+# --- the dashboard's browser tests: Debian's Chromium and playwright-core from npm --------------
+# (no browser download: playwright-core drives /usr/bin/chromium)
+PLAYWRIGHT_VERSION=1.64.1
+NODE_ROOT=$CACHE/node
+if ! command -v chromium >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+    browser_pkgs=(chromium)
+    command -v node >/dev/null 2>&1 || browser_pkgs+=(nodejs npm)
+    apt_install "${browser_pkgs[@]}"
+fi
+if [ ! -f "$NODE_ROOT/node_modules/playwright-core/package.json" ] ||
+    ! grep -q "\"version\": \"$PLAYWRIGHT_VERSION\"" "$NODE_ROOT/node_modules/playwright-core/package.json"; then
+    log "npm install playwright-core@$PLAYWRIGHT_VERSION into $NODE_ROOT"
+    mkdir -p "$NODE_ROOT"
+    npm install --prefix "$NODE_ROOT" --no-audit --no-fund --loglevel=error \
+        "playwright-core@$PLAYWRIGHT_VERSION" >&2 || die "npm install playwright-core failed (is the npm registry reachable?)"
+fi
+
+log "ready: $BIN_ROOT/bin/{s3s-fs,sqlx,cargo-sqlx}, $TOOLS/bin/terraform, $TOOLS/terraformrc, chromium, $NODE_ROOT/node_modules/playwright-core"

@@ -72,4 +72,5 @@ takosumi wait "$APPLY"
 echo
 log "done. Try: takosumi status $APPLY | takosumi logs $PLAN | takosumi events $APPLY"
 log "(source infra/local/env.sh first to set TAKOSUMI_DEPLOY_CONTROL_URL and _TOKEN; the CLI is $BIN/takosumi)"
+log "the dashboard: ${TAKOSUMI_DEPLOY_CONTROL_URL:-http://127.0.0.1:8080}/ (sign in with TAKOSUMI_ADMIN_TOKEN from infra/local/env.sh)"
 log "stop everything with infra/local/stop.sh"

@@ -111,7 +111,10 @@ pub async fn call(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> anyhow::Result<Response> {
-    let http = reqwest::Client::new();
+    // A redirect is an answer to check (the dashboard's sign-in), not to follow.
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
     let method = reqwest::Method::from_bytes(method.as_bytes())?;
     let mut req = http.request(method, format!("{}{path}", stack.api_url));
     if let Some(t) = token {

@@ -94,6 +94,9 @@ enum Need {
     ApproveBatch,
     /// A relay worker's call: only a worker pool's token, never an API token of any role.
     PoolToken,
+    /// A dashboard page or form: only a signed-in browser session; an API token of any
+    /// role is no session (a page redirects to the sign-in page, a form is refused).
+    Session,
 }
 
 /// A caller of the matrix.
@@ -108,7 +111,7 @@ struct Who {
 
 impl Who {
     fn allowed(&self, need: Need) -> bool {
-        if need == Need::PoolToken {
+        if matches!(need, Need::PoolToken | Need::Session) {
             return false;
         }
         let Some(role) = self.role else {
@@ -124,12 +127,15 @@ impl Who {
             Need::Submit => matches!(role, "admin" | "operator" | "agent"),
             Need::Admin | Need::InstanceAdmin => role == "admin",
             Need::Approve => matches!(role, "admin" | "approver"),
-            Need::PoolToken => false,
+            Need::PoolToken | Need::Session => false,
         }
     }
 
-    /// The refusal this caller must get, when not allowed.
-    fn refusal(&self, need: Need) -> (u16, Option<&'static str>) {
+    /// The refusal this caller must get, when not allowed (`None`: an HTML page, no code).
+    fn refusal(&self, need: Need, method: &str) -> (u16, Option<&'static str>) {
+        if need == Need::Session {
+            return (if method == "GET" { 303 } else { 401 }, None);
+        }
         if need == Need::Webhook {
             return (401, Some("invalid_signature"));
         }
@@ -170,6 +176,7 @@ fn need_of(access: Access) -> Need {
         Access::Public => Need::Public,
         Access::WebhookSignature => Need::Webhook,
         Access::PoolToken => Need::PoolToken,
+        Access::Session => Need::Session,
         Access::Token(Action::Read, Scope::Instance) => Need::InstanceRead,
         Access::Token(Action::Read, _) => Need::Read,
         Access::Token(Action::Operate, _) => Need::Operate,
@@ -371,6 +378,12 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
     assert!(attach.status < 300, "{}", attach.text);
 
     let cap = capsule.id;
+    let viewer_token = tokens
+        .iter()
+        .find(|t| t.1 == "viewer")
+        .map(|t| t.0.clone())
+        .unwrap();
+    let sign_in_form = format!("token={viewer_token}&next=/");
     let new_capsule = json!({"name": "n2", "source": {"repo": repo.url(), "branch": "main"}, "dir": "infra/network", "tool": "terraform"}).to_string();
     let e = |method: &'static str, path: String, body: Option<&str>| {
         (method, path, body.map(str::to_owned))
@@ -518,6 +531,37 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         e("GET", format!("/api/v1/workspaces/{ws}/evidence"), None),
         e("GET", "/api/v1/evidence/keys".into(), None),
         e("GET", "/api/v1/workspaces".into(), None),
+        // What a reviewer reads (issue 18), like the Run record.
+        e("GET", format!("/api/v1/runs/{planned}/plan"), None),
+        e("GET", format!("/api/v1/runs/{planned}/approvals"), None),
+        e("GET", format!("/api/v1/runs/{planned}/stream"), None),
+        // The dashboard: its pages and forms need a browser session (an API token is
+        // none); signing in and the assets are public.
+        e("GET", "/sign-in".into(), None),
+        e("POST", "/sign-in".into(), Some(&sign_in_form)),
+        e(
+            "GET",
+            "/assets/{file}".replace("{file}", "dashboard.css"),
+            None,
+        ),
+        e("GET", "/".into(), None),
+        e("POST", "/sign-out".into(), Some("csrf=x")),
+        e("GET", format!("/workspaces/{ws}"), None),
+        e("GET", format!("/capsules/{cap}"), None),
+        e("POST", format!("/capsules/{cap}/install"), Some("csrf=x")),
+        e("POST", format!("/capsules/{cap}/plan"), Some("csrf=x")),
+        e(
+            "POST",
+            format!("/capsules/{cap}/drift-check"),
+            Some("csrf=x"),
+        ),
+        e("POST", format!("/capsules/{cap}/destroy"), Some("csrf=x")),
+        e("GET", format!("/runs/{planned}"), None),
+        e("GET", format!("/runs/{planned}/stream"), None),
+        e("POST", format!("/runs/{held}/approve"), Some("csrf=x")),
+        e("POST", format!("/runs/{planned}/apply"), Some("csrf=x")),
+        e("POST", format!("/runs/{queued}/cancel"), Some("csrf=x")),
+        e("POST", format!("/runs/{planned}/resolve"), Some("csrf=x")),
         e("POST", format!("/api/v1/capsules/{cap}/apply"), Some("{}")),
         e(
             "PUT",
@@ -582,10 +626,17 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
             let before = probe::fingerprint(&pool).await?;
             let r = send(&stack, w, ep).await?;
             tried += 1;
-            let (status, code) = w.refusal(ep.need);
+            let (status, code) = w.refusal(ep.need, ep.method);
             let what = format!("{} {} as {}", ep.method, ep.path, w.label);
             assert_eq!(r.status, status, "{what}: {}", r.text);
-            if status >= 400 {
+            if ep.need == Need::Session {
+                refused += 1;
+                // A signed-in page carries the sign-out form.
+                assert!(
+                    !r.text.contains("Sign out"),
+                    "{what}: a page was served without a session"
+                );
+            } else if status >= 400 {
                 refused += 1;
                 let got = r.json["code"].as_str().unwrap_or_default();
                 assert!(!got.is_empty(), "{what}: no code: {}", r.text);

@@ -34,6 +34,10 @@ pub enum Access {
     /// A Git webhook whose signature the handler checks against the Workspace's secret
     /// (the signature is the credential; a token is no substitute).
     WebhookSignature,
+    /// A dashboard page or form: a signed-in browser session (and for anything but a
+    /// read, the session's CSRF token). What the page shows or does is an API call made
+    /// as the session's token, so the API's own access decides it.
+    Session,
 }
 
 /// Where a token's role is checked: which path parameter names the Workspace.
@@ -166,9 +170,15 @@ async fn guard(access: Access, req: Request, next: Next) -> Response {
         return ApiError::forbidden("this endpoint has no access check in this server")
             .into_response();
     };
+    if access == Access::Session {
+        return match crate::dashboard::authenticate(&st, parts, body).await {
+            Ok(req) => next.run(req).await,
+            Err(refused) => refused,
+        };
+    }
     let checked: Result<(), ApiError> = async {
         match access {
-            Access::Public | Access::WebhookSignature => Ok(()),
+            Access::Public | Access::WebhookSignature | Access::Session => Ok(()),
             Access::PoolToken => {
                 let caller = PoolCaller::from_request_parts(&mut parts, &st).await?;
                 parts.extensions.insert(caller);

@@ -59,6 +59,13 @@ impl ApiError {
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::client(StatusCode::FORBIDDEN, "forbidden", message)
     }
+    /// 500: a bug of ours (logged in full, opaque in the body).
+    pub fn internal(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Internal {
+            transient: false,
+            source: Box::new(e),
+        }
+    }
     /// 403 with a specific code.
     pub fn forbidden_code(code: &'static str, message: impl Into<String>) -> Self {
         Self::client(StatusCode::FORBIDDEN, code, message)

@@ -7,6 +7,7 @@
 mod access;
 mod auth;
 mod bindings;
+mod dashboard;
 mod dead_letters;
 mod detection;
 mod error;
@@ -18,6 +19,7 @@ mod pools;
 mod records;
 mod relay;
 mod resolve_state;
+mod review;
 mod routes;
 mod views;
 

@@ -87,6 +87,8 @@ pub fn api() -> Api {
         .merge(crate::pools::api())
         .merge(crate::relay::api())
         .merge(crate::evidence::api())
+        .merge(crate::review::api())
+        .merge(crate::dashboard::api())
 }
 
 /// The routes with the answers for no route and a wrong method.
@@ -336,7 +338,11 @@ async fn load_capsule(
     Ok(capsule)
 }
 
-async fn load_run(st: &AppState, caller: &Caller, raw: &str) -> Result<runs::Run, ApiError> {
+pub(crate) async fn load_run(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+) -> Result<runs::Run, ApiError> {
     let id: RunId = parse_id(raw)?;
     let run = runs::get(&st.pool, id)
         .await?

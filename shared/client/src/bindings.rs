@@ -84,36 +84,6 @@ pub struct ProviderBinding {
     pub extra: Map<String, Value>,
 }
 
-/// A ProviderBinding a Run used, as the Run records it (`providerBindings`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UsedBinding {
-    /// `pb_…`.
-    pub id: ProviderBindingId,
-    /// Its name.
-    pub name: String,
-    /// `env`, `token` or `command`.
-    #[serde(default)]
-    pub kind: String,
-}
-
-impl Run {
-    /// The ProviderBindings the Run's step injected (ids and names).
-    pub fn provider_bindings(&self) -> Vec<UsedBinding> {
-        self.extra
-            .get("providerBindings")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-            .unwrap_or_default()
-    }
-
-    /// The names of the plain variables the Run is planned with (`None` when not recorded
-    /// yet); their values are never served.
-    pub fn var_names(&self) -> Option<Vec<String>> {
-        self.extra
-            .get("varNames")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-    }
-}
-
 /// The optional body of a plan submission: variables merged over the Capsule's for this
 /// Run only, and sensitive variables (sealed at rest, masked in logs, recorded by name).
 #[derive(Clone, Default, Serialize)]

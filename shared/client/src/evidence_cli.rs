@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use serde_json::json;
-use takosumi_client::evidence::{Bundle, PublishedKeys, Report, VerifyError, verify_chain};
+use takosumi_client::evidence::{Bundle, PublishedKeys, Report, VerifyError};
 use takosumi_client::{Client, ClientError, RunId, WorkspaceId};
-use takosumi_evidence::{KeyRing, Verified, sha256_hex};
+use takosumi_evidence::{KeyRing, Verified, verify_run_in_chain};
 
 use crate::{EXIT_FAILED, EXIT_USAGE, print_json};
 
@@ -153,23 +153,15 @@ pub async fn verify_online(
     };
     let envelopes: Vec<_> = chain.into_iter().map(|s| s.envelope).collect();
     let ws_text = ws.to_string();
-    let outcome = verify_chain(Some(&ws_text), &envelopes, &ring).and_then(|report| {
-        report.check_head(head.as_ref())?;
-        let out = checked_run(report, args.run)?;
-        // The statement the API served for the Run must be the one in the chain.
-        if let (Some(s), Some(v)) = (&served, out.1.as_ref())
-            && s.envelope.payload_bytes().map(|b| sha256_hex(&b)) != Some(v.digest.clone())
-        {
-            return Err(VerifyError::Malformed {
-                position: v.position,
-                problem: format!(
-                    "{}: the API served another statement for the Run than the one in its Workspace's chain",
-                    v.run_id()
-                ),
-            });
-        }
-        Ok(out)
-    });
+    let run_text = args.run.map(|r| r.to_string());
+    let outcome = verify_run_in_chain(
+        &ws_text,
+        &envelopes,
+        head.as_ref(),
+        &ring,
+        run_text.as_deref(),
+        served.as_ref().map(|s| &s.envelope),
+    );
     Ok(report(outcome, json))
 }
 

@@ -14,12 +14,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use reqwest::header::HeaderValue;
 use reqwest::{Method, RequestBuilder};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::{Map, Value};
 use takosumi_core::Secret;
 
 mod bindings;
@@ -29,20 +27,26 @@ mod gates;
 mod listing;
 mod pools;
 mod records;
+mod watch;
 
-pub use bindings::{
-    NewProviderBinding, PlanRequest, ProviderBinding, ProviderBindingId, UsedBinding,
-};
+pub use bindings::{NewProviderBinding, PlanRequest, ProviderBinding, ProviderBindingId};
 pub use dead_letters::{
     DeadLetter, DeadLetterSelection, DeadLetters, DeadQueue, PurgeResult, RequeueResult,
     RequeuedLetter, SkippedLetter,
 };
 pub use pools::{CreatedPool, DeliveryKey, Pool};
-pub use records::{ActivityEntry, ActivityPage, Cost, RunPage, RunQuery};
+pub use records::{Cost, RunQuery};
 pub use takosumi_core::cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};
 pub use takosumi_core::{
     ActorKind, CapsuleId, Changes, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
     WorkspaceId,
+};
+pub(crate) use takosumi_wire::null_as_default;
+pub use takosumi_wire::{
+    ActivityEntry, ActivityPage, Actor, ApprovalsView, AttributeDiff, Capsule, CapsuleList,
+    EventList, GivenApproval, Hold, LogEntry, LogList, NewCapsule, PlanDiff, PlanView,
+    ResourceDiff, Run, RunErrorBody, RunEvent, RunPage, Source, SourceSnapshot, StreamEvent,
+    UsedBinding, Workspace, WorkspaceList, join_logs,
 };
 
 /// The API's address when `TAKOSUMI_DEPLOY_CONTROL_URL` is not set.
@@ -220,261 +224,6 @@ impl ClientError {
 // ---------------------------------------------------------------------------------------
 // Types
 
-/// A Workspace: a group of Capsules with shared rules and history.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Workspace {
-    /// `ws_…`
-    pub id: WorkspaceId,
-    /// Its unique name.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub name: String,
-    /// Fields this client does not know, kept so they can be printed as received.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
-
-/// Where a Capsule's configuration lives.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Source {
-    /// The Git URL.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub repo: String,
-    /// The branch that is planned.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub branch: String,
-}
-
-/// The body of `POST /api/v1/workspaces/{ws}/capsules`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NewCapsule {
-    /// Unique within the Workspace.
-    pub name: String,
-    /// Repository and branch.
-    pub source: Source,
-    /// The directory of `.tf`/`.tofu` files inside the repository.
-    pub dir: String,
-    /// `tofu` or `terraform`.
-    pub tool: String,
-    /// Input variables.
-    pub vars: Map<String, Value>,
-}
-
-/// A registered Capsule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Capsule {
-    /// `cap_…`
-    pub id: CapsuleId,
-    /// The Workspace it belongs to.
-    pub workspace_id: WorkspaceId,
-    /// Unique within the Workspace.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub name: String,
-    /// Repository and branch.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub source: Source,
-    /// The configuration directory inside the repository.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub dir: String,
-    /// `tofu` or `terraform`.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub tool: String,
-    /// Input variables.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub vars: Map<String, Value>,
-    /// Bumped by every StateVersion an apply writes.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub state_generation: i64,
-    /// The StateVersion the Capsule is at, if any apply wrote one.
-    #[serde(default)]
-    pub current_state_version_id: Option<StateVersionId>,
-    /// The Capsule's status as the API reports it (e.g. `ok`, `stale`).
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub status: String,
-    /// The branch moved past what was planned (a push was seen).
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub stale: bool,
-    /// The latest drift check found reality differing from what was applied.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub drifted: bool,
-    /// Fields this client does not know, kept so they can be printed as received.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
-
-/// The commit a Run executed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SourceSnapshot {
-    /// The Git commit.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub commit: String,
-    /// A digest of the checked-out tree.
-    #[serde(default)]
-    pub tree_digest: Option<String>,
-}
-
-/// Why a Run waits for a person.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Hold {
-    /// `approval_rule`, `max_destroy`, `plan_gate`, `agent_run`, `require_approval`, …
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub reason: String,
-    /// Reason-specific details.
-    #[serde(default)]
-    pub details: Value,
-}
-
-/// Why a Run failed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RunErrorBody {
-    /// Machine-readable (`stale_plan`, `plan_failed`, …).
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub code: String,
-    /// What a person should do next.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub message: String,
-}
-
-/// Who started a Run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Actor {
-    /// `user`, `agent` or `system` (kept as text so a new kind does not break decoding).
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
-    /// The token or component id.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub id: String,
-}
-
-/// A Run as the API serves it (DESIGN §3, §5).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Run {
-    /// `run_…`
-    pub id: RunId,
-    /// plan, destroy, apply or drift_check.
-    pub kind: RunKind,
-    /// Where the Run is.
-    pub status: RunStatus,
-    /// The Workspace.
-    pub workspace_id: WorkspaceId,
-    /// The Capsule.
-    pub capsule_id: CapsuleId,
-    /// The RunGroup it was started in, if any.
-    #[serde(default)]
-    pub run_group_id: Option<RunGroupId>,
-    /// For an Apply Run: the plan, destroy or drift-check Run it carries out.
-    #[serde(default)]
-    pub plan_run_id: Option<RunId>,
-    /// SHA-256 hex of the saved plan file.
-    #[serde(default)]
-    pub plan_digest: Option<String>,
-    /// The commit that was executed.
-    #[serde(default)]
-    pub source_snapshot: Option<SourceSnapshot>,
-    /// `version -json` of the tool binary used.
-    #[serde(default)]
-    pub tool_version: Option<Value>,
-    /// SHA-256 hex of `.terraform.lock.hcl`: `None` when the field was absent (unknown, a
-    /// legacy record), `Some(None)` when it was `null` (a provider-free run),
-    /// `Some(Some(hex))` otherwise.
-    #[serde(
-        default,
-        deserialize_with = "present_or_null",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub provider_lock_digest: Option<Option<String>>,
-    /// Digest over the module tree and the provider lock the plan used.
-    #[serde(default)]
-    pub dependency_snapshot: Option<String>,
-    /// The Capsule generation the plan saw / the apply produced.
-    #[serde(default)]
-    pub state_generation: Option<i64>,
-    /// Resource changes of a plan.
-    #[serde(default)]
-    pub changes: Option<Changes>,
-    /// For a drift check: whether drift was found.
-    #[serde(default)]
-    pub drift: Option<bool>,
-    /// Published (non-sensitive) outputs: `name → value`.
-    #[serde(default)]
-    pub outputs: Option<Value>,
-    /// The StateVersion this Run wrote, if any.
-    #[serde(default)]
-    pub state_version_id: Option<StateVersionId>,
-    /// Why the Run is held.
-    #[serde(default)]
-    pub hold: Option<Hold>,
-    /// Why the Run failed.
-    #[serde(default)]
-    pub error: Option<RunErrorBody>,
-    /// Who started it.
-    #[serde(default)]
-    pub actor: Option<Actor>,
-    /// Continue from plan to apply if the plan finishes cleanly.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub auto_apply_requested: bool,
-    /// Names of every injected variable (never values).
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub injected_env_names: Vec<String>,
-    /// The sandbox that ran its processes: `bubblewrap`, or `none` on a runner started
-    /// without isolation; absent before it ran.
-    #[serde(default)]
-    pub sandbox: Option<String>,
-    /// When the Run was created.
-    #[serde(default)]
-    pub created_at: Option<DateTime<Utc>>,
-    /// When the Run last changed.
-    #[serde(default)]
-    pub updated_at: Option<DateTime<Utc>>,
-    /// Fields this client does not know, kept so they can be printed as received.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
-
-/// One entry of a Run's ordered event record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RunEvent {
-    /// Order within the Run.
-    pub id: i64,
-    /// What happened (`queued`, `claimed`, `tool_started`, …).
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
-    /// Who did it (`user:tok_…`, `handler:plan`, …); an `{kind, id}` object is read as
-    /// `kind:id`.
-    #[serde(default, deserialize_with = "actor_text")]
-    pub actor: String,
-    /// Details.
-    #[serde(default)]
-    pub data: Value,
-    /// When.
-    #[serde(default)]
-    pub at: Option<DateTime<Utc>>,
-    /// Fields this client does not know, kept so they can be printed as received.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
-
-/// One chunk of a Run's (masked) log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LogEntry {
-    /// The step that printed it (`init`, `plan`, `apply`, …).
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub step: String,
-    /// The text.
-    #[serde(default, alias = "chunk", deserialize_with = "null_as_default")]
-    pub text: String,
-}
-
 #[derive(Deserialize)]
 struct EventsBody {
     #[serde(default, deserialize_with = "null_as_default")]
@@ -485,60 +234,6 @@ struct EventsBody {
 struct LogsBody {
     #[serde(default, deserialize_with = "null_as_default")]
     logs: Vec<LogEntry>,
-}
-
-/// Reads `null` as the type's default.
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
-/// With `#[serde(default)]`: absent → `None`, `null` → `Some(None)`.
-fn present_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
-    Option::<String>::deserialize(d).map(Some)
-}
-
-/// An event actor as text, whether the API sends `"user:tok_…"` or `{kind, id}`.
-fn actor_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Repr {
-        Text(String),
-        Object {
-            #[serde(default)]
-            kind: String,
-            #[serde(default)]
-            id: String,
-        },
-    }
-    Ok(match Option::<Repr>::deserialize(d)? {
-        None => String::new(),
-        Some(Repr::Text(text)) => text,
-        Some(Repr::Object { kind, id }) if id.is_empty() => kind,
-        Some(Repr::Object { kind, id }) => format!("{kind}:{id}"),
-    })
-}
-
-/// Joins log chunks into one text, with a `== <step> ==` header wherever the step changes.
-pub fn join_logs(entries: &[LogEntry]) -> String {
-    let mut out = String::new();
-    let mut current: Option<&str> = None;
-    for entry in entries {
-        if current != Some(entry.step.as_str()) {
-            if !out.is_empty() && !out.ends_with('\n') {
-                out.push('\n');
-            }
-            out.push_str("== ");
-            out.push_str(&entry.step);
-            out.push_str(" ==\n");
-            current = Some(&entry.step);
-        }
-        out.push_str(&entry.text);
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------
@@ -856,7 +551,7 @@ fn decode_response<T: DeserializeOwned>(
 mod tests {
     use super::*;
     use reqwest::StatusCode;
-    use serde_json::json;
+    use serde_json::{Map, Value, json};
 
     fn ids() -> (RunId, WorkspaceId, CapsuleId) {
         (RunId::new(), WorkspaceId::new(), CapsuleId::new())

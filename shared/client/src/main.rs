@@ -297,6 +297,20 @@ enum Command {
         #[arg(value_name = "RUN")]
         run: RunId,
     },
+    /// Follow a Run as it goes (its event record and log, live) until it settles; the exit
+    /// code is its outcome (0: planned or applied, 1: failed, canceled or unknown outcome).
+    Watch {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+    },
+    /// Print a plan's changes resource by resource (sensitive values withheld); for an
+    /// Apply Run, the plan it carries out.
+    Diff {
+        /// The Run (`run_…`).
+        #[arg(value_name = "RUN")]
+        run: RunId,
+    },
     /// Signed audit evidence: export a Workspace's chain for offline checks, show a Run's
     /// statement, list the public keys.
     Evidence {
@@ -662,6 +676,85 @@ fn format_events(events: &[RunEvent]) -> String {
             }
         }
         out.push('\n');
+    }
+    out
+}
+
+fn print_stream_event(ev: &takosumi_client::StreamEvent, json: bool, step: &mut Option<String>) {
+    use takosumi_client::StreamEvent as E;
+    if json {
+        if let Ok(line) = serde_json::to_string(ev) {
+            println!("{line}");
+        }
+        return;
+    }
+    match ev {
+        E::Event { event } => print!("{}", format_events(std::slice::from_ref(event))),
+        E::Log { step: s, text } => {
+            if step.as_deref() != Some(s.as_str()) {
+                println!("== {s} ==");
+                *step = Some(s.clone());
+            }
+            print!("{text}");
+        }
+        E::Status { status } => println!("-- {} --", status.as_str()),
+        E::End { .. } => {}
+    }
+    flush_stdout();
+}
+
+fn flush_stdout() {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+}
+
+/// `takosumi diff`: one block per resource, `name: before -> after` per attribute.
+fn format_diff(view: &takosumi_client::PlanView) -> String {
+    let mut out = String::new();
+    let Some(diff) = &view.diff else {
+        return format!("{}: no plan recorded\n", view.plan_run_id);
+    };
+    let shown = |a: &takosumi_client::AttributeDiff, v: &Option<Value>| -> String {
+        if a.sensitive {
+            "(sensitive)".into()
+        } else if let Some(v) = v {
+            v.to_string()
+        } else {
+            "null".into()
+        }
+    };
+    for r in &diff.resources {
+        let _ = writeln!(out, "{} {}", r.action, r.address);
+        for a in &r.attributes {
+            let after = if a.unknown && !a.sensitive {
+                "(known after apply)".to_owned()
+            } else {
+                shown(a, &a.after)
+            };
+            let forces = if a.forces_replacement {
+                "  # forces replacement"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "    {}: {} -> {after}{forces}",
+                a.name,
+                shown(a, &a.before)
+            );
+        }
+    }
+    for a in &diff.outputs {
+        let _ = writeln!(
+            out,
+            "output {}: {} -> {}",
+            a.name,
+            shown(a, &a.before),
+            shown(a, &a.after)
+        );
+    }
+    if diff.resources.is_empty() && diff.outputs.is_empty() {
+        out.push_str("no changes\n");
     }
     out
 }
@@ -1070,6 +1163,29 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
         Command::Capsule {
             command: CapsuleCommand::SetPool(args),
         } => pools_cli::set_pool(client, args, json).await,
+        Command::Watch { run } => {
+            let mut step: Option<String> = None;
+            let status = client
+                .watch(run, |ev| print_stream_event(ev, json, &mut step))
+                .await?;
+            flush_stdout();
+            Ok(match status {
+                RunStatus::Planned | RunStatus::Applied => 0,
+                _ => {
+                    eprintln!("error: {run} ended {}", status.as_str());
+                    EXIT_FAILED
+                }
+            })
+        }
+        Command::Diff { run } => {
+            let view = client.plan_view(run).await?;
+            if json {
+                print_json(&view);
+            } else {
+                print!("{}", format_diff(&view));
+            }
+            Ok(0)
+        }
         Command::Events { run } => {
             let events = client.events(run).await?;
             if json {

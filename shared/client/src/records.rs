@@ -2,14 +2,14 @@
 //! an `unknown_outcome` apply, a Workspace's Run history and activity (newest first, one
 //! page at a time: pass `next_cursor` back unchanged for the next page).
 
-use chrono::{DateTime, Utc};
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use takosumi_core::cost::CostEstimate;
 
 use crate::{
-    CapsuleId, Client, ClientError, Run, RunId, RunKind, RunStatus, WorkspaceId, null_as_default,
+    ActivityPage, CapsuleId, Client, ClientError, Run, RunId, RunKind, RunPage, RunStatus,
+    WorkspaceId,
 };
 
 /// Filters and paging of [`Client::list_runs`].
@@ -25,56 +25,6 @@ pub struct RunQuery {
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
-}
-
-/// One page of a Workspace's Runs, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RunPage {
-    /// The Runs.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub runs: Vec<Run>,
-    /// Pass it back for the next page; `None` on the last page.
-    #[serde(default)]
-    pub next_cursor: Option<String>,
-    /// The Workspace's `unknown_outcome` Runs no operator has resolved yet.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub unknown_outcome_count: i64,
-}
-
-/// One entry of a Workspace's activity record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ActivityEntry {
-    /// Order within the record.
-    pub id: i64,
-    /// `capsule_registered`, `run_started`, `run_canceled`, `state_version_written`, …
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
-    /// The id it is about.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub subject: String,
-    /// Who did it.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub actor: String,
-    /// Details.
-    #[serde(default)]
-    pub data: Value,
-    /// When.
-    #[serde(default)]
-    pub at: Option<DateTime<Utc>>,
-}
-
-/// One page of a Workspace's activity, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ActivityPage {
-    /// The entries.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub activity: Vec<ActivityEntry>,
-    /// Pass it back for the next page; `None` on the last page.
-    #[serde(default)]
-    pub next_cursor: Option<String>,
 }
 
 /// A plan's cost estimate (`GET /runs/{run}/cost`).

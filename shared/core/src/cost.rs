@@ -178,7 +178,7 @@ pub struct PlanResources {
 
 /// Whether a `*_sensitive` marker covers `attr`: the whole object marked `true`, or the
 /// attribute marked `true` or holding any nested sensitive marker.
-fn marked_sensitive(marker: Option<&Value>, attr: &str) -> bool {
+pub fn marked_sensitive(marker: Option<&Value>, attr: &str) -> bool {
     match marker {
         Some(Value::Bool(b)) => *b,
         Some(Value::Object(m)) => match m.get(attr) {

@@ -21,6 +21,16 @@ pub enum RunKind {
 }
 
 impl RunKind {
+    /// The snake_case name used in JSON and SQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plan => "plan",
+            Self::Destroy => "destroy",
+            Self::Apply => "apply",
+            Self::DriftCheck => "drift_check",
+        }
+    }
+
     /// Whether this kind produces a saved plan that an Apply Run can carry out.
     pub fn is_plan_like(self) -> bool {
         matches!(self, Self::Plan | Self::Destroy | Self::DriftCheck)

@@ -39,4 +39,4 @@ pub use statement::{
     ScanRef, SignedStatement, SourceRef, StateVersionRef, Statement, StatementPage, Subject,
     ToolRef,
 };
-pub use verify::{Report, Verified, VerifyError, verify_chain};
+pub use verify::{Report, Verified, VerifyError, verify_chain, verify_run_in_chain};

@@ -407,6 +407,37 @@ fn open(position: u64, env: &Envelope, keys: &KeyRing) -> Result<Verified, Verif
     })
 }
 
+/// Verifies a Workspace's whole chain (`statements`, as served, with the `head` the server
+/// recorded) and, when `run` is named, that its statement is in the chain and is the one
+/// the server `served` for the Run. The one check `takosumi verify` and the dashboard run.
+pub fn verify_run_in_chain(
+    workspace: &str,
+    statements: &[Envelope],
+    head: Option<&ChainHead>,
+    keys: &KeyRing,
+    run: Option<&str>,
+    served: Option<&Envelope>,
+) -> Result<(Report, Option<Verified>), VerifyError> {
+    let report = verify_chain(Some(workspace), statements, keys)?;
+    report.check_head(head)?;
+    let verified = match run {
+        Some(run) => Some(report.require(run)?.clone()),
+        None => None,
+    };
+    if let (Some(s), Some(v)) = (served, verified.as_ref())
+        && s.payload_bytes().map(|b| crate::sha256_hex(&b)) != Some(v.digest.clone())
+    {
+        return Err(VerifyError::Malformed {
+            position: v.position,
+            problem: format!(
+                "{}: the API served another statement for the Run than the one in its Workspace's chain",
+                v.run_id()
+            ),
+        });
+    }
+    Ok((report, verified))
+}
+
 /// Verifies a Workspace's chain: `statements` in chain order (the Workspace's whole chain,
 /// from its first statement), checked against `keys`. `workspace`: the chain's Workspace
 /// (`None`: the first statement's).

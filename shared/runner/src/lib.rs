@@ -44,7 +44,10 @@ pub use error::RunnerError;
 pub use live::LogTap;
 pub use mask::{MASK, MaskStream, Masker};
 pub use modules::{MODULES_DIR, declares_module_calls, module_tree_digest};
-pub use plan_json::{count_changes, is_stale_plan, public_outputs};
+pub use plan_json::{
+    MAX_DIFF_ATTRIBUTES, MAX_DIFF_RESOURCES, MAX_DIFF_VALUE_CHARS, count_changes, is_stale_plan,
+    plan_diff, public_outputs,
+};
 pub use runner::{
     BACKEND_OVERRIDE_FILE, LOCKFILE_NAME, Limits, MAX_LOCKFILE_BYTES, Runner, RunnerConfig,
     SourceSnapshot, TOOL_PATH,

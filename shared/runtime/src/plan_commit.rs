@@ -322,6 +322,11 @@ pub async fn commit_plan(
     .map_err(StepError::internal)?;
     p.masker.add_plan_sensitive(&p.show);
     p.masker.mask_json(&mut resources);
+    // What a reviewer reads (the dashboard's Run page, `takosumi diff`): masked like the
+    // summary, so nothing has to unseal the plan's JSON to show it.
+    let mut diff =
+        serde_json::to_value(takosumi_runner::plan_diff(&p.show)).map_err(StepError::internal)?;
+    p.masker.mask_json(&mut diff);
     // The gate reads the saved plan's JSON, never printed text; it holds sensitive values,
     // so it is sealed like the plan file itself.
     let show_key = format!("runs/{run_id}/show.{attempt}.sealed");
@@ -365,6 +370,9 @@ pub async fn commit_plan(
         return Ok(Committed::LeaseLost);
     }
     takosumi_store::records::set_resource_changes(&mut tx, run_id, &resources)
+        .await
+        .map_err(store_err)?;
+    takosumi_store::records::set_plan_diff(&mut tx, run_id, &diff)
         .await
         .map_err(store_err)?;
     takosumi_store::capsules::add_sensitive_var_names(

@@ -42,10 +42,20 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
 
 /// A Run's events in order.
 pub async fn list(pool: &sqlx::PgPool, run_id: RunId) -> Result<Vec<Event>, StoreError> {
+    list_after(pool, run_id, 0).await
+}
+
+/// A Run's events after the one with id `after`, in order (what a watcher has not seen).
+pub async fn list_after(
+    pool: &sqlx::PgPool,
+    run_id: RunId,
+    after: i64,
+) -> Result<Vec<Event>, StoreError> {
     let rows = sqlx::query_as!(
         Event,
-        "SELECT id, kind, actor, data, at FROM run_events WHERE run_id = $1 ORDER BY id",
-        run_id.as_uuid()
+        "SELECT id, kind, actor, data, at FROM run_events WHERE run_id = $1 AND id > $2 ORDER BY id",
+        run_id.as_uuid(),
+        after
     )
     .fetch_all(pool)
     .await?;

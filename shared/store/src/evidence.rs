@@ -356,21 +356,16 @@ async fn predicate(
         }),
         None => None,
     };
-    let approvals = sqlx::query!(
-        r#"SELECT approver_id, approver_role, plan_digest, created_at FROM approvals
-            WHERE run_id = $1 ORDER BY id"#,
-        run_id.as_uuid()
-    )
-    .fetch_all(&mut **tx)
-    .await?
-    .into_iter()
-    .map(|a| Approval {
-        approver: a.approver_id,
-        role: a.approver_role,
-        at: rfc3339(a.created_at),
-        plan_digest: a.plan_digest,
-    })
-    .collect();
+    let approvals = crate::gates::approvals(&mut **tx, run_id)
+        .await?
+        .into_iter()
+        .map(|a| Approval {
+            approver: a.approver_id,
+            role: a.approver_role,
+            at: rfc3339(a.at),
+            plan_digest: a.plan_digest,
+        })
+        .collect();
     // The gate's holds and releases. A plan's own gate step only records that its apply
     // is gated ("recorded", possibly after the plan ended): not a decision on this Run.
     let gate = sqlx::query!(

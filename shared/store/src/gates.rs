@@ -152,6 +152,45 @@ pub async fn count_approvals(
     Ok(row.n)
 }
 
+/// One approval given on a Run.
+#[derive(Debug, Clone)]
+pub struct GivenApproval {
+    /// The approver's token id.
+    pub approver_id: String,
+    /// The role it had.
+    pub approver_role: String,
+    /// The plan digest the approval is bound to.
+    pub plan_digest: Option<String>,
+    /// What the approver wrote.
+    pub note: Option<String>,
+    /// When.
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The approvals given on a Run, oldest first.
+pub async fn approvals<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    run_id: RunId,
+) -> Result<Vec<GivenApproval>, StoreError> {
+    let rows = sqlx::query!(
+        r#"SELECT approver_id, approver_role, plan_digest, note, created_at FROM approvals
+            WHERE run_id = $1 ORDER BY id"#,
+        run_id.as_uuid()
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|a| GivenApproval {
+            approver_id: a.approver_id,
+            approver_role: a.approver_role,
+            plan_digest: a.plan_digest,
+            note: a.note,
+            at: a.created_at,
+        })
+        .collect())
+}
+
 /// Where the sealed `show -json` of a plan lives (private).
 pub async fn set_plan_json_key(tx: &mut Tx, id: RunId, key: &str) -> Result<(), StoreError> {
     sqlx::query!(

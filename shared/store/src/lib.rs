@@ -21,6 +21,7 @@ pub mod pools;
 pub mod records;
 pub mod resolutions;
 pub mod runs;
+pub mod sessions;
 pub mod state_versions;
 pub mod tokens;
 pub mod unrecorded;

@@ -22,13 +22,45 @@ pub async fn append(
     Ok(())
 }
 
-/// The whole log of a Run, in order.
+/// The whole log of a Run, in order: `(step, text)`.
 pub async fn read(pool: &sqlx::PgPool, run_id: RunId) -> Result<Vec<(String, String)>, StoreError> {
+    Ok(read_after(pool, run_id, 0)
+        .await?
+        .into_iter()
+        .map(|c| (c.step, c.text))
+        .collect())
+}
+
+/// One stored chunk of a Run's log.
+#[derive(Debug, Clone)]
+pub struct LogChunk {
+    /// Its order within the log.
+    pub id: i64,
+    /// The step that printed it.
+    pub step: String,
+    /// The (masked) text.
+    pub text: String,
+}
+
+/// The chunks of a Run's log after the one with id `after`, in order.
+pub async fn read_after(
+    pool: &sqlx::PgPool,
+    run_id: RunId,
+    after: i64,
+) -> Result<Vec<LogChunk>, StoreError> {
     let rows = sqlx::query!(
-        "SELECT step, chunk FROM run_logs WHERE run_id = $1 ORDER BY id",
-        run_id.as_uuid()
+        "SELECT id, step, chunk FROM run_logs WHERE run_id = $1 AND id > $2 ORDER BY id",
+        run_id.as_uuid(),
+        after
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows.into_iter().map(|r| (r.step, r.chunk)).collect())
+    Ok(rows
+        .into_iter()
+        .map(|r| LogChunk {
+            id: r.id,
+            step: r.step,
+            text: r.chunk,
+        })
+        .collect())
 }

@@ -131,6 +131,34 @@ pub async fn resource_changes(
     Ok(row.and_then(|r| r.resource_changes))
 }
 
+/// Stores a plan's masked resource-by-resource diff, under the same condition as
+/// [`set_resource_changes`].
+pub async fn set_plan_diff(
+    tx: &mut Tx,
+    id: RunId,
+    diff: &serde_json::Value,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "UPDATE runs SET plan_diff = $2 WHERE id = $1 AND status IN ('planning', 'planned')",
+        id.as_uuid(),
+        diff
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A plan's masked diff, if its plan step recorded one.
+pub async fn plan_diff(
+    pool: &sqlx::PgPool,
+    id: RunId,
+) -> Result<Option<serde_json::Value>, StoreError> {
+    let row = sqlx::query!("SELECT plan_diff FROM runs WHERE id = $1", id.as_uuid())
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.and_then(|r| r.plan_diff))
+}
+
 /// Records an operator's resolution of an `unknown_outcome` Run, once. `false`: the Run is
 /// not `unknown_outcome`, or it was already resolved.
 pub async fn resolve_unknown(
