@@ -186,6 +186,7 @@ impl Fixture {
     fn valid_body(&self, template: &str) -> Value {
         match template {
             "/api/v1/workspaces" => json!({ "name": "fuzz" }),
+            "/api/v1/tokens" => json!({ "name": "fuzz", "role": "viewer" }),
             "/api/v1/workspaces/{ws}/capsules" => json!({
                 "name": "fuzzed", "source": { "repo": self.repo_url, "branch": "main" },
                 "dir": "infra/network", "tool": "terraform", "vars": { "region": "eu" }
@@ -372,8 +373,18 @@ fn fuzzed_requests_never_fail_on_our_side_nor_change_anything_when_refused() -> 
         let viewer = format!("tks_fuzz_viewer_{}", uuid::Uuid::new_v4().simple());
         takosumi_store::tokens::upsert(&stack.ctx.pool, &viewer, "fuzz-viewer", "viewer", None)
             .await?;
+        let revocable = takosumi_store::tokens::upsert(
+            &stack.ctx.pool,
+            &format!("tks_fuzz_revocable_{}", uuid::Uuid::new_v4().simple()),
+            "fuzz-revocable",
+            "viewer",
+            None,
+        )
+        .await?;
         let fx = Fixture {
             ids: vec![
+                ("token", revocable.to_string()),
+                ("file", "dashboard.css".to_owned()),
                 ("ws", ws.id.to_string()),
                 ("cap", capsule.id.to_string()),
                 ("run", run.id.to_string()),

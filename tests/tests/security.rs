@@ -384,6 +384,15 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         .map(|t| t.0.clone())
         .unwrap();
     let sign_in_form = format!("token={viewer_token}&next=/");
+    // A token to revoke (a second revocation is 409 `already_revoked`, not a refusal).
+    let made_token = takosumi_store::tokens::upsert(
+        &pool,
+        &format!("tks_matrix_revocable_{id}"),
+        "matrix-revocable",
+        "viewer",
+        None,
+    )
+    .await?;
     let new_capsule = json!({"name": "n2", "source": {"repo": repo.url(), "branch": "main"}, "dir": "infra/network", "tool": "terraform"}).to_string();
     let e = |method: &'static str, path: String, body: Option<&str>| {
         (method, path, body.map(str::to_owned))
@@ -531,6 +540,14 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         e("GET", format!("/api/v1/workspaces/{ws}/evidence"), None),
         e("GET", "/api/v1/evidence/keys".into(), None),
         e("GET", "/api/v1/workspaces".into(), None),
+        // Token management (issue 19): instance admins only.
+        e(
+            "POST",
+            "/api/v1/tokens".into(),
+            Some(r#"{"name":"matrix-made","role":"viewer"}"#),
+        ),
+        e("GET", "/api/v1/tokens".into(), None),
+        e("DELETE", format!("/api/v1/tokens/{made_token}"), None),
         // What a reviewer reads (issue 18), like the Run record.
         e("GET", format!("/api/v1/runs/{planned}/plan"), None),
         e("GET", format!("/api/v1/runs/{planned}/approvals"), None),

@@ -21,6 +21,7 @@ mod relay;
 mod resolve_state;
 mod review;
 mod routes;
+mod tokens;
 mod views;
 
 use std::sync::Arc;

@@ -88,6 +88,7 @@ pub fn api() -> Api {
         .merge(crate::relay::api())
         .merge(crate::evidence::api())
         .merge(crate::review::api())
+        .merge(crate::tokens::api())
         .merge(crate::dashboard::api())
 }
 

@@ -27,6 +27,7 @@ mod gates;
 mod listing;
 mod pools;
 mod records;
+mod tokens;
 mod watch;
 
 pub use bindings::{NewProviderBinding, PlanRequest, ProviderBinding, ProviderBindingId};
@@ -38,7 +39,7 @@ pub use pools::{CreatedPool, DeliveryKey, Pool};
 pub use records::{Cost, RunQuery};
 pub use takosumi_core::cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};
 pub use takosumi_core::{
-    ActorKind, CapsuleId, Changes, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
+    ActorKind, CapsuleId, Changes, RunGroupId, RunId, RunKind, RunStatus, StateVersionId, TokenId,
     WorkspaceId,
 };
 pub(crate) use takosumi_wire::null_as_default;
@@ -48,6 +49,7 @@ pub use takosumi_wire::{
     ResourceDiff, Run, RunErrorBody, RunEvent, RunPage, Source, SourceSnapshot, StreamEvent,
     UsedBinding, Workspace, WorkspaceList, join_logs,
 };
+pub use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
 
 /// The API's address when `TAKOSUMI_DEPLOY_CONTROL_URL` is not set.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";

@@ -297,6 +297,12 @@ enum Command {
         #[arg(value_name = "RUN")]
         run: RunId,
     },
+    /// API tokens (instance admins): create one (its value is printed once), list them,
+    /// revoke one (effective from its next request).
+    Token {
+        #[command(subcommand)]
+        action: TokenCommand,
+    },
     /// Follow a Run as it goes (its event record and log, live) until it settles; the exit
     /// code is its outcome (0: planned or applied, 1: failed, canceled or unknown outcome).
     Watch {
@@ -678,6 +684,94 @@ fn format_events(events: &[RunEvent]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Make a token: `--name ci --role operator [--workspace ws_…] [--expires-in-days 90]`.
+    Create {
+        /// A name for audit.
+        #[arg(long)]
+        name: String,
+        /// viewer, operator, approver, admin or agent.
+        #[arg(long)]
+        role: String,
+        /// Limit it to one Workspace.
+        #[arg(long, value_name = "WS")]
+        workspace: Option<WorkspaceId>,
+        /// It stops working after this many days.
+        #[arg(long, value_name = "DAYS")]
+        expires_in_days: Option<u32>,
+    },
+    /// List every token (never a value).
+    List,
+    /// Revoke a token by id (`tok_…`).
+    Revoke {
+        /// The token's id.
+        #[arg(value_name = "TOKEN_ID")]
+        id: takosumi_client::TokenId,
+    },
+}
+
+async fn token_command(
+    client: &Client,
+    action: TokenCommand,
+    json: bool,
+) -> Result<u8, ClientError> {
+    match action {
+        TokenCommand::Create {
+            name,
+            role,
+            workspace,
+            expires_in_days,
+        } => {
+            let made = client
+                .create_token(&takosumi_client::NewToken {
+                    name,
+                    role,
+                    workspace_id: workspace,
+                    expires_in_days,
+                })
+                .await?;
+            if json {
+                print_json(&made);
+            } else {
+                println!("{}", made.token);
+                eprintln!(
+                    "token {} ({}, role {}) created: the value above is shown only now",
+                    made.info.id, made.info.name, made.info.role
+                );
+            }
+        }
+        TokenCommand::List => {
+            let all = client.list_tokens().await?;
+            if json {
+                print_json(&serde_json::json!({ "tokens": all }));
+            } else {
+                for t in all {
+                    let state = match (&t.revoked_at, &t.expires_at) {
+                        (Some(at), _) => format!("revoked {}", at.to_rfc3339()),
+                        (None, Some(at)) => format!("expires {}", at.to_rfc3339()),
+                        (None, None) => "no expiry".into(),
+                    };
+                    let scope = t
+                        .workspace_id
+                        .map(|w| w.to_string())
+                        .unwrap_or_else(|| "instance".into());
+                    println!("{}  {:<9} {:<24} {scope}  {state}", t.id, t.role, t.name);
+                }
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let t = client.revoke_token(id).await?;
+            if json {
+                print_json(&t);
+            } else {
+                println!("revoked {} ({})", t.id, t.name);
+            }
+        }
+    }
+    Ok(0)
 }
 
 fn print_stream_event(ev: &takosumi_client::StreamEvent, json: bool, step: &mut Option<String>) {
@@ -1163,6 +1257,7 @@ async fn run(client: &Client, command: Command, json: bool) -> Result<u8, Client
         Command::Capsule {
             command: CapsuleCommand::SetPool(args),
         } => pools_cli::set_pool(client, args, json).await,
+        Command::Token { action } => token_command(client, action, json).await,
         Command::Watch { run } => {
             let mut step: Option<String> = None;
             let status = client

@@ -94,6 +94,10 @@ pub async fn by_name<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     name: &str,
 ) -> Result<Option<WorkerPool>, StoreError> {
+    // Postgres text cannot hold NUL: no pool has such a name (and asking would fail).
+    if name.contains('\0') {
+        return Ok(None);
+    }
     let row = sqlx::query(&format!(
         "SELECT {COLUMNS} FROM worker_pools WHERE name = $1"
     ))

@@ -39,7 +39,8 @@ pub async fn find(
     let row = sqlx::query!(
         r#"SELECT t.id, t.name, t.role, t.workspace_id
              FROM dashboard_sessions s JOIN api_tokens t ON t.id = s.token_id
-            WHERE s.id_hash = $1 AND s.expires_at > now() AND t.revoked_at IS NULL"#,
+            WHERE s.id_hash = $1 AND s.expires_at > now() AND t.revoked_at IS NULL
+              AND (t.expires_at IS NULL OR t.expires_at > now())"#,
         hash_token(session_secret)
     )
     .fetch_optional(pool)

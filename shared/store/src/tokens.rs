@@ -56,7 +56,8 @@ pub async fn upsert(
 pub async fn find(pool: &sqlx::PgPool, token: &str) -> Result<Option<TokenGrant>, StoreError> {
     let hash = hash_token(token);
     let row = sqlx::query!(
-        "SELECT id, name, role, workspace_id FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
+        "SELECT id, name, role, workspace_id FROM api_tokens
+          WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
         hash
     )
     .fetch_optional(pool)
@@ -67,4 +68,142 @@ pub async fn find(pool: &sqlx::PgPool, token: &str) -> Result<Option<TokenGrant>
         role: r.role,
         workspace_id: r.workspace_id.map(WorkspaceId::from_uuid),
     }))
+}
+
+/// A token as an administrator sees it (never its value or hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    /// `tok_…`.
+    pub id: TokenId,
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: String,
+    /// The Workspace it is limited to.
+    pub workspace_id: Option<WorkspaceId>,
+    /// When it was made.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// Who made it (`user:tok_…`; `None` for a bootstrap or scripted token).
+    pub created_by: Option<String>,
+    /// When it stops working.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When it was revoked.
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Who revoked it.
+    pub revoked_by: Option<String>,
+}
+
+/// What a new token is.
+#[derive(Debug, Clone)]
+pub struct NewToken<'a> {
+    /// The secret value (only its hash is stored).
+    pub token: &'a str,
+    /// Its name.
+    pub name: &'a str,
+    /// Its role.
+    pub role: &'a str,
+    /// The Workspace it is limited to.
+    pub workspace_id: Option<WorkspaceId>,
+    /// When it stops working.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Who makes it.
+    pub created_by: &'a str,
+}
+
+/// Stores a new token (in the caller's transaction, beside its activity entry).
+pub async fn create(tx: &mut crate::Tx, t: &NewToken<'_>) -> Result<TokenInfo, StoreError> {
+    let row = sqlx::query_as!(
+        TokenRow,
+        r#"INSERT INTO api_tokens (id, token_hash, name, role, workspace_id, expires_at, created_by)
+           VALUES ($1, $2, $3, $4, $5, $6, $7)
+           RETURNING id, name, role, workspace_id, created_at, created_by, expires_at, revoked_at, revoked_by"#,
+        TokenId::new().as_uuid(),
+        hash_token(t.token),
+        t.name,
+        t.role,
+        t.workspace_id.map(|w| w.as_uuid()),
+        t.expires_at,
+        t.created_by
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(row.into())
+}
+
+/// Every token, or those limited to `workspace`, newest first.
+pub async fn list(
+    pool: &sqlx::PgPool,
+    workspace: Option<WorkspaceId>,
+) -> Result<Vec<TokenInfo>, StoreError> {
+    let rows = sqlx::query_as!(
+        TokenRow,
+        r#"SELECT id, name, role, workspace_id, created_at, created_by, expires_at, revoked_at, revoked_by
+             FROM api_tokens WHERE $1::uuid IS NULL OR workspace_id = $1
+            ORDER BY created_at DESC, id"#,
+        workspace.map(|w| w.as_uuid())
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(Into::into).collect())
+}
+
+/// The token `id`, revoked or not.
+pub async fn get(pool: &sqlx::PgPool, id: TokenId) -> Result<Option<TokenInfo>, StoreError> {
+    let row = sqlx::query_as!(
+        TokenRow,
+        r#"SELECT id, name, role, workspace_id, created_at, created_by, expires_at, revoked_at, revoked_by
+             FROM api_tokens WHERE id = $1"#,
+        id.as_uuid()
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(Into::into))
+}
+
+/// Revokes a live token, once: `None` when it is unknown or already revoked. Every request
+/// and dashboard session made with it is refused from the next one on.
+pub async fn revoke(
+    tx: &mut crate::Tx,
+    id: TokenId,
+    by: &str,
+) -> Result<Option<TokenInfo>, StoreError> {
+    let row = sqlx::query_as!(
+        TokenRow,
+        r#"UPDATE api_tokens SET revoked_at = now(), revoked_by = $2
+            WHERE id = $1 AND revoked_at IS NULL
+           RETURNING id, name, role, workspace_id, created_at, created_by, expires_at, revoked_at, revoked_by"#,
+        id.as_uuid(),
+        by
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.map(Into::into))
+}
+
+struct TokenRow {
+    id: uuid::Uuid,
+    name: String,
+    role: String,
+    workspace_id: Option<uuid::Uuid>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    created_by: Option<String>,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+    revoked_by: Option<String>,
+}
+
+impl From<TokenRow> for TokenInfo {
+    fn from(r: TokenRow) -> Self {
+        Self {
+            id: TokenId::from_uuid(r.id),
+            name: r.name,
+            role: r.role,
+            workspace_id: r.workspace_id.map(WorkspaceId::from_uuid),
+            created_at: r.created_at,
+            created_by: r.created_by,
+            expires_at: r.expires_at,
+            revoked_at: r.revoked_at,
+            revoked_by: r.revoked_by,
+        }
+    }
 }

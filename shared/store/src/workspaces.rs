@@ -96,6 +96,8 @@ pub async fn owner_of(
             .fetch_optional(pool)
             .await?
         }
+        // Postgres text cannot hold NUL: no pool has such a name.
+        Owned::Pool(name) if name.contains('\0') => None,
         Owned::Pool(name) => {
             sqlx::query_scalar!(
                 "SELECT workspace_id FROM worker_pools WHERE name = $1",

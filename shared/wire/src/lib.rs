@@ -18,9 +18,11 @@ use takosumi_core::{
 
 mod plan;
 mod stream;
+mod tokens;
 
 pub use plan::{AttributeDiff, PlanDiff, PlanView, ResourceDiff};
 pub use stream::{ApprovalsView, GivenApproval, StreamEvent};
+pub use tokens::{CreatedToken, NewToken, TokenList, TokenView};
 
 /// A Workspace: a group of Capsules with shared rules and history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

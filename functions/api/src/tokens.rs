@@ -1,0 +1,165 @@
+//! Token management (`/api/v1/tokens`, instance admins only): make a token with a name,
+//! role, optional Workspace limit and expiry — its value is answered once and only its
+//! hash is kept — list them (never a value), and revoke one, effective from the next
+//! request (every request and dashboard session looks the token up). Each change is
+//! recorded in the activity (the Workspace's for a limited token, instance-wide otherwise)
+//! in the same transaction.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{Method, StatusCode};
+use axum::response::IntoResponse;
+use serde_json::json;
+use takosumi_core::TokenId;
+use takosumi_store::{activity, tokens, workspaces};
+use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
+
+use crate::access::{Access, Api, Scope};
+use crate::auth::{Action, Caller, new_token};
+use crate::routes::{parse_body, parse_id};
+use crate::{ApiError, AppState};
+
+/// The roles a token can have.
+pub const ROLES: [&str; 5] = ["viewer", "operator", "approver", "admin", "agent"];
+/// The longest token name.
+const MAX_NAME_CHARS: usize = 100;
+/// The furthest expiry.
+const MAX_DAYS: u32 = 3650;
+
+/// The token endpoints; merged into the API's router.
+pub fn api() -> Api {
+    let admin = Access::Token(Action::Administer, Scope::Instance);
+    Api::new()
+        .route(Method::POST, "/api/v1/tokens", admin, create)
+        .route(Method::GET, "/api/v1/tokens", admin, list)
+        .route(Method::DELETE, "/api/v1/tokens/{token}", admin, revoke)
+}
+
+fn view(t: tokens::TokenInfo) -> TokenView {
+    TokenView {
+        id: t.id,
+        name: t.name,
+        role: t.role,
+        workspace_id: t.workspace_id,
+        created_at: t.created_at,
+        created_by: t.created_by,
+        expires_at: t.expires_at,
+        revoked_at: t.revoked_at,
+        revoked_by: t.revoked_by,
+    }
+}
+
+async fn create(
+    State(st): State<AppState>,
+    caller: Caller,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    caller.require(Action::Administer, None)?;
+    let req: NewToken = parse_body(&body)?;
+    let name = req.name.trim();
+    if name.is_empty()
+        || name.chars().count() > MAX_NAME_CHARS
+        || name.chars().any(char::is_control)
+    {
+        return Err(ApiError::invalid(
+            "invalid_name",
+            format!("name: 1 to {MAX_NAME_CHARS} printable characters"),
+        ));
+    }
+    if !ROLES.contains(&req.role.as_str()) {
+        return Err(ApiError::invalid(
+            "invalid_role",
+            format!("role: one of {}", ROLES.join(", ")),
+        ));
+    }
+    let expires_at = match req.expires_in_days {
+        None => None,
+        Some(d) if (1..=MAX_DAYS).contains(&d) => {
+            Some(chrono::Utc::now() + chrono::Duration::days(i64::from(d)))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "invalid_expiry",
+                format!("expiresInDays: 1 to {MAX_DAYS}"),
+            ));
+        }
+    };
+    if let Some(ws) = req.workspace_id
+        && workspaces::get(&st.pool, ws).await?.is_none()
+    {
+        return Err(ApiError::invalid(
+            "unknown_workspace",
+            format!("Workspace {ws} does not exist"),
+        ));
+    }
+    let secret = new_token();
+    let actor = caller.actor();
+    let mut tx = st.pool.begin().await?;
+    let info = tokens::create(
+        &mut tx,
+        &tokens::NewToken {
+            token: &secret,
+            name,
+            role: &req.role,
+            workspace_id: req.workspace_id,
+            expires_at,
+            created_by: &actor,
+        },
+    )
+    .await?;
+    record(&mut tx, &info, "token_created", &actor).await?;
+    tx.commit().await?;
+    tracing::info!(token = %info.id, role = %info.role, by = %actor, "token created");
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedToken {
+            token: secret,
+            info: view(info),
+        }),
+    ))
+}
+
+async fn record(
+    tx: &mut takosumi_store::Tx,
+    t: &tokens::TokenInfo,
+    kind: &str,
+    actor: &str,
+) -> Result<(), ApiError> {
+    let data = json!({ "name": t.name, "role": t.role, "expiresAt": t.expires_at });
+    let subject = t.id.to_string();
+    match t.workspace_id {
+        Some(ws) => activity::append(&mut **tx, ws, kind, &subject, actor, data).await?,
+        None => activity::append_instance(&mut **tx, kind, &subject, actor, data).await?,
+    }
+    Ok(())
+}
+
+async fn list(State(st): State<AppState>, caller: Caller) -> Result<impl IntoResponse, ApiError> {
+    caller.require(Action::Administer, None)?;
+    let all = tokens::list(&st.pool, None).await?;
+    Ok(Json(TokenList {
+        tokens: all.into_iter().map(view).collect(),
+    }))
+}
+
+async fn revoke(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(token): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    caller.require(Action::Administer, None)?;
+    let id: TokenId = parse_id(&token)?;
+    let actor = caller.actor();
+    let mut tx = st.pool.begin().await?;
+    let Some(info) = tokens::revoke(&mut tx, id, &actor).await? else {
+        return Err(match tokens::get(&st.pool, id).await? {
+            Some(_) => ApiError::conflict("already_revoked", format!("{id} is already revoked")),
+            None => ApiError::not_found(&format!("token {id}")),
+        });
+    };
+    record(&mut tx, &info, "token_revoked", &actor).await?;
+    tx.commit().await?;
+    tracing::info!(token = %id, by = %actor, "token revoked");
+    Ok(Json(view(info)))
+}
