@@ -96,6 +96,17 @@ fn short_id() -> String {
 }
 
 /// A running, isolated Takosumi.
+/// What a CLI run printed and how it exited.
+#[derive(Debug, Clone)]
+pub struct CliOutput {
+    /// The exit code (-1: killed by a signal).
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
 pub struct Stack {
     /// The settings every in-process step uses.
     pub settings: Settings,
@@ -526,6 +537,24 @@ impl Stack {
     ) -> anyhow::Result<(u16, serde_json::Value)> {
         self.call_as("POST", &format!("/api/v1/runs/{run}/approve"), token, body)
             .await
+    }
+
+    /// Runs the `takosumi` CLI against this stack as the bootstrap admin, in a clean
+    /// environment (no saved login, nothing inherited).
+    pub async fn cli(&self, args: &[&str]) -> anyhow::Result<CliOutput> {
+        let out = tokio::process::Command::new(binary("takosumi")?)
+            .env_clear()
+            .env("TAKOSUMI_DEPLOY_CONTROL_URL", &self.api_url)
+            .env("TAKOSUMI_DEPLOY_CONTROL_TOKEN", &self.admin_token)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .await?;
+        Ok(CliOutput {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
     }
 
     /// A new API token named `name` with `role` (no Workspace scope), and a client using it.

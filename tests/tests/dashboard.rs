@@ -284,24 +284,10 @@ async fn the_cli_watches_the_stream_and_prints_the_diff() -> anyhow::Result<()> 
     )
     .await?;
     let plan = stack.client.plan(cap.id, None).await?;
-    let cli = |args: Vec<String>| {
-        let url = stack.api_url.clone();
-        let token = stack.admin_token.clone();
-        async move {
-            let out = tokio::process::Command::new(takosumi_tests::binary("takosumi")?)
-                .env_clear()
-                .env("TAKOSUMI_DEPLOY_CONTROL_URL", url)
-                .env("TAKOSUMI_DEPLOY_CONTROL_TOKEN", token)
-                .args(&args)
-                .stdin(Stdio::null())
-                .output()
-                .await?;
-            anyhow::Ok((
-                out.status.code().unwrap_or(-1),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            ))
-        }
+    let cli = async |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = stack.cli(&args).await?;
+        anyhow::Ok((out.code, out.stdout, out.stderr))
     };
     // Started while the plan is queued: it follows the Run to its end.
     let (code, out, err) = cli(vec!["watch".into(), plan.id.to_string()]).await?;

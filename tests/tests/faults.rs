@@ -807,27 +807,9 @@ async fn operators_requeue_and_purge_dead_letters() -> anyhow::Result<()> {
     assert_eq!(depth, 0);
 
     // The CLI purges the poison body; a second requeue finds nothing to move.
-    let cli = |args: &[&str]| {
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let (url, token) = (stack.api_url.clone(), stack.admin_token.clone());
-        async move {
-            let out = tokio::process::Command::new(takosumi_tests::binary("takosumi")?)
-                .env_clear()
-                .env("TAKOSUMI_DEPLOY_CONTROL_URL", url)
-                .env("TAKOSUMI_DEPLOY_CONTROL_TOKEN", token)
-                .args(&args)
-                .stdin(Stdio::null())
-                .output()
-                .await?;
-            anyhow::Ok((
-                out.status.success(),
-                format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ),
-            ))
-        }
+    let cli = async |args: &[&str]| {
+        let out = stack.cli(args).await?;
+        anyhow::Ok((out.code == 0, format!("{}{}", out.stdout, out.stderr)))
     };
     let (ok, text) = cli(&["dead-letters", "purge"]).await?;
     assert!(!ok, "a purge without a selection: {text}");

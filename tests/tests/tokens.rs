@@ -5,8 +5,6 @@
 //! an expired token is refused; each change is in the activity; bad input changes nothing;
 //! a Workspace admin or an operator may not manage tokens; the CLI does the same.
 
-use std::process::Stdio;
-
 use serde_json::{Value, json};
 use takosumi_client::{Client, NewToken};
 use takosumi_tests::probe;
@@ -179,23 +177,9 @@ async fn admins_make_list_and_revoke_tokens() -> anyhow::Result<()> {
     }
 
     // The CLI: create prints the value once, list shows it without, revoke ends it.
-    let cli = |args: &[&str]| {
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let (url, token) = (stack.api_url.clone(), stack.admin_token.clone());
-        async move {
-            let out = tokio::process::Command::new(takosumi_tests::binary("takosumi")?)
-                .env_clear()
-                .env("TAKOSUMI_DEPLOY_CONTROL_URL", url)
-                .env("TAKOSUMI_DEPLOY_CONTROL_TOKEN", token)
-                .args(&args)
-                .stdin(Stdio::null())
-                .output()
-                .await?;
-            anyhow::Ok((
-                out.status.code().unwrap_or(-1),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-            ))
-        }
+    let cli = async |args: &[&str]| {
+        let out = stack.cli(args).await?;
+        anyhow::Ok((out.code, out.stdout))
     };
     let (code, out) = cli(&[
         "token", "create", "--name", "from-cli", "--role", "approver",
