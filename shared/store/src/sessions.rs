@@ -5,7 +5,7 @@
 use takosumi_core::TokenId;
 
 use crate::StoreError;
-use crate::tokens::{TokenGrant, hash_token};
+use crate::tokens::{GrantRow, TokenGrant, hash_token};
 
 /// Stores a new session for `token_id` that ends after `ttl_secs`, and drops expired ones.
 pub async fn create(
@@ -36,7 +36,8 @@ pub async fn find(
     pool: &sqlx::PgPool,
     session_secret: &str,
 ) -> Result<Option<TokenGrant>, StoreError> {
-    let row = sqlx::query!(
+    let row = sqlx::query_as!(
+        GrantRow,
         r#"SELECT t.id, t.name, t.role, t.workspace_id
              FROM dashboard_sessions s JOIN api_tokens t ON t.id = s.token_id
             WHERE s.id_hash = $1 AND s.expires_at > now() AND t.revoked_at IS NULL
@@ -45,12 +46,7 @@ pub async fn find(
     )
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|r| TokenGrant {
-        id: TokenId::from_uuid(r.id),
-        name: r.name,
-        role: r.role,
-        workspace_id: r.workspace_id.map(takosumi_core::WorkspaceId::from_uuid),
-    }))
+    Ok(row.map(Into::into))
 }
 
 /// Ends a session (sign-out); `false` if there was none.

@@ -55,19 +55,34 @@ pub async fn upsert(
 /// Finds the live grant for a presented token.
 pub async fn find(pool: &sqlx::PgPool, token: &str) -> Result<Option<TokenGrant>, StoreError> {
     let hash = hash_token(token);
-    let row = sqlx::query!(
+    let row = sqlx::query_as!(
+        GrantRow,
         "SELECT id, name, role, workspace_id FROM api_tokens
           WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
         hash
     )
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|r| TokenGrant {
-        id: TokenId::from_uuid(r.id),
-        name: r.name,
-        role: r.role,
-        workspace_id: r.workspace_id.map(WorkspaceId::from_uuid),
-    }))
+    Ok(row.map(Into::into))
+}
+
+/// A live token's grant as read from its row (the token lookup and a session's).
+pub(crate) struct GrantRow {
+    pub(crate) id: uuid::Uuid,
+    pub(crate) name: String,
+    pub(crate) role: String,
+    pub(crate) workspace_id: Option<uuid::Uuid>,
+}
+
+impl From<GrantRow> for TokenGrant {
+    fn from(r: GrantRow) -> Self {
+        Self {
+            id: TokenId::from_uuid(r.id),
+            name: r.name,
+            role: r.role,
+            workspace_id: r.workspace_id.map(WorkspaceId::from_uuid),
+        }
+    }
 }
 
 /// A token as an administrator sees it (never its value or hash).

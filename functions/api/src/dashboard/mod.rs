@@ -452,16 +452,21 @@ pub(crate) async fn call(
     if let Some(n) = nonce.filter(|n| !n.is_empty() && n.len() <= 64) {
         req = req.header("idempotency-key", format!("dashboard-{n}"));
     }
-    let mut req = req
+    let req = req
         .body(Body::from(body.map(|b| b.to_string()).unwrap_or_default()))
         .map_err(|_| pages::problem(StatusCode::BAD_REQUEST, "That address is not valid."))?;
+    Ok(dispatch(st, session, req).await)
+}
+
+/// Runs `req` through the API's routes as `session`'s token.
+async fn dispatch(st: &AppState, session: &Session, mut req: Request) -> Response {
     req.extensions_mut().insert(session.caller.clone());
     req.extensions_mut().insert(st.clone());
     let routes = ROUTES.clone().with_state(st.clone());
-    Ok(match routes.oneshot(req).await {
+    match routes.oneshot(req).await {
         Ok(resp) => resp,
         Err(never) => match never {},
-    })
+    }
 }
 
 /// [`call`], read whole.
@@ -616,15 +621,10 @@ async fn run_stream(
     if let Some(last) = headers.get("last-event-id") {
         req = req.header("last-event-id", last);
     }
-    let Ok(mut req) = req.body(Body::empty()) else {
+    let Ok(req) = req.body(Body::empty()) else {
         return pages::problem(StatusCode::BAD_REQUEST, "That address is not valid.");
     };
-    req.extensions_mut().insert(session.caller.clone());
-    req.extensions_mut().insert(st.clone());
-    match ROUTES.clone().with_state(st).oneshot(req).await {
-        Ok(resp) => resp,
-        Err(never) => match never {},
-    }
+    dispatch(&st, &session, req).await
 }
 
 #[cfg(test)]
