@@ -15,6 +15,9 @@ struct Cli {
 enum Command {
     /// Serve the API on TAKOSUMI_LISTEN (the default).
     Serve,
+    /// Apply pending database migrations and exit (every process also migrates when it
+    /// starts; a deployment runs this first, as a Job, so no rollout waits on it).
+    Migrate,
     /// Create an API token and print it once (only its hash is stored).
     CreateToken {
         /// A name for audit.
@@ -55,6 +58,11 @@ async fn main() -> anyhow::Result<()> {
             let ctx = Ctx::connect(&settings, "api").await?;
             let listener = tokio::net::TcpListener::bind(&settings.listen).await?;
             takosumi_api::serve(ctx, &settings, listener, shutdown_signal()).await?;
+        }
+        Command::Migrate => {
+            let pool = takosumi_store::connect(settings.database_url.expose(), 1).await?;
+            takosumi_store::migrate(&pool).await?;
+            tracing::info!("migrations applied");
         }
         Command::CreateToken {
             name,

@@ -20,9 +20,7 @@ use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
     Api::new()
-        .route(Method::GET, "/healthz", Access::Public, || async {
-            Json(json!({ "status": "ok" }))
-        })
+        .route(Method::GET, "/healthz", Access::Public, healthz)
         .route(
             Method::POST,
             "/api/v1/workspaces",
@@ -167,6 +165,33 @@ pub(crate) fn valid_name(name: &str) -> bool {
 #[serde(deny_unknown_fields)]
 struct NewWorkspace {
     name: String,
+}
+
+/// Readiness: 200 when Postgres answers a query and the broker connection is up (or comes
+/// up), 503 naming which is not, each checked within two seconds. What is wrong is named,
+/// never why (no addresses, no errors).
+async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+    let (postgres, broker) = tokio::join!(
+        tokio::time::timeout(LIMIT, takosumi_store::ping(&state.pool)),
+        tokio::time::timeout(LIMIT, state.bus.get()),
+    );
+    let postgres = matches!(postgres, Ok(Ok(())));
+    let broker = matches!(broker, Ok(Ok(_)));
+    let word = |ok: bool| if ok { "ok" } else { "unavailable" };
+    let status = if postgres && broker {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(json!({
+            "status": word(postgres && broker),
+            "postgres": word(postgres),
+            "broker": word(broker),
+        })),
+    )
 }
 
 async fn create_workspace(

@@ -17,7 +17,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Claim and run the pool's jobs until SIGTERM (the default).
-    Run,
+    Run {
+        /// Run at most one job, then exit 0 (a Kubernetes Job); exits 0 as well when no
+        /// job comes within --idle-secs.
+        #[arg(long)]
+        once: bool,
+        /// With --once: seconds to wait for a job before exiting.
+        #[arg(long, default_value_t = 30, requires = "once")]
+        idle_secs: u64,
+    },
     /// Make a delivery key pair: prints `TAKOSUMI_DELIVERY_KEYS=<id>=<private>` (keep it on
     /// the worker) and the public key to register with `POST /api/v1/pools/{pool}/delivery-key`.
     Keygen {
@@ -30,7 +38,10 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Run) {
+    match cli.command.unwrap_or(Command::Run {
+        once: false,
+        idle_secs: 30,
+    }) {
         Command::Keygen { key_id } => {
             let pair = takosumi_seal::delivery::DeliveryKeyPair::generate(&key_id)?;
             let b64 = base64::engine::general_purpose::STANDARD;
@@ -45,7 +56,7 @@ async fn main() -> anyhow::Result<()> {
                 b64.encode(pair.public().public)
             );
         }
-        Command::Run => {
+        Command::Run { once, idle_secs } => {
             let settings = takosumi_relay::RelaySettings::from_env()?;
             init_telemetry();
             let shutdown = tokio_util::sync::CancellationToken::new();
@@ -60,7 +71,8 @@ async fn main() -> anyhow::Result<()> {
                 }
                 stop.cancel();
             });
-            takosumi_relay::run(settings, shutdown).await?;
+            let once = once.then(|| std::time::Duration::from_secs(idle_secs));
+            takosumi_relay::run(settings, once, shutdown).await?;
         }
     }
     Ok(())

@@ -1,14 +1,36 @@
-//! `takosumi-sweep`: the scheduled, read-only drift sweep, with its outbox relay.
+//! `takosumi-sweep`: the scheduled, read-only drift sweep, with its outbox relay
+//! (`--once`: one pass, its wake-ups published, then exit — for a CronJob).
 
 use std::time::Duration;
 
-use takosumi_runtime::{Ctx, Settings, init_telemetry, shutdown_signal};
+use clap::Parser;
+use takosumi_runtime::{Ctx, Settings, flush_outbox, init_telemetry, shutdown_signal};
+
+#[derive(Parser)]
+#[command(
+    name = "takosumi-sweep",
+    about = "Enqueues the drift checks of every Capsule that is due"
+)]
+struct Cli {
+    /// One sweep pass, publish the checks it enqueued, exit 0 (a Kubernetes CronJob).
+    /// Without it the process sweeps every TAKOSUMI_SWEEP_INTERVAL_MS until SIGTERM.
+    #[arg(long)]
+    once: bool,
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
     let settings = Settings::from_env()?;
     init_telemetry("sweep");
     let ctx = Ctx::connect(&settings, "sweep").await?;
+    if cli.once {
+        let enqueued = takosumi_sweep::sweep_once(&ctx).await?;
+        let published = flush_outbox(&ctx).await;
+        tracing::info!(enqueued, published, "--once: sweep pass done");
+        ctx.bus.close().await;
+        return Ok(());
+    }
     let interval = std::env::var("TAKOSUMI_SWEEP_INTERVAL_MS")
         .ok()
         .and_then(|v| v.parse().ok())

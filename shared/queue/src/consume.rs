@@ -18,7 +18,8 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions,
+    BasicRejectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use takosumi_core::{Outcome, RunMessage, StepError};
@@ -105,7 +106,7 @@ where
                         let (bus, cfg, handler) = (bus.clone(), cfg.clone(), handler.clone());
                         tasks.spawn(async move {
                             let _permit = permit;
-                            handle_one(&bus, &cfg, msg, retries, handler).await;
+                            let _ = handle_one(&bus, &cfg, msg, retries, handler).await;
                         });
                     }
                 }
@@ -118,6 +119,88 @@ where
     while tasks.join_next().await.is_some() {}
     let _ = ch.close(200, "consumer stopped".into()).await;
     result
+}
+
+/// How a `--once` process consumes: until one message did work, `max_messages` were
+/// handled, or the queue stayed empty for `idle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnceLimits {
+    /// Messages taken at most (duplicates and deferrals count too).
+    pub max_messages: u32,
+    /// How long an empty queue is waited on before giving up.
+    pub idle: Duration,
+}
+
+/// What a `--once` process did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OnceReport {
+    /// Messages taken from the queue (poison ones included).
+    pub messages: u32,
+    /// Whether one of them did work (the step ran: `Done` or `Failed`).
+    pub worked: bool,
+}
+
+/// The `--once` mode of [`consume`], for a process that runs as one Kubernetes Job: takes
+/// messages one at a time with `basic.get` (no prefetch, so nothing waits unacked in a
+/// process that is about to exit) and hands each to the same handling as the consume loop
+/// (ack when parsed, retry or dead-letter on error). Stops after the first message whose
+/// handler did work, after `max_messages`, when the queue stays empty for `idle`, or on
+/// `shutdown` (in-flight work finishes first).
+pub async fn consume_once<H, Fut>(
+    bus: &Arc<Bus>,
+    cfg: &ConsumeConfig,
+    limits: OnceLimits,
+    handler: H,
+    shutdown: CancellationToken,
+) -> Result<OnceReport, QueueError>
+where
+    H: Fn(RunMessage) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Outcome, StepError>> + Send + 'static,
+{
+    let mut report = OnceReport::default();
+    let mut idle_since = tokio::time::Instant::now();
+    while report.messages < limits.max_messages && !shutdown.is_cancelled() {
+        let ch = bus.get().await?.channel().await?;
+        let got = ch
+            .basic_get(cfg.queue.clone().into(), BasicGetOptions::default())
+            .await?;
+        let Some(message) = got else {
+            let _ = ch.close(200, "empty".into()).await;
+            if idle_since.elapsed() >= limits.idle {
+                break;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+            continue;
+        };
+        let delivery = message.delivery;
+        report.messages += 1;
+        match RunMessage::from_bytes(&delivery.data) {
+            Err(e) => {
+                tracing::warn!(queue = %cfg.queue, error = %e, "poison message: not a Run message; dead-lettering it");
+                delivery
+                    .acker
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await?;
+            }
+            Ok(msg) => {
+                delivery.acker.ack(BasicAckOptions::default()).await?;
+                let retries = retries_of(&delivery.properties);
+                let outcome = handle_one(bus, cfg, msg, retries, handler.clone()).await;
+                if matches!(outcome, Some(Outcome::Done | Outcome::Failed(_))) {
+                    report.worked = true;
+                }
+            }
+        }
+        let _ = ch.close(200, "taken".into()).await;
+        if report.worked {
+            break;
+        }
+        idle_since = tokio::time::Instant::now();
+    }
+    Ok(report)
 }
 
 fn retries_of(props: &lapin::BasicProperties) -> u32 {
@@ -140,14 +223,18 @@ async fn handle_one<H, Fut>(
     msg: RunMessage,
     retries: u32,
     handler: H,
-) where
+) -> Option<Outcome>
+where
     H: Fn(RunMessage) -> Fut,
     Fut: Future<Output = Result<Outcome, StepError>>,
 {
     let run_id = msg.run_id;
     let body = serde_json::to_vec(&msg.to_json()).unwrap_or_default();
     match handler(msg).await {
-        Ok(outcome) => tracing::info!(queue = %cfg.queue, %run_id, ?outcome, "handled"),
+        Ok(outcome) => {
+            tracing::info!(queue = %cfg.queue, %run_id, ?outcome, "handled");
+            return Some(outcome);
+        }
         Err(e) if e.retryable() && retries < cfg.max_retries => {
             let delay = retry_delay(cfg.retry_base, retries);
             tracing::warn!(queue = %cfg.queue, %run_id, error = %e, retry = retries + 1, ?delay, "handler failed; retrying");
@@ -179,6 +266,7 @@ async fn handle_one<H, Fut>(
             }
         }
     }
+    None
 }
 
 /// Retries a publish through the bus while the broker is away: exponential backoff with

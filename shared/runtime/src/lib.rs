@@ -20,7 +20,7 @@ mod worker;
 pub use ctx::{Ctx, LeaseGuard};
 pub use reaper::{reap_once, run_reaper, topic_for};
 pub use settings::{Settings, SettingsError};
-pub use worker::{run_worker, shutdown_signal};
+pub use worker::{WorkerMode, flush_outbox, run_step, run_worker, shutdown_signal};
 
 /// Errors starting or running a process.
 #[derive(Debug, thiserror::Error)]

@@ -179,6 +179,14 @@ pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// A round trip to Postgres (the readiness check).
+pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::query_scalar!("select 1 as \"one!\"")
+        .fetch_one(pool)
+        .await?;
+    Ok(())
+}
+
 /// SHA-256 hex of bytes; used for digests recorded on rows.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
