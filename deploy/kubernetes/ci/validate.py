@@ -24,6 +24,7 @@ Exits 1 after listing every problem."""
 
 from __future__ import annotations
 
+import base64
 import inspect
 import json
 import pathlib
@@ -47,6 +48,14 @@ KEDA_MODELS = {
 LIMIT_DEFAULTS = {"CHECKOUT": 300, "INIT": 600, "PLAN": 1800, "APPLY": 7200, "OTHER": 600}
 # room past the tool's limits for sealing, uploading and committing (and a canceled apply's grace)
 DEADLINE_MARGIN_SECS = 600
+# a relay worker refuses to start with any of these set (functions/relay RelaySettings::from_env)
+RELAY_FORBIDDEN = {
+    "TAKOSUMI_DATABASE_URL",
+    "TAKOSUMI_S3_SECRET_KEY",
+    "TAKOSUMI_S3_ACCESS_KEY",
+    "TAKOSUMI_SEAL_KEY",
+    "TAKOSUMI_EVIDENCE_KEY",
+}
 SECRET_EXAMPLES = [
     "deploy/kubernetes/secret.example.yaml",
     "deploy/kubernetes/examples/relay-pool/secret.example.yaml",
@@ -142,6 +151,12 @@ def check_render(render: str, docs: list[dict], root: pathlib.Path, queues: set[
             problem(where, f"Secret {secret!r} is neither rendered nor in a secret.example.yaml")
         elif key not in keys:
             problem(where, f"Secret {secret!r} has no key {key!r} (it has {sorted(keys)})")
+
+    for n, d in by_kind.get("Secret", {}).items():
+        values = [base64.b64decode(v).decode("utf-8", "replace") for v in (d.get("data") or {}).values()]
+        values += [str(v) for v in (d.get("stringData") or {}).values()]
+        if any("REPLACE-ME" in v for v in values):
+            problem(f"{render}: Secret/{n}", "carries a secret.example.yaml placeholder: the example was rendered")
 
     settings: dict[str, str] = {}
     for cm in by_kind.get("ConfigMap", {}).values():
@@ -281,6 +296,12 @@ def check_render(render: str, docs: list[dict], root: pathlib.Path, queues: set[
                     problem(cwhere, "no capability may be added")
                 if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
                     problem(cwhere, "runAsNonRoot must be true")
+                if "takosumi-relay" in " ".join(c.get("command") or []):
+                    names = {e.get("name") for e in c.get("env") or []}
+                    for n in sorted(names & (RELAY_FORBIDDEN | {f + "_FILE" for f in RELAY_FORBIDDEN})):
+                        problem(cwhere, f"{n} is set: a relay worker refuses to start with it")
+                    if c.get("envFrom"):
+                        problem(cwhere, "a relay worker takes no envFrom (the control plane's settings carry S3 names)")
                 for src in c.get("envFrom") or []:
                     ref = (src.get("configMapRef") or {}).get("name")
                     if ref and ref not in by_kind.get("ConfigMap", {}):
