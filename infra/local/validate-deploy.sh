@@ -10,7 +10,7 @@
 #   4. checks the alert rules and the Grafana dashboard: PromQL parses (promql-parser), only
 #      Takosumi's metric names (deploy/kubernetes/ci/check_monitoring.py).
 # Exits non-zero on the first step that finds a problem. Tools are installed once into
-# CACHE=${TAKOSUMI_CACHE:-/var/tmp/takosumi-cache}/deploy-tools (about 3 minutes cold; a warm
+# CACHE=${TAKOSUMI_CACHE:-/var/tmp/takosumi-cache}/deploy-tools (about 2 minutes cold; a warm
 # run takes ~10 s). TAKOSUMI_DEPLOY_DIR=<a copy of deploy/> validates that copy instead.
 set -euo pipefail
 
