@@ -105,7 +105,7 @@ log "1/4 render (kustomize)"
 
 # --- 2. schemas, references, rules ---------------------------------------------------------------
 log "2/4 Kubernetes and KEDA schemas, references, rules"
-"$TOOLS/validate/bin/python" "$K/ci/validate.py" "$ROOT" "$OUT"
+"$TOOLS/validate/bin/python" "$K/ci/validate.py" "$ROOT/infra/rabbitmq/topology.json" "$K" "$OUT"
 
 # --- 3. misconfiguration scan --------------------------------------------------------------------
 log "3/4 checkov"

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Validates rendered manifests (infra/local/validate-deploy.sh runs it in its own venv).
 
-    validate.py REPO_ROOT RENDERED_DIR
+    validate.py TOPOLOGY_JSON KUBERNETES_DIR RENDERED_DIR
+
+(TOPOLOGY_JSON: infra/rabbitmq/topology.json; KUBERNETES_DIR: the deploy/kubernetes that was
+rendered, for its secret.example.yaml files.)
 
 For every object of every RENDERED_DIR/*.yaml:
   - core Kubernetes kinds: the Kubernetes OpenAPI schemas, strict (unknown fields refused), with
@@ -56,10 +59,7 @@ RELAY_FORBIDDEN = {
     "TAKOSUMI_SEAL_KEY",
     "TAKOSUMI_EVIDENCE_KEY",
 }
-SECRET_EXAMPLES = [
-    "deploy/kubernetes/secret.example.yaml",
-    "deploy/kubernetes/examples/relay-pool/secret.example.yaml",
-]
+SECRET_EXAMPLES = ["secret.example.yaml", "examples/relay-pool/secret.example.yaml"]
 
 problems: list[str] = []
 
@@ -135,7 +135,7 @@ def secret_keys_known(root: pathlib.Path) -> dict[str, set[str]]:
     return known
 
 
-def check_render(render: str, docs: list[dict], root: pathlib.Path, queues: set[str],
+def check_render(render: str, docs: list[dict], queues: set[str],
                  examples: dict[str, set[str]], pods_out: pathlib.Path) -> None:
     by_kind: dict[str, dict[str, dict]] = {}
     for doc in docs:
@@ -332,10 +332,9 @@ def check_render(render: str, docs: list[dict], root: pathlib.Path, queues: set[
 
 
 def main() -> int:
-    root = pathlib.Path(sys.argv[1])
-    rendered = pathlib.Path(sys.argv[2])
-    queues = set(json.loads((root / "infra/rabbitmq/topology.json").read_text())["queues"])
-    examples = secret_keys_known(root)
+    topology, kube_dir, rendered = (pathlib.Path(a) for a in sys.argv[1:4])
+    queues = set(json.loads(topology.read_text())["queues"])
+    examples = secret_keys_known(kube_dir)
     files = sorted(rendered.glob("*.yaml"))
     if not files:
         print("validate: nothing rendered", file=sys.stderr)
@@ -348,7 +347,7 @@ def main() -> int:
                 problem(f.stem, f"not a Kubernetes object: {str(d)[:80]}")
         docs = [d for d in docs if isinstance(d, dict) and "kind" in d and "metadata" in d]
         count += len(docs)
-        check_render(f.stem, docs, root, queues, examples, rendered / "scaledjob-pods")
+        check_render(f.stem, docs, queues, examples, rendered / "scaledjob-pods")
     for p in problems:
         print(f"validate: {p}", file=sys.stderr)
     print(f"validate: {count} objects in {len(files)} renders, Kubernetes {K8S_VERSION} "
