@@ -183,8 +183,10 @@ def check_render(render: str, docs: list[dict], queues: set[str],
                 model.model_validate(checked)
             except (pydantic.ValidationError, TypeError, KeyError) as e:
                 problem(where, f"KEDA schema: {e}")
+            # The walk covers the whole object, pod template included: a field KEDA's CRD
+            # schema lacks would be pruned by the API server without a word.
             extra: list[str] = []
-            unknown_fields(model, checked, kind, extra)
+            unknown_fields(model, doc, kind, extra)
             for e in extra:
                 problem(where, f"KEDA schema: {e}")
         else:
