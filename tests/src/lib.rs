@@ -635,7 +635,10 @@ async fn spawn_step(
     shutdown: CancellationToken,
 ) -> anyhow::Result<JoinHandle<()>> {
     let ctx = Ctx::connect(settings, topic.queue_name()).await?;
-    let settings = settings.clone();
+    let mut settings = settings.clone();
+    // In-process steps share the test process's metrics with the in-process API, which
+    // serves them; only the API binds TAKOSUMI_METRICS_LISTEN.
+    settings.metrics_listen = None;
     Ok(tokio::spawn(async move {
         let result = match topic {
             Topic::Plan => {

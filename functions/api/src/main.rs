@@ -54,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(Command::Migrate) = &cli.command {
         // Needs only the database: a migration Job gets no other secret.
-        init_telemetry("api-migrate");
+        let _telemetry = init_telemetry("api-migrate");
         let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
         let url = takosumi_core::read_secret(&vars, "TAKOSUMI_DATABASE_URL")
             .map_err(anyhow::Error::msg)?
@@ -67,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let settings = Settings::from_env()?;
-    init_telemetry("api");
+    let _telemetry = init_telemetry("api");
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             let ctx = Ctx::connect(&settings, "api").await?;

@@ -110,6 +110,7 @@ pub fn router() -> Router<AppState> {
                 "this endpoint does not take that method; see the API reference in DESIGN.md §5",
             )
         })
+        .layer(axum::middleware::from_fn(crate::observe::trace))
 }
 
 pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
@@ -510,6 +511,7 @@ async fn submit_plan(
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: inputs.auto_apply_requested,
         idempotency_key: key.clone(),
+        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
     let mut tx = st.pool.begin().await?;
     let id = match runs::insert(&mut tx, &new).await {
@@ -697,6 +699,7 @@ pub(crate) async fn propose_apply(
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: false,
         idempotency_key: key.clone(),
+        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
     let mut tx = st.pool.begin().await?;
     let id = match runs::insert(&mut tx, &new).await {

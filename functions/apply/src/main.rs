@@ -7,7 +7,7 @@ use takosumi_runtime::{Ctx, Settings, WorkerMode, init_telemetry, run_step, shut
 async fn main() -> anyhow::Result<()> {
     let mode = WorkerMode::from_args("takosumi-apply");
     let settings = Settings::from_env()?;
-    init_telemetry("apply");
+    let _telemetry = init_telemetry("apply");
     let ctx = Ctx::connect(&settings, "apply").await?;
     let handler = |ctx: Ctx, msg| async move { takosumi_apply::handle(&ctx, msg).await };
     run_step(

@@ -7,7 +7,7 @@ use takosumi_runtime::{Ctx, Settings, WorkerMode, init_telemetry, run_step, shut
 async fn main() -> anyhow::Result<()> {
     let mode = WorkerMode::from_args("takosumi-approve");
     let settings = Settings::from_env()?;
-    init_telemetry("approve");
+    let _telemetry = init_telemetry("approve");
     let ctx = Ctx::connect(&settings, "approve").await?;
     let handler = |ctx: Ctx, msg| async move { takosumi_approve::handle(&ctx, msg).await };
     run_step(

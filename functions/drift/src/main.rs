@@ -7,7 +7,7 @@ use takosumi_runtime::{Ctx, Settings, WorkerMode, init_telemetry, run_step, shut
 async fn main() -> anyhow::Result<()> {
     let mode = WorkerMode::from_args("takosumi-drift");
     let settings = Settings::from_env()?;
-    init_telemetry("drift");
+    let _telemetry = init_telemetry("drift");
     let ctx = Ctx::connect(&settings, "drift").await?;
     let handler = |ctx: Ctx, msg| async move { takosumi_drift::handle(&ctx, msg).await };
     run_step(

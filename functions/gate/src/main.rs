@@ -7,7 +7,7 @@ use takosumi_runtime::{Ctx, Settings, WorkerMode, init_telemetry, run_step, shut
 async fn main() -> anyhow::Result<()> {
     let mode = WorkerMode::from_args("takosumi-gate");
     let settings = Settings::from_env()?;
-    init_telemetry("gate");
+    let _telemetry = init_telemetry("gate");
     let ctx = Ctx::connect(&settings, "gate").await?;
     let handler = |ctx: Ctx, msg| async move { takosumi_gate::handle(&ctx, msg).await };
     run_step(

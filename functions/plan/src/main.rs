@@ -7,7 +7,7 @@ use takosumi_runtime::{Ctx, Settings, WorkerMode, init_telemetry, run_step, shut
 async fn main() -> anyhow::Result<()> {
     let mode = WorkerMode::from_args("takosumi-plan");
     let settings = Settings::from_env()?;
-    init_telemetry("plan");
+    let _telemetry = init_telemetry("plan");
     let ctx = Ctx::connect(&settings, "plan").await?;
     let handler = |ctx: Ctx, msg| async move { takosumi_plan::handle(&ctx, msg).await };
     run_step(

@@ -58,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Run { once, idle_secs } => {
             let settings = takosumi_relay::RelaySettings::from_env()?;
-            init_telemetry();
+            let _telemetry = takosumi_telemetry::init("relay");
             let shutdown = tokio_util::sync::CancellationToken::new();
             let stop = shutdown.clone();
             tokio::spawn(async move {
@@ -76,14 +76,4 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn init_telemetry() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-    tracing::info!(service = "relay", "starting");
 }

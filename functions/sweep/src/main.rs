@@ -22,7 +22,7 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let settings = Settings::from_env()?;
-    init_telemetry("sweep");
+    let _telemetry = init_telemetry("sweep");
     let ctx = Ctx::connect(&settings, "sweep").await?;
     if cli.once {
         let enqueued = takosumi_sweep::sweep_once(&ctx).await?;

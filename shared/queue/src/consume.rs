@@ -23,13 +23,59 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use takosumi_core::{Outcome, RunMessage, StepError};
+use takosumi_telemetry::{TraceParent, metrics, step_span};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::{Bus, QueueError};
 
 const RETRY_HEADER: &str = "x-takosumi-retries";
+/// The W3C trace context of the Run a message wakes.
+pub(crate) const TRACEPARENT_HEADER: &str = takosumi_telemetry::TRACEPARENT_HEADER;
+/// When the message's outbox row became due, milliseconds since the epoch.
+pub(crate) const DUE_HEADER: &str = "x-takosumi-due-ms";
+
+/// What a delivery's headers say besides its body.
+#[derive(Debug, Clone, Default)]
+struct Meta {
+    retries: u32,
+    trace: Option<TraceParent>,
+    due_ms: Option<i64>,
+}
+
+impl Meta {
+    fn of(props: &lapin::BasicProperties) -> Self {
+        let get = |name: &str| {
+            props
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get(name).cloned())
+        };
+        let int = |v: AMQPValue| match v {
+            AMQPValue::LongUInt(n) => Some(i64::from(n)),
+            AMQPValue::LongLongInt(n) => Some(n),
+            AMQPValue::LongInt(n) => Some(i64::from(n)),
+            _ => None,
+        };
+        let text = |v: AMQPValue| match v {
+            AMQPValue::LongString(s) => Some(s.to_string()),
+            AMQPValue::ShortString(s) => Some(s.to_string()),
+            _ => None,
+        };
+        Self {
+            retries: get(RETRY_HEADER)
+                .and_then(int)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+            trace: get(TRACEPARENT_HEADER)
+                .and_then(text)
+                .and_then(|t| TraceParent::parse(&t)),
+            due_ms: get(DUE_HEADER).and_then(int),
+        }
+    }
+}
 
 /// How a step consumes its queue.
 #[derive(Debug, Clone)]
@@ -102,11 +148,11 @@ where
                     }
                     Ok(msg) => {
                         delivery.acker.ack(BasicAckOptions::default()).await?;
-                        let retries = retries_of(&delivery.properties);
+                        let meta = Meta::of(&delivery.properties);
                         let (bus, cfg, handler) = (bus.clone(), cfg.clone(), handler.clone());
                         tasks.spawn(async move {
                             let _permit = permit;
-                            let _ = handle_one(&bus, &cfg, msg, retries, handler).await;
+                            let _ = handle_one(&bus, &cfg, msg, meta, handler).await;
                         });
                     }
                 }
@@ -187,8 +233,8 @@ where
             }
             Ok(msg) => {
                 delivery.acker.ack(BasicAckOptions::default()).await?;
-                let retries = retries_of(&delivery.properties);
-                let outcome = handle_one(bus, cfg, msg, retries, handler.clone()).await;
+                let meta = Meta::of(&delivery.properties);
+                let outcome = handle_one(bus, cfg, msg, meta, handler.clone()).await;
                 if matches!(outcome, Some(Outcome::Done | Outcome::Failed(_))) {
                     report.worked = true;
                 }
@@ -203,25 +249,11 @@ where
     Ok(report)
 }
 
-fn retries_of(props: &lapin::BasicProperties) -> u32 {
-    props
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(RETRY_HEADER).cloned())
-        .and_then(|v| match v {
-            AMQPValue::LongUInt(n) => Some(n),
-            AMQPValue::LongLongInt(n) => u32::try_from(n).ok(),
-            AMQPValue::LongInt(n) => u32::try_from(n).ok(),
-            _ => None,
-        })
-        .unwrap_or(0)
-}
-
 async fn handle_one<H, Fut>(
     bus: &Bus,
     cfg: &ConsumeConfig,
     msg: RunMessage,
-    retries: u32,
+    meta: Meta,
     handler: H,
 ) -> Option<Outcome>
 where
@@ -229,44 +261,74 @@ where
     Fut: Future<Output = Result<Outcome, StepError>>,
 {
     let run_id = msg.run_id;
-    let body = serde_json::to_vec(&msg.to_json()).unwrap_or_default();
-    match handler(msg).await {
-        Ok(outcome) => {
-            tracing::info!(queue = %cfg.queue, %run_id, ?outcome, "handled");
-            return Some(outcome);
-        }
-        Err(e) if e.retryable() && retries < cfg.max_retries => {
-            let delay = retry_delay(cfg.retry_base, retries);
-            tracing::warn!(queue = %cfg.queue, %run_id, error = %e, retry = retries + 1, ?delay, "handler failed; retrying");
-            tokio::time::sleep(delay).await;
-            let mut headers = FieldTable::default();
-            headers.insert(RETRY_HEADER.into(), AMQPValue::LongUInt(retries + 1));
-            let publish = || async {
-                bus.get()
-                    .await?
-                    .publish(&cfg.queue, &body, None, headers.clone())
-                    .await
-            };
-            if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
-                // The Run is still in Postgres: the reaper's stuck-queue sweep wakes it again.
-                tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not re-publish for retry");
-            }
-        }
-        Err(e) => {
-            tracing::error!(queue = %cfg.queue, %run_id, error = %e, retries, "handler failed for good; dead-lettering");
-            let reason = e.to_string();
-            let publish = || async {
-                bus.get()
-                    .await?
-                    .publish_dead(&cfg.queue, &body, &reason)
-                    .await
-            };
-            if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
-                tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not dead-letter");
-            }
-        }
+    let retries = meta.retries;
+    let step = cfg.queue.strip_prefix("run.").unwrap_or(&cfg.queue);
+    if let Some(due) = meta.due_ms {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let lag = u64::try_from(now.saturating_sub(due)).unwrap_or(0);
+        metrics::global().observe_queue_lag(step, Duration::from_millis(lag));
     }
-    None
+    let span = step_span(step, &run_id, meta.trace.as_ref());
+    let body = serde_json::to_vec(&msg.to_json()).unwrap_or_default();
+    let started = tokio::time::Instant::now();
+    let result = handler(msg).instrument(span.clone()).await;
+    let outcome_label = match &result {
+        Ok(Outcome::Done) => "done",
+        Ok(Outcome::Failed(_)) => "failed",
+        Ok(Outcome::Skipped(_)) => "skipped",
+        Ok(Outcome::Deferred(_)) => "deferred",
+        Err(_) => "error",
+    };
+    metrics::global().observe_step(step, outcome_label, started.elapsed());
+    // What follows (a retry's wait and re-publish, a dead-letter) belongs to the step too.
+    let after = async move {
+        match result {
+            Ok(outcome) => {
+                tracing::info!(queue = %cfg.queue, %run_id, ?outcome, "handled");
+                return Some(outcome);
+            }
+            Err(e) if e.retryable() && retries < cfg.max_retries => {
+                let delay = retry_delay(cfg.retry_base, retries);
+                tracing::warn!(queue = %cfg.queue, %run_id, error = %e, retry = retries + 1, ?delay, "handler failed; retrying");
+                tokio::time::sleep(delay).await;
+                let mut headers = FieldTable::default();
+                headers.insert(RETRY_HEADER.into(), AMQPValue::LongUInt(retries + 1));
+                if let Some(trace) = &meta.trace {
+                    headers.insert(
+                        TRACEPARENT_HEADER.into(),
+                        AMQPValue::LongString(trace.to_string().into()),
+                    );
+                }
+                let publish = || async {
+                    bus.get()
+                        .await?
+                        .publish(&cfg.queue, &body, None, headers.clone())
+                        .await
+                };
+                if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
+                    // The Run is still in Postgres: the reaper's stuck-queue sweep wakes it again.
+                    tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not re-publish for retry");
+                }
+            }
+            Err(e) => {
+                tracing::error!(queue = %cfg.queue, %run_id, error = %e, retries, "handler failed for good; dead-lettering");
+                let reason = e.to_string();
+                let publish = || async {
+                    bus.get()
+                        .await?
+                        .publish_dead(&cfg.queue, &body, &reason)
+                        .await
+                };
+                if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
+                    tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not dead-letter");
+                }
+            }
+        }
+        None
+    };
+    after.instrument(span).await
 }
 
 /// Retries a publish through the bus while the broker is away: exponential backoff with

@@ -202,6 +202,12 @@ where
         settings.stuck_queued_secs,
         background.clone(),
     ));
+    let metrics =
+        crate::metrics_server::spawn(settings.metrics_listen.as_deref(), None, background.clone())
+            .await
+            .map_err(|e| crate::SettingsError {
+                problems: vec![format!("TAKOSUMI_METRICS_LISTEN cannot be bound: {e}")],
+            })?;
     let mut cfg = ConsumeConfig::new(topic.queue_name());
     cfg.concurrency = settings.concurrency;
     let step = {
@@ -247,6 +253,9 @@ where
     background.cancel();
     let _ = relay.await;
     let _ = reaper.await;
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     ctx.bus.close().await;
     ctx.pool.close().await;
     Ok(())

@@ -23,6 +23,7 @@ pub mod resolutions;
 pub mod runs;
 pub mod sessions;
 pub mod state_versions;
+pub mod stats;
 pub mod tokens;
 pub mod unrecorded;
 pub mod workspaces;
