@@ -38,6 +38,12 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = shutdown_signal();
     let relay_stop = tokio_util::sync::CancellationToken::new();
     let bus = ctx.bus.clone();
+    let metrics = takosumi_runtime::metrics_server::spawn(
+        settings.metrics_listen.as_deref(),
+        None,
+        relay_stop.clone(),
+    )
+    .await?;
     let relay = tokio::spawn(takosumi_queue::run_relay(
         ctx.pool.clone(),
         move || {
@@ -52,6 +58,9 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     relay_stop.cancel();
     let _ = relay.await;
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     ctx.bus.close().await;
     Ok(())
 }
