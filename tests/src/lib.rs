@@ -930,6 +930,32 @@ pub fn watched_input(value: &str) -> String {
 }
 
 impl Stack {
+    /// A new Workspace (a random name) with one Capsule `name` of `repo`'s `dir` on
+    /// `main`, run with terraform, with `vars` (a JSON object; anything else is none).
+    pub async fn new_capsule(
+        &self,
+        repo: &GitRepo,
+        name: &str,
+        dir: &str,
+        vars: serde_json::Value,
+    ) -> anyhow::Result<takosumi_client::Capsule> {
+        let ws = self
+            .client
+            .create_workspace(&format!("ws-{}", &short_id()[..8]))
+            .await?;
+        let req = takosumi_client::NewCapsule {
+            name: name.into(),
+            source: takosumi_client::Source {
+                repo: repo.url(),
+                branch: "main".into(),
+            },
+            dir: dir.into(),
+            tool: "terraform".into(),
+            vars: vars.as_object().cloned().unwrap_or_default(),
+        };
+        Ok(self.client.create_capsule(ws.id, &req).await?)
+    }
+
     /// Plans `capsule`, applies that plan, and returns both finished Runs, asserting the
     /// plan `planned` and the apply `applied`.
     pub async fn plan_and_apply(

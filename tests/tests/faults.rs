@@ -55,25 +55,7 @@ fn long_profile() -> bool {
 }
 
 async fn register(stack: &Stack, repo: &GitRepo, vars: Value) -> anyhow::Result<Capsule> {
-    let ws = stack
-        .client
-        .create_workspace(&format!(
-            "ws-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        ))
-        .await?;
-    let vars: Map<String, Value> = vars.as_object().cloned().unwrap_or_default();
-    let req = NewCapsule {
-        name: "network".into(),
-        source: Source {
-            repo: repo.url(),
-            branch: "main".into(),
-        },
-        dir: "infra/network".into(),
-        tool: "terraform".into(),
-        vars,
-    };
-    Ok(stack.client.create_capsule(ws.id, &req).await?)
+    stack.new_capsule(repo, "network", "infra/network", vars).await
 }
 
 /// The network example with one more output, so every round's apply writes a new state.

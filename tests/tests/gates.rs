@@ -8,24 +8,7 @@ use takosumi_core::{RunId, RunStatus};
 use takosumi_tests::{GitRepo, Stack};
 
 async fn null_capsule(stack: &Stack, repo: &GitRepo) -> anyhow::Result<Capsule> {
-    let ws = stack
-        .client
-        .create_workspace(&format!(
-            "ws-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        ))
-        .await?;
-    let req = NewCapsule {
-        name: "nulls".into(),
-        source: Source {
-            repo: repo.url(),
-            branch: "main".into(),
-        },
-        dir: "infra/null".into(),
-        tool: "terraform".into(),
-        vars: serde_json::Map::new(),
-    };
-    Ok(stack.client.create_capsule(ws.id, &req).await?)
+    stack.new_capsule(repo, "nulls", "infra/null", serde_json::json!({})).await
 }
 
 fn bump_revision(repo: &GitRepo, to: &str) -> anyhow::Result<()> {

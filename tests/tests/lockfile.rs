@@ -21,25 +21,7 @@ async fn register(
     dir: &str,
     vars: Value,
 ) -> anyhow::Result<Capsule> {
-    let ws = stack
-        .client
-        .create_workspace(&format!(
-            "ws-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        ))
-        .await?;
-    let vars: Map<String, Value> = vars.as_object().cloned().unwrap_or_default();
-    let req = NewCapsule {
-        name: "capsule".into(),
-        source: Source {
-            repo: repo.url(),
-            branch: "main".into(),
-        },
-        dir: dir.into(),
-        tool: "terraform".into(),
-        vars,
-    };
-    Ok(stack.client.create_capsule(ws.id, &req).await?)
+    stack.new_capsule(repo, "capsule", dir, vars).await
 }
 
 async fn plan(stack: &Stack, capsule: &Capsule) -> anyhow::Result<Run> {

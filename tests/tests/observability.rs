@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use takosumi_client::{Capsule, NewCapsule, RunQuery, Source};
+use takosumi_client::{Capsule, RunQuery};
 use takosumi_core::{RunId, RunKind, RunStatus};
 use takosumi_tests::probe::{self, record};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
@@ -25,27 +25,6 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-async fn register(stack: &Stack, repo: &GitRepo) -> anyhow::Result<Capsule> {
-    let ws = stack
-        .client
-        .create_workspace(&format!(
-            "ws-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        ))
-        .await?;
-    let req = NewCapsule {
-        name: "network".into(),
-        source: Source {
-            repo: repo.url(),
-            branch: "main".into(),
-        },
-        dir: "infra/network".into(),
-        tool: "terraform".into(),
-        vars: [("region".to_owned(), json!("eu"))].into_iter().collect(),
-    };
-    Ok(stack.client.create_capsule(ws.id, &req).await?)
 }
 
 async fn scrape(url: &str) -> anyhow::Result<String> {
@@ -111,7 +90,9 @@ async fn metrics_move_as_runs_go_through() -> anyhow::Result<()> {
     .await?;
     let url = format!("http://127.0.0.1:{port}/metrics");
     let repo = GitRepo::with_example("network")?;
-    let cap = register(&stack, &repo).await?;
+    let cap = stack
+        .new_capsule(&repo, "network", "infra/network", json!({ "region": "eu" }))
+        .await?;
 
     let before = scrape(&url).await?;
     let plan_route = r#"takosumi_http_requests_total{route="/api/v1/capsules/{cap}/plan",method="POST",status="202"}"#;
@@ -280,7 +261,9 @@ async fn a_trace_id_sent_with_a_plan_is_on_the_handlers_logs_and_spans() -> anyh
     }
 
     let repo = GitRepo::with_example("network")?;
-    let cap = register(&stack, &repo).await?;
+    let cap = stack
+        .new_capsule(&repo, "network", "infra/network", json!({ "region": "eu" }))
+        .await?;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
     let body = json!({ "autoApplyRequested": true }).to_string();

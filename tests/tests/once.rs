@@ -5,8 +5,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Value, json};
-use takosumi_client::{Capsule, NewCapsule, Source};
+use serde_json::json;
 use takosumi_core::RunStatus;
 use takosumi_tests::probe::record;
 use takosumi_tests::{GitRepo, Options, Stack, Steps, processes_exactly};
@@ -16,28 +15,6 @@ const API_ONLY: Options = Options {
     steps: Steps::API_ONLY,
     lease_secs: 3,
 };
-
-async fn register(stack: &Stack, repo: &GitRepo, vars: Value) -> anyhow::Result<Capsule> {
-    let ws = stack
-        .client
-        .create_workspace(&format!(
-            "ws-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        ))
-        .await?;
-    let vars: Map<String, Value> = vars.as_object().cloned().unwrap_or_default();
-    let req = NewCapsule {
-        name: "network".into(),
-        source: Source {
-            repo: repo.url(),
-            branch: "main".into(),
-        },
-        dir: "infra/network".into(),
-        tool: "terraform".into(),
-        vars,
-    };
-    Ok(stack.client.create_capsule(ws.id, &req).await?)
-}
 
 /// Runs `takosumi-<step> --once <args>` to its end; returns its exit code and how long it ran.
 async fn once(stack: &Stack, step: &str, args: &[&str]) -> anyhow::Result<(i32, Duration)> {
@@ -62,7 +39,9 @@ async fn status_of(stack: &Stack, run: takosumi_core::RunId) -> anyhow::Result<R
 async fn once_processes_take_a_run_through_the_pipeline_and_exit() -> anyhow::Result<()> {
     let stack = Stack::start_with(API_ONLY).await?;
     let repo = GitRepo::with_example("network")?;
-    let capsule = register(&stack, &repo, json!({ "region": "eu" })).await?;
+    let capsule = stack
+        .new_capsule(&repo, "network", "infra/network", json!({ "region": "eu" }))
+        .await?;
 
     let plan = stack.client.plan(capsule.id, None).await?;
     assert_eq!(status_of(&stack, plan.id).await?, RunStatus::Queued);
@@ -92,6 +71,11 @@ async fn once_processes_take_a_run_through_the_pipeline_and_exit() -> anyhow::Re
     let applied = stack.wait(apply.id).await?;
     assert_eq!(applied.status, RunStatus::Applied, "{applied:?}");
     assert_eq!(stack.tool_count("apply"), 1);
+    assert_eq!(
+        stack.tool_count("show"),
+        1,
+        "the apply read the plan's sealed show -json instead of running show again"
+    );
     assert!(
         serde_json::to_string(&applied)?.contains("vpc-eu"),
         "the apply's outputs: {applied:?}"
@@ -135,7 +119,9 @@ async fn an_apply_job_killed_mid_apply_is_never_applied_again() -> anyhow::Resul
         "resource \"null_resource\" \"slow\" {{\n  provisioner \"local-exec\" {{\n    command = \"sleep {marker}\"\n  }}\n}}\n"
     );
     let repo = GitRepo::new(&[("infra/network/main.tf", &config)])?;
-    let capsule = register(&stack, &repo, json!({})).await?;
+    let capsule = stack
+        .new_capsule(&repo, "network", "infra/network", json!({}))
+        .await?;
     let plan = stack.client.plan(capsule.id, None).await?;
     assert_eq!(once(&stack, "plan", &["--idle-secs", "20"]).await?.0, 0);
     assert_eq!(once(&stack, "gate", &["--idle-secs", "20"]).await?.0, 0);

@@ -1350,3 +1350,35 @@ async fn a_one_step_apply_runs_on_the_relay_worker() -> anyhow::Result<()> {
     worker.kill().await?;
     stack.stop().await
 }
+
+/// A relay worker holds no control-plane secret, however it would be given: each one set
+/// directly or as a `_FILE` stops the worker before it does anything.
+#[tokio::test]
+async fn a_relay_worker_refuses_control_plane_secrets_in_any_form() -> anyhow::Result<()> {
+    let bin = takosumi_tests::binary("takosumi-relay")?;
+    for name in [
+        "TAKOSUMI_DATABASE_URL",
+        "TAKOSUMI_DATABASE_URL_FILE",
+        "TAKOSUMI_AMQP_URL_FILE",
+        "TAKOSUMI_S3_SECRET_KEY_FILE",
+        "TAKOSUMI_SEAL_KEY_FILE",
+        "TAKOSUMI_EVIDENCE_KEY_FILE",
+    ] {
+        let out = tokio::process::Command::new(&bin)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TAKOSUMI_DEPLOY_CONTROL_URL", "http://127.0.0.1:9")
+            .env("TAKOSUMI_POOL_TOKEN", "pool-token-canary")
+            .env(name, "/dev/null")
+            .output()
+            .await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: the worker started");
+        assert!(
+            stderr.contains(&format!("{name} is set: a relay worker talks only to the API")),
+            "{name}: {stderr}"
+        );
+        assert!(!stderr.contains("pool-token-canary"), "{stderr}");
+    }
+    Ok(())
+}

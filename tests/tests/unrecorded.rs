@@ -268,24 +268,7 @@ async fn state_store_is_retried_until_storage_is_back() -> anyhow::Result<()> {
 /// A Capsule of `infra/examples/null` (two `null_resource`s: a plan of it without state
 /// adds two, with the applied state adds none).
 async fn register_null(stack: &Stack, repo: &GitRepo) -> anyhow::Result<Capsule> {
-    let ws = stack
-        .client
-        .create_workspace(&format!(
-            "ws-{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        ))
-        .await?;
-    let req = NewCapsule {
-        name: "nodes".into(),
-        source: Source {
-            repo: repo.url(),
-            branch: "main".into(),
-        },
-        dir: "infra/null".into(),
-        tool: "terraform".into(),
-        vars: serde_json::Map::new(),
-    };
-    Ok(stack.client.create_capsule(ws.id, &req).await?)
+    stack.new_capsule(repo, "nodes", "infra/null", serde_json::json!({})).await
 }
 
 /// A stack on its own object storage (so storage can refuse states) and its own broker

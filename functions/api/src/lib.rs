@@ -1,8 +1,11 @@
-//! The HTTP API and Git webhook receiver. It authenticates callers, validates input, and
-//! writes rows together with their outbox wake-ups in one transaction; it never runs the
-//! tool, never reads sealed objects, and never shows an object key. The outbox relay and
-//! the lease reaper run beside it, and so does the evidence writer, which signs each ended
-//! Run's statement (issue 20), and the dead-letter collector (issue 15).
+//! The HTTP API, the dashboard and the Git webhook receiver. It authenticates callers,
+//! validates input, and writes rows together with their outbox wake-ups in one transaction;
+//! it never runs the tool and never shows an object key or a sealed value. It opens sealed
+//! objects only to hand them on: to a worker pool, re-sealed to the pool's delivery key
+//! (`relay`), a held state an operator restores (`resolve_state`), a webhook secret to
+//! check a signature (`detection`). Beside it run the outbox relay, the lease reaper, the
+//! evidence writer (which signs each ended Run's statement), the dead-letter collector and,
+//! on `TAKOSUMI_METRICS_LISTEN`, `/metrics`.
 
 mod access;
 mod auth;

@@ -336,6 +336,18 @@ impl takosumi_steps::ApplyHost for NodeApplyHost<'_> {
         install_lockfile(self.ctx, wd, self.plan_run).await
     }
 
+    async fn plan_show(&self) -> Option<serde_json::Value> {
+        // Sealed with the server key beside the plan file, by the same plan step: what
+        // `show -json` of the verified plan file would print. Unreadable, the tool is asked.
+        match plan_commit::read_plan_json(self.ctx, self.plan_run.id).await {
+            Ok(show) => Some(show),
+            Err(e) => {
+                tracing::warn!(run_id = %self.run_id, error = %e, "the plan's sealed JSON is unreadable; running show -json instead");
+                None
+            }
+        }
+    }
+
     async fn after_tool(&self) {
         wipe_sealed_plan(self.ctx, self.plan_run.id, self.plan_key).await;
     }

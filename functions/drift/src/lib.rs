@@ -1,5 +1,7 @@
-//! The drift-check step. A drift check is a dry-run plan of the Capsule's current source
-//! against its current state (`plan -detailed-exitcode -out`, never `-refresh-only`): the
+//! The drift-check step. A drift check is a dry-run plan of what was applied — the commit
+//! and the variables of the Run behind the Capsule's current StateVersion (it fails
+//! `not_applied` when there is none) — against its current state (`plan -detailed-exitcode
+//! -out`, never `-refresh-only`): the
 //! tool's exit code says whether anything would change, `show -json` says what; it records
 //! `drift: true|false`, and — only when it found drift — keeps its saved plan sealed so a
 //! reconcile (`POST /runs/{check}/apply`) carries out exactly the plan shown with the

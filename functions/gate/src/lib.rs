@@ -17,9 +17,6 @@ use takosumi_store::{activity, events, gates, outbox, runs};
 
 mod one_step;
 
-/// The largest sealed `show -json` the gate reads.
-const MAX_PLAN_JSON: u64 = 64 * 1024 * 1024;
-
 /// Handles one `run.gate` wake-up. Safe to run twice: the decision is recorded once.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run_id = msg.run_id;
@@ -140,7 +137,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         }
     }
     let plan_json = if rules.plan_gate.is_some() {
-        Some(read_plan_json(ctx, plan_run_id).await?)
+        Some(takosumi_runtime::plan_commit::read_plan_json(ctx, plan_run_id).await?)
     } else {
         None
     };
@@ -261,26 +258,3 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     Ok(Outcome::Done)
 }
 
-/// The saved plan's `show -json`, sealed by the plan step under `<plan run id>:show`.
-async fn read_plan_json(
-    ctx: &Ctx,
-    plan_run_id: takosumi_core::RunId,
-) -> Result<serde_json::Value, StepError> {
-    let (_, key, _, _) = gates::gate_fields(&ctx.pool, plan_run_id)
-        .await
-        .map_err(store_err)?
-        .ok_or_else(|| StepError::Poison(format!("plan {plan_run_id} vanished")))?;
-    let key = key.ok_or_else(|| {
-        StepError::Internal(format!("plan {plan_run_id} kept no plan JSON").into())
-    })?;
-    let sealed = ctx
-        .objects
-        .get(&key, MAX_PLAN_JSON)
-        .await
-        .map_err(object_err)?;
-    let bytes = ctx
-        .sealer
-        .unseal(Purpose::Plan, &format!("{plan_run_id}:show"), &sealed)
-        .map_err(StepError::internal)?;
-    serde_json::from_slice(&bytes).map_err(StepError::internal)
-}

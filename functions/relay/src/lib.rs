@@ -42,20 +42,24 @@ pub struct RelaySettings {
 }
 
 impl RelaySettings {
-    /// Reads the process environment. Refuses to start with a database URL or object-store
-    /// credentials in it: a relay worker must not need them, and must not hold them.
+    /// Reads the process environment. Refuses to start with a control-plane secret in it
+    /// (database or broker URL, object-store credentials, the seal or evidence key), given
+    /// directly or as a `_FILE`: a relay worker must not need them, and must not hold them.
     pub fn from_env() -> anyhow::Result<Self> {
         for forbidden in [
             "TAKOSUMI_DATABASE_URL",
+            "TAKOSUMI_AMQP_URL",
             "TAKOSUMI_S3_SECRET_KEY",
             "TAKOSUMI_S3_ACCESS_KEY",
             "TAKOSUMI_SEAL_KEY",
             "TAKOSUMI_EVIDENCE_KEY",
         ] {
-            anyhow::ensure!(
-                std::env::var_os(forbidden).is_none(),
-                "{forbidden} is set: a relay worker talks only to the API; unset it"
-            );
+            for name in [forbidden.to_owned(), format!("{forbidden}_FILE")] {
+                anyhow::ensure!(
+                    std::env::var_os(&name).is_none(),
+                    "{name} is set: a relay worker talks only to the API; unset it"
+                );
+            }
         }
         let vars: std::collections::HashMap<String, String> = std::env::vars()
             // PATH: where the tools are looked up (RunnerConfig::from_settings)
@@ -591,6 +595,11 @@ impl takosumi_steps::ApplyHost for RelayHost<'_> {
                 .map_err(internal)?;
         }
         Ok(self.spec["providerLockDigest"].as_str().map(str::to_owned))
+    }
+
+    /// The job does not carry the plan's JSON: the worker runs `show -json` itself.
+    async fn plan_show(&self) -> Option<Value> {
+        None
     }
 
     async fn after_tool(&self) {}

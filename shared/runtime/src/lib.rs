@@ -1,7 +1,10 @@
 //! What every Takosumi process shares: the typed [`Settings`] loaded once from
 //! `TAKOSUMI_*`, the step context [`Ctx`] (database pool, broker, object store, sealer,
 //! runner), telemetry, the shutdown signal, leases, the reaper and the worker loop a step
-//! binary runs. It owns wiring only; the steps live in `functions/*`.
+//! binary runs, and the step logic both hosts (a control-node step and the API's relay
+//! endpoints) commit through: `plan_commit`, `apply_commit`, `dry_run`, `inputs`,
+//! `dependencies`, `cancel`. The steps' own decisions live in `functions/*` and
+//! `takosumi-steps`.
 #![deny(missing_docs)]
 
 pub mod apply_commit;

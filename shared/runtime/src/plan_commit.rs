@@ -426,3 +426,31 @@ pub async fn commit_plan(
     }
     Ok(Committed::Done)
 }
+
+/// The largest sealed `show -json` read back.
+const MAX_PLAN_JSON: u64 = 64 * 1024 * 1024;
+
+/// The saved plan's `show -json`, sealed by the plan step under `<plan run id>:show` (the
+/// gate's policy input; the apply's sensitive values, instead of running `show` again).
+pub async fn read_plan_json(
+    ctx: &Ctx,
+    plan_run_id: takosumi_core::RunId,
+) -> Result<serde_json::Value, StepError> {
+    let (_, key, _, _) = takosumi_store::gates::gate_fields(&ctx.pool, plan_run_id)
+        .await
+        .map_err(store_err)?
+        .ok_or_else(|| StepError::Poison(format!("plan {plan_run_id} vanished")))?;
+    let key = key.ok_or_else(|| {
+        StepError::Internal(format!("plan {plan_run_id} kept no plan JSON").into())
+    })?;
+    let sealed = ctx
+        .objects
+        .get(&key, MAX_PLAN_JSON)
+        .await
+        .map_err(object_err)?;
+    let bytes = ctx
+        .sealer
+        .unseal(Purpose::Plan, &format!("{plan_run_id}:show"), &sealed)
+        .map_err(StepError::internal)?;
+    serde_json::from_slice(&bytes).map_err(StepError::internal)
+}

@@ -123,13 +123,7 @@ where
     }
     let mut cfg = ConsumeConfig::new(topic.queue_name());
     cfg.concurrency = 1;
-    let step = {
-        let ctx = ctx.clone();
-        move |msg: RunMessage| {
-            let (ctx, handler) = (ctx.clone(), handler.clone());
-            async move { handler(ctx, msg).await }
-        }
-    };
+    let step = with_ctx(&ctx, handler);
     let report = consume_once(&ctx.bus, &cfg, limits, step, shutdown).await;
     let flushed = flush_outbox(&ctx).await;
     ctx.bus.close().await;
@@ -143,6 +137,15 @@ where
         "--once: done"
     );
     Ok(())
+}
+
+/// The consumer's handler: the step's `handler` given this process's context.
+fn with_ctx<H, Fut>(ctx: &Ctx, handler: H) -> impl Fn(RunMessage) -> Fut + Clone + Send + Sync + 'static
+where
+    H: Fn(Ctx, RunMessage) -> Fut + Clone + Send + Sync + 'static,
+{
+    let ctx = ctx.clone();
+    move |msg| handler(ctx.clone(), msg)
 }
 
 /// Publishes due outbox rows until none are left (bounded: a broker that is away leaves
@@ -210,13 +213,7 @@ where
             })?;
     let mut cfg = ConsumeConfig::new(topic.queue_name());
     cfg.concurrency = settings.concurrency;
-    let step = {
-        let ctx = ctx.clone();
-        move |msg: RunMessage| {
-            let (ctx, handler) = (ctx.clone(), handler.clone());
-            async move { handler(ctx, msg).await }
-        }
-    };
+    let step = with_ctx(&ctx, handler);
     // Reconnect delays grow (with jitter) while the broker stays away and start small
     // again after a session that ran: a second outage an hour later is not met with the
     // longest delay of the first.

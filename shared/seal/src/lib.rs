@@ -1,5 +1,5 @@
-//! Envelope sealing for Takosumi's private artifacts (plan files, lockfiles, state files,
-//! credentials, module archives) with AES-256-GCM.
+//! Envelope sealing for Takosumi's private artifacts (plan files and their `show -json`,
+//! lockfiles, state files, credentials, a Run's variables, webhook secrets) with AES-256-GCM.
 //!
 //! This crate owns the sealed byte format, the server's sealing keys (a current key plus
 //! older keys still accepted for unsealing during a rotation) and the binding of every

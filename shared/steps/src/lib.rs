@@ -110,6 +110,11 @@ pub trait ApplyHost: Host {
         wd: &Workdir,
     ) -> impl Future<Output = Result<Option<String>, Self::Error>> + Send;
 
+    /// The saved plan's `show -json` as its plan sealed it, when this host has it: the
+    /// apply then learns the plan's sensitive values without starting the tool a second
+    /// time. `None` runs `show -json` on the saved plan instead.
+    fn plan_show(&self) -> impl Future<Output = Option<Value>> + Send;
+
     /// Called once the apply tool has run (whatever its result): the saved plan is used up.
     fn after_tool(&self) -> impl Future<Output = ()> + Send;
 }
@@ -580,14 +585,18 @@ pub async fn apply<H: ApplyHost>(
         ));
     }
 
-    // Everything the saved plan marks sensitive joins the masker before apply prints.
-    let show = runner.show_json(wd, tool, &env).await.map_err(|e| match e.failure_code() {
-        Some(_) => PlanError::Fail(
-            FailureCode::ApplyFailed,
-            format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"),
-        ),
-        None => PlanError::Runner(e),
-    })?;
+    // Everything the saved plan marks sensitive joins the masker before apply prints: from
+    // the plan's own sealed `show -json` when the host has it, else from the tool.
+    let show = match host.plan_show().await {
+        Some(show) => show,
+        None => runner.show_json(wd, tool, &env).await.map_err(|e| match e.failure_code() {
+            Some(_) => PlanError::Fail(
+                FailureCode::ApplyFailed,
+                format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"),
+            ),
+            None => PlanError::Runner(e),
+        })?,
+    };
     masker.add_plan_sensitive(&show);
     drop(show);
     host.event("tool_started", json!({ "command": "apply" }))
