@@ -34,6 +34,7 @@ use takosumi_store::{Tx, activity, capsules, workspaces};
 use zeroize::Zeroize;
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 /// Most entries in one env credential set.
@@ -98,7 +99,7 @@ fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
     raw: &str,
 ) -> Result<T, ApiError> {
     raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })
 }
 
@@ -115,7 +116,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::invalid("invalid_binding", message)
+    ApiError::invalid(ErrorCode::InvalidBinding, message)
 }
 
 fn check_value(what: &str, value: &str) -> Result<(), ApiError> {
@@ -305,7 +306,7 @@ async fn create_binding(
     let mut req: NewBindingReq = parse_secret_body(&body)?;
     if !valid_name(&req.name) {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "a ProviderBinding name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
         ));
     }
@@ -344,7 +345,7 @@ async fn create_binding(
         Ok(b) => b,
         Err(e) if e.is_unique_violation() => {
             return Err(ApiError::conflict(
-                "binding_exists",
+                ErrorCode::BindingExists,
                 format!(
                     "a ProviderBinding named {:?} already exists in this Workspace",
                     req.name
@@ -432,7 +433,7 @@ async fn attach_binding(
                 .find(|n| binding.env_names.contains(n))
             {
                 return Err(ApiError::conflict(
-                    "env_name_conflict",
+                    ErrorCode::EnvNameConflict,
                     format!(
                         "ProviderBinding {:?} already injects {name:?} into this Capsule's runs; detach it first",
                         other.name
@@ -557,7 +558,7 @@ impl PlanInputs {
     /// Validates the inputs against `capsule` and returns the Run's non-secret variables:
     /// the Capsule's, with `vars` merged over them and sensitive names left out.
     pub(crate) fn effective_vars(&self, capsule: &capsules::Capsule) -> Result<Value, ApiError> {
-        let bad = |m: String| ApiError::invalid("invalid_vars", m);
+        let bad = |m: String| ApiError::invalid(ErrorCode::InvalidVars, m);
         ToolEnv::new()
             .with_variables(&self.vars)
             .map_err(|e| bad(e.to_string()))?;

@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 use takosumi_store::dead_letters::{self, Selection};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 /// Messages shown per queue when `limit` is not given.
@@ -87,14 +88,14 @@ async fn list(
     let Query(q) = q.map_err(|e| {
         ApiError::client(
             StatusCode::BAD_REQUEST,
-            "invalid_query",
+            ErrorCode::InvalidQuery,
             format!("the query string is not valid: {}", e.body_text()),
         )
     })?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     if limit > MAX_LIMIT {
         return Err(ApiError::invalid(
-            "invalid_limit",
+            ErrorCode::InvalidLimit,
             format!("limit is at most {MAX_LIMIT}"),
         ));
     }
@@ -198,13 +199,13 @@ fn selection(body: &Bytes) -> Result<Selection, ApiError> {
     };
     if req.queue.is_none() && req.ids.is_none() && !req.all {
         return Err(ApiError::invalid(
-            "no_selection",
+            ErrorCode::NoSelection,
             "name the dead letters: {\"queue\": \"run.plan\"}, {\"ids\": [..]} or {\"all\": true}",
         ));
     }
     if req.all && (req.queue.is_some() || req.ids.is_some()) {
         return Err(ApiError::invalid(
-            "invalid_selection",
+            ErrorCode::InvalidSelection,
             "`all` cannot be combined with `queue` or `ids`",
         ));
     }
@@ -212,7 +213,7 @@ fn selection(body: &Bytes) -> Result<Selection, ApiError> {
         && !takosumi_queue::Topology::load().queues.contains(q)
     {
         return Err(ApiError::invalid(
-            "unknown_queue",
+            ErrorCode::UnknownQueue,
             format!(
                 "`{q}` is not a step queue (one of: {})",
                 takosumi_queue::Topology::load().queues.join(", ")
@@ -223,7 +224,7 @@ fn selection(body: &Bytes) -> Result<Selection, ApiError> {
         && (ids.is_empty() || ids.len() > MAX_IDS)
     {
         return Err(ApiError::invalid(
-            "invalid_ids",
+            ErrorCode::InvalidIds,
             format!("`ids` names 1 to {MAX_IDS} dead letters"),
         ));
     }

@@ -29,6 +29,7 @@ use takosumi_seal::Purpose;
 use takosumi_store::{Tx, activity, capsules, detection, events, outbox, runs, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
@@ -102,7 +103,7 @@ pub fn api() -> Api {
 }
 
 fn bad_id(e: takosumi_core::IdParseError) -> ApiError {
-    ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+    ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
 }
 
 async fn load_workspace(
@@ -329,7 +330,7 @@ fn delivery_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     if id.is_empty() || id.len() > 256 || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::client(
             StatusCode::BAD_REQUEST,
-            "invalid_delivery_id",
+            ErrorCode::InvalidDeliveryId,
             "the delivery id header must be 1 to 256 visible ASCII characters",
         ));
     }
@@ -394,7 +395,7 @@ async fn git_webhook(
     let unauthorized = || {
         ApiError::client(
             StatusCode::UNAUTHORIZED,
-            "invalid_signature",
+            ErrorCode::InvalidSignature,
             "the webhook signature does not verify",
         )
     };
@@ -458,7 +459,7 @@ async fn push(
         .unwrap_or_default();
     if commit.len() < 7 || !commit.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(ApiError::invalid(
-            "invalid_event",
+            ErrorCode::InvalidEvent,
             "the push names no commit (`after`)",
         ));
     }
@@ -556,7 +557,7 @@ async fn pull_request(
     if head_ref.is_empty() || head_sha.len() < 7 || !head_sha.chars().all(|c| c.is_ascii_hexdigit())
     {
         return Err(ApiError::invalid(
-            "invalid_event",
+            ErrorCode::InvalidEvent,
             "the pull request names no head branch and commit",
         ));
     }
@@ -628,7 +629,7 @@ fn some_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<
 fn check_interval(secs: Option<i32>) -> Result<(), ApiError> {
     match secs {
         Some(s) if s < 60 => Err(ApiError::invalid(
-            "invalid_interval",
+            ErrorCode::InvalidInterval,
             "driftIntervalSecs must be at least 60 (or null)",
         )),
         _ => Ok(()),
@@ -725,7 +726,7 @@ async fn capsule_drift_check(
     // nobody applied.
     if !has_baseline(&st, capsule.id).await? {
         return Err(ApiError::conflict(
-            "not_applied",
+            ErrorCode::NotApplied,
             format!("Capsule {}: {}", capsule.id, detection::NOT_APPLIED),
         ));
     }

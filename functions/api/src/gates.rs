@@ -18,6 +18,7 @@ use takosumi_policy::RuleSet;
 use takosumi_store::{activity, capsules, events, gates, outbox, runs, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
@@ -59,10 +60,10 @@ fn parse_rules(body: &Bytes) -> Result<RuleSet, ApiError> {
         .map_err(|e| ApiError::invalid_json(format!("the rules are not valid: {e}")))?;
     rules.validate().map_err(|e| match e {
         takosumi_policy::PolicyError::Compile(m) => ApiError::invalid(
-            "invalid_policy",
+            ErrorCode::InvalidPolicy,
             format!("the plan_gate policy does not compile: {m}"),
         ),
-        other => ApiError::invalid("invalid_rules", other.to_string()),
+        other => ApiError::invalid(ErrorCode::InvalidRules, other.to_string()),
     })?;
     Ok(rules)
 }
@@ -99,7 +100,7 @@ async fn store_rules(
 
 fn ws_id(raw: &str) -> Result<WorkspaceId, ApiError> {
     raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })
 }
 
@@ -141,7 +142,7 @@ async fn load_capsule(
     raw: &str,
 ) -> Result<capsules::Capsule, ApiError> {
     let id: CapsuleId = raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })?;
     let capsule = capsules::get(&st.pool, id)
         .await?
@@ -191,7 +192,7 @@ async fn approve(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let id: RunId = run.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })?;
     let run = runs::get(&st.pool, id)
         .await?
@@ -205,7 +206,7 @@ async fn approve(
     };
     if req.note.as_ref().is_some_and(|n| n.len() > 2000) {
         return Err(ApiError::invalid(
-            "invalid_note",
+            ErrorCode::InvalidNote,
             "the note is at most 2000 characters",
         ));
     }
@@ -233,7 +234,7 @@ pub async fn approve_run(
     let id = run.id;
     if run.status != RunStatus::Held {
         return Err(ApiError::conflict(
-            "not_held",
+            ErrorCode::NotHeld,
             format!(
                 "{id} is {}; only a held Run can be approved",
                 run.status.as_str()
@@ -245,7 +246,7 @@ pub async fn approve_run(
         .ok_or_else(|| ApiError::not_found("the Run"))?;
     if caller.0.id.to_string() == run.actor_id {
         return Err(ApiError::forbidden_code(
-            "self_approval",
+            ErrorCode::SelfApproval,
             "the requester of a Run cannot approve it; ask another approver",
         ));
     }
@@ -259,7 +260,7 @@ pub async fn approve_run(
         && Some(d) != run.plan_digest.as_deref()
     {
         return Err(ApiError::conflict(
-            "plan_digest_mismatch",
+            ErrorCode::PlanDigestMismatch,
             "this approval names another plan's digest; an approval only ever releases the plan its approver reviewed",
         ));
     }
@@ -275,7 +276,7 @@ pub async fn approve_run(
     .await?
     {
         return Err(ApiError::conflict(
-            "already_approved",
+            ErrorCode::AlreadyApproved,
             "you already approved this Run",
         ));
     }

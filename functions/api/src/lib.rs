@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use access::{Access, Endpoint, Scope, endpoints};
 pub use auth::{Action, Caller, new_token};
-pub use error::ApiError;
+pub use error::{ApiError, ErrorBody, ErrorCode};
 
 /// What every request handler shares.
 #[derive(Clone, Debug)]

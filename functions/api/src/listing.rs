@@ -13,6 +13,7 @@ use takosumi_core::WorkspaceId;
 use takosumi_store::{listing, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
@@ -50,7 +51,7 @@ async fn list_capsules(
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ws: WorkspaceId = ws.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })?;
     caller.require(Action::Read, Some(ws))?;
     workspaces::get(&st.pool, ws)

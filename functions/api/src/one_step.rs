@@ -22,6 +22,7 @@ use takosumi_policy::RuleSet;
 use takosumi_store::{activity, apply_modes, capsules, events, gates, outbox, runs};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 pub fn api() -> Api {
@@ -65,7 +66,7 @@ async fn apply_capsule(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let id: CapsuleId = cap.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })?;
     let capsule = capsules::get(&st.pool, id)
         .await?
@@ -118,7 +119,7 @@ async fn apply_capsule(
                 .await?
                 .ok_or_else(|| {
                     ApiError::conflict(
-                        "conflict",
+                        ErrorCode::Conflict,
                         "a concurrent request with this Idempotency-Key is in progress; retry",
                     )
                 })?;
@@ -196,7 +197,7 @@ async fn replay(
         );
     if !same {
         return Err(ApiError::invalid(
-            "idempotency_key_reused",
+            ErrorCode::IdempotencyKeyReused,
             "this Idempotency-Key was already used for a different request",
         ));
     }

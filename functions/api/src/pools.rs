@@ -19,6 +19,7 @@ use takosumi_store::pools::{self, WorkerPool};
 use takosumi_store::{activity, capsules, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 /// The steps whose wake-ups a pool's queues carry.
@@ -76,9 +77,11 @@ struct KeyBody {
 fn parse_key(k: &KeyBody) -> Result<DeliveryPublicKey, ApiError> {
     let raw = base64::engine::general_purpose::STANDARD
         .decode(k.public_key.trim())
-        .map_err(|_| ApiError::invalid("invalid_delivery_key", "publicKey must be base64"))?;
+        .map_err(|_| {
+            ApiError::invalid(ErrorCode::InvalidDeliveryKey, "publicKey must be base64")
+        })?;
     DeliveryPublicKey::new(&k.key_id, &raw)
-        .map_err(|e| ApiError::invalid("invalid_delivery_key", e.to_string()))
+        .map_err(|e| ApiError::invalid(ErrorCode::InvalidDeliveryKey, e.to_string()))
 }
 
 #[derive(Deserialize)]
@@ -124,7 +127,7 @@ async fn create_pool(
     let req: NewPool = crate::routes::parse_body(&body)?;
     if !crate::routes::valid_name(&req.name) || req.name.len() > 48 {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "a pool name is 1-48 letters, digits, '-', '_' or '.', starting with a letter or digit (it names the pool's queues)",
         ));
     }
@@ -145,7 +148,7 @@ async fn create_pool(
         Ok(p) => p,
         Err(e) if e.is_unique_violation() => {
             return Err(ApiError::conflict(
-                "pool_exists",
+                ErrorCode::PoolExists,
                 format!("a worker pool named {:?} already exists", req.name),
             ));
         }
@@ -183,7 +186,7 @@ async fn rotate_key(
     let grace = req.grace_secs.unwrap_or(DEFAULT_GRACE_SECS);
     if !(0..=30 * 24 * 3600).contains(&grace) {
         return Err(ApiError::invalid(
-            "invalid_grace",
+            ErrorCode::InvalidGrace,
             "graceSecs is 0 to 2592000 (30 days)",
         ));
     }
@@ -193,7 +196,7 @@ async fn rotate_key(
             Ok(p) => p,
             Err(takosumi_store::StoreError::Conflict(_)) => {
                 return Err(ApiError::conflict(
-                    "delivery_key_id_used",
+                    ErrorCode::DeliveryKeyIdUsed,
                     format!(
                         "the pool uses (or last used) key id {:?}; give the new key a new id",
                         key.key_id
@@ -251,7 +254,7 @@ async fn set_capsule_pool(
     if !pools::set_capsule_pool(&mut tx, capsule.id, pool.as_ref().map(|p| p.id)).await? {
         return Err(ApiError::client(
             StatusCode::CONFLICT,
-            "run_in_flight",
+            ErrorCode::RunInFlight,
             "a Run of this Capsule is queued, held, planning or applying; it keeps the runner it started on: wait until it ends (or cancel it), then move the Capsule",
         ));
     }

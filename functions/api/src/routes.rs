@@ -16,6 +16,7 @@ use takosumi_runner::{Runner, Tool};
 use takosumi_store::{activity, capsules, events, outbox, runs, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
@@ -99,7 +100,7 @@ pub fn router() -> Router<AppState> {
         .fallback(|| async {
             ApiError::client(
                 StatusCode::NOT_FOUND,
-                "no_such_endpoint",
+                ErrorCode::NoSuchEndpoint,
                 "no such endpoint; see the API reference in DESIGN.md §5",
             )
         })
@@ -108,7 +109,7 @@ pub fn router() -> Router<AppState> {
         .method_not_allowed_fallback(|| async {
             ApiError::client(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 "this endpoint does not take that method; see the API reference in DESIGN.md §5",
             )
         })
@@ -128,7 +129,7 @@ pub(crate) fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
     raw: &str,
 ) -> Result<T, ApiError> {
     raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })
 }
 
@@ -138,13 +139,13 @@ pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
     };
     let key = v.to_str().map_err(|_| {
         ApiError::invalid(
-            "invalid_idempotency_key",
+            ErrorCode::InvalidIdempotencyKey,
             "Idempotency-Key must be printable text",
         )
     })?;
     if key.is_empty() || key.len() > 200 {
         return Err(ApiError::invalid(
-            "invalid_idempotency_key",
+            ErrorCode::InvalidIdempotencyKey,
             "Idempotency-Key must be 1 to 200 characters",
         ));
     }
@@ -178,7 +179,7 @@ async fn create_workspace(
     let req: NewWorkspace = parse_body(&body)?;
     if !valid_name(&req.name) {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "a Workspace name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
         ));
     }
@@ -187,7 +188,7 @@ async fn create_workspace(
         Ok(ws) => ws,
         Err(e) if e.is_unique_violation() => {
             return Err(ApiError::conflict(
-                "workspace_exists",
+                ErrorCode::WorkspaceExists,
                 format!("a Workspace named {:?} already exists", req.name),
             ));
         }
@@ -248,13 +249,13 @@ async fn create_capsule(
     let req: NewCapsule = parse_body(&body)?;
     if !valid_name(&req.name) {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "a Capsule name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
         ));
     }
     let repo = req.source.repo.trim();
     takosumi_runner::check_repo_url(repo, st.allow_file_repos)
-        .map_err(|e| ApiError::invalid("invalid_source", e.0))?;
+        .map_err(|e| ApiError::invalid(ErrorCode::InvalidSource, e.0))?;
     let branch = req.source.branch.trim();
     if branch.is_empty()
         || branch.starts_with('-')
@@ -262,7 +263,7 @@ async fn create_capsule(
         || branch.chars().any(|c| c.is_whitespace() || c.is_control())
     {
         return Err(ApiError::invalid(
-            "invalid_source",
+            ErrorCode::InvalidSource,
             "source.branch must be a branch name",
         ));
     }
@@ -270,16 +271,19 @@ async fn create_capsule(
     Runner::validate_dir(&req.dir).map_err(|e| {
         ApiError::client(
             StatusCode::BAD_REQUEST,
-            "invalid_dir",
+            ErrorCode::InvalidDir,
             format!("{e}; give a directory relative to the repository root, without '..'"),
         )
     })?;
-    req.tool
-        .parse::<Tool>()
-        .map_err(|_| ApiError::invalid("invalid_tool", "tool must be \"tofu\" or \"terraform\""))?;
+    req.tool.parse::<Tool>().map_err(|_| {
+        ApiError::invalid(
+            ErrorCode::InvalidTool,
+            "tool must be \"tofu\" or \"terraform\"",
+        )
+    })?;
     takosumi_runner::ToolEnv::new()
         .with_variables(&req.vars)
-        .map_err(|e| ApiError::invalid("invalid_vars", e.to_string()))?;
+        .map_err(|e| ApiError::invalid(ErrorCode::InvalidVars, e.to_string()))?;
     let vars = Value::Object(req.vars.clone());
     let new = capsules::NewCapsule {
         workspace_id: ws,
@@ -295,7 +299,7 @@ async fn create_capsule(
         Ok(id) => id,
         Err(e) if e.is_unique_violation() => {
             return Err(ApiError::conflict(
-                "capsule_exists",
+                ErrorCode::CapsuleExists,
                 format!(
                     "a Capsule named {:?} already exists in this Workspace",
                     req.name
@@ -427,7 +431,7 @@ async fn replay(
             || run.plan_run_id.is_some_and(|p| p.to_string() == subject));
     if !same {
         return Err(ApiError::invalid(
-            "idempotency_key_reused",
+            ErrorCode::IdempotencyKeyReused,
             "this Idempotency-Key was already used for a different request",
         ));
     }
@@ -450,14 +454,14 @@ async fn submit_plan(
         // The seed: "when a user starts an install … the Run records autoApplyRequested".
         if kind != RunKind::Plan {
             return Err(ApiError::invalid(
-                "invalid_auto_apply",
+                ErrorCode::InvalidAutoApply,
                 "autoApplyRequested is for a plan (an install); a destroy plan always stops for review: apply it explicitly",
             ));
         }
         if caller.0.role == "agent" {
             return Err(ApiError::client(
                 StatusCode::FORBIDDEN,
-                "auto_apply_person_only",
+                ErrorCode::AutoApplyPersonOnly,
                 "autoApplyRequested is asked for by a person starting an install; an agent's plan is applied only through review",
             ));
         }
@@ -501,7 +505,7 @@ async fn submit_plan(
             .await?
             .ok_or_else(|| {
                 ApiError::conflict(
-                    "conflict",
+                    ErrorCode::Conflict,
                     "a concurrent request with this Idempotency-Key is in progress; retry",
                 )
             })?;
@@ -590,7 +594,7 @@ pub(crate) async fn propose_apply(
     }
     if !plan.kind.is_plan_like() {
         return Err(ApiError::conflict(
-            "not_a_plan",
+            ErrorCode::NotAPlan,
             format!(
                 "{} is an apply Run; apply the plan Run it carries out instead",
                 plan.id
@@ -599,7 +603,7 @@ pub(crate) async fn propose_apply(
     }
     if plan.status != RunStatus::Planned {
         return Err(ApiError::conflict(
-            "plan_not_ready",
+            ErrorCode::PlanNotReady,
             format!(
                 "{} is {}; only a planned Run can be applied",
                 plan.id,
@@ -613,14 +617,14 @@ pub(crate) async fn propose_apply(
         takosumi_store::unrecorded::unresolved_unknown_apply(&st.pool, plan.capsule_id).await?
     {
         return Err(ApiError::conflict(
-            "capsule_needs_inspection",
+            ErrorCode::CapsuleNeedsInspection,
             takosumi_store::unrecorded::needs_inspection_message(blocking),
         ));
     }
     let speculative = takosumi_store::detection::speculative(&st.pool, plan.id).await?;
     if speculative {
         return Err(ApiError::conflict(
-            "speculative_plan",
+            ErrorCode::SpeculativePlan,
             format!(
                 "{} is a pull request's speculative plan and can never be applied",
                 plan.id
@@ -629,7 +633,7 @@ pub(crate) async fn propose_apply(
     }
     if plan.kind == RunKind::DriftCheck && plan.drift == Some(true) && plan.plan_digest.is_none() {
         return Err(ApiError::conflict(
-            "no_kept_plan",
+            ErrorCode::NoKeptPlan,
             format!(
                 "{} found drift, but its plan was too large to cross the relay and was not kept, so a reconcile cannot be proposed from it; run the check on a queue the control node executes (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}}) and reconcile from that check",
                 plan.id
@@ -640,7 +644,7 @@ pub(crate) async fn propose_apply(
         && (plan.drift != Some(true) || plan.plan_object_key.is_none())
     {
         return Err(ApiError::conflict(
-            "no_kept_plan",
+            ErrorCode::NoKeptPlan,
             format!(
                 "{} kept no plan (it found no drift, or a newer check of the Capsule replaced it); run the check again and propose the reconcile from it",
                 plan.id
@@ -649,7 +653,7 @@ pub(crate) async fn propose_apply(
     }
     if plan.plan_object_key.is_none() {
         return Err(ApiError::conflict(
-            "plan_already_used",
+            ErrorCode::PlanAlreadyUsed,
             format!(
                 "the saved plan of {} was already applied or wiped; plan again",
                 plan.id
@@ -658,7 +662,7 @@ pub(crate) async fn propose_apply(
     }
     if let Some(existing) = runs::live_apply_of(&st.pool, plan.id).await? {
         return Err(ApiError::conflict(
-            "apply_exists",
+            ErrorCode::ApplyExists,
             format!("{existing} already applies this plan"),
         ));
     }
@@ -690,7 +694,7 @@ pub(crate) async fn propose_apply(
                 return Ok(run);
             }
             return Err(ApiError::conflict(
-                "apply_exists",
+                ErrorCode::ApplyExists,
                 format!("another apply of {} was just submitted", plan.id),
             ));
         }

@@ -17,6 +17,7 @@ use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
 
 use crate::access::{Access, Api, Scope};
 use crate::auth::{Action, Caller, new_token};
+use crate::error::ErrorCode;
 use crate::routes::{parse_body, parse_id};
 use crate::{ApiError, AppState};
 
@@ -63,13 +64,13 @@ async fn create(
         || name.chars().any(char::is_control)
     {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             format!("name: 1 to {MAX_NAME_CHARS} printable characters"),
         ));
     }
     if !ROLES.contains(&req.role.as_str()) {
         return Err(ApiError::invalid(
-            "invalid_role",
+            ErrorCode::InvalidRole,
             format!("role: one of {}", ROLES.join(", ")),
         ));
     }
@@ -80,7 +81,7 @@ async fn create(
         }
         Some(_) => {
             return Err(ApiError::invalid(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 format!("expiresInDays: 1 to {MAX_DAYS}"),
             ));
         }
@@ -89,7 +90,7 @@ async fn create(
         && workspaces::get(&st.pool, ws).await?.is_none()
     {
         return Err(ApiError::invalid(
-            "unknown_workspace",
+            ErrorCode::UnknownWorkspace,
             format!("Workspace {ws} does not exist"),
         ));
     }
@@ -154,7 +155,10 @@ async fn revoke(
     let mut tx = st.pool.begin().await?;
     let Some(info) = tokens::revoke(&mut tx, id, &actor).await? else {
         return Err(match tokens::get(&st.pool, id).await? {
-            Some(_) => ApiError::conflict("already_revoked", format!("{id} is already revoked")),
+            Some(_) => ApiError::conflict(
+                ErrorCode::AlreadyRevoked,
+                format!("{id} is already revoked"),
+            ),
             None => ApiError::not_found(&format!("token {id}")),
         });
     };
