@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -52,11 +52,26 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Workspace),
             create_binding,
         )
+        .doc(
+            Doc::op(
+                "createProviderBinding",
+                "A credential set for the Workspace's Capsules (values sealed, never answered)",
+            )
+            .object_body("Its name, kind and values.")
+            .ok_object(201, "The binding (no values)."),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/provider-bindings",
             Access::Token(Action::Read, Scope::Workspace),
             list_bindings,
+        )
+        .doc(
+            Doc::op(
+                "listProviderBindings",
+                "The Workspace's ProviderBindings (no values)",
+            )
+            .ok_object(200, "The bindings."),
         )
         .route(
             Method::POST,
@@ -64,17 +79,40 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Capsule),
             attach_binding,
         )
+        .doc(
+            Doc::op(
+                "attachProviderBinding",
+                "Attach a ProviderBinding to a Capsule",
+            )
+            .object_body("The binding to attach.")
+            .ok_object(200, "Already attached: the Capsule's bindings.")
+            .ok_object(201, "The Capsule's bindings."),
+        )
         .route(
             Method::GET,
             "/api/v1/capsules/{cap}/provider-bindings",
             Access::Token(Action::Read, Scope::Capsule),
             capsule_bindings,
         )
+        .doc(
+            Doc::op(
+                "listCapsuleProviderBindings",
+                "The ProviderBindings attached to a Capsule",
+            )
+            .ok_object(200, "The bindings."),
+        )
         .route(
             Method::DELETE,
             "/api/v1/capsules/{cap}/provider-bindings/{pb}",
             Access::Token(Action::Operate, Scope::Capsule),
             detach_binding,
+        )
+        .doc(
+            Doc::op(
+                "detachProviderBinding",
+                "Detach a ProviderBinding from a Capsule",
+            )
+            .ok_object(200, "The Capsule's bindings."),
         )
 }
 
@@ -518,12 +556,14 @@ async fn detach_binding(
 /// Capsule's for this Run only, and sensitive variables (sealed, masked, names recorded).
 /// An empty body means none. A `null` in `vars` unsets a Capsule default for this Run
 /// (the configuration's own default applies).
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct PlanInputs {
     #[serde(default)]
+    #[schema(value_type = Object)]
     vars: Map<String, Value>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     sensitive_vars: Map<String, Value>,
     /// An install: continue from this plan to its apply if the plan finishes cleanly (the
     /// gate still stops deletions, an approval rule, the cost check and a plan gate for

@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -58,17 +58,36 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Instance),
             list,
         )
+        .doc(
+            Doc::op("listDeadLetters", "Messages the steps gave up on")
+                .query("queue", "Only this step queue's (`run.plan`).")
+                .query("limit", "At most this many.")
+                .ok_object(200, "The dead letters."),
+        )
         .route(
             Method::POST,
             "/api/v1/dead-letters/requeue",
             Access::Token(Action::Administer, Scope::Instance),
             requeue,
         )
+        .doc(
+            Doc::op(
+                "requeueDeadLetters",
+                "Send dead letters back to their queue",
+            )
+            .body::<SelectionBody>()
+            .ok_object(200, "What was requeued."),
+        )
         .route(
             Method::POST,
             "/api/v1/dead-letters/purge",
             Access::Token(Action::Administer, Scope::Instance),
             purge,
+        )
+        .doc(
+            Doc::op("purgeDeadLetters", "Drop dead letters")
+                .body::<SelectionBody>()
+                .ok_object(200, "What was purged."),
         )
 }
 
@@ -176,7 +195,7 @@ fn letter(d: &dead_letters::DeadLetter) -> Value {
 }
 
 /// Which dead letters an action takes.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct SelectionBody {
     /// Those of one step queue (`run.plan`).

@@ -23,7 +23,7 @@ use takosumi_evidence::{Signer, StatementPage};
 use takosumi_store::{Pool, evidence, runs, workspaces};
 use tokio_util::sync::CancellationToken;
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
 use crate::routes::parse_id;
@@ -44,14 +44,34 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Run),
             run_evidence,
         )
+        .doc(
+            Doc::op(
+                "getRunEvidence",
+                "The signed evidence statement of an ended Run",
+            )
+            .ok_object(200, "The statement and its signature."),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/evidence",
             Access::Token(Action::Read, Scope::Workspace),
             workspace_evidence,
         )
+        .doc(
+            Doc::op(
+                "listWorkspaceEvidence",
+                "The Workspace's evidence statements",
+            )
+            .query("limit", "At most this many.")
+            .query("cursor", "From a previous page.")
+            .ok_object(200, "A page of statements."),
+        )
         // A verifier needs the public keys from anywhere, with no token.
         .route(Method::GET, "/api/v1/evidence/keys", Access::Public, keys)
+        .doc(
+            Doc::op("getEvidenceKeys", "The public keys evidence is signed with")
+                .ok_object(200, "Current and rotated-out keys."),
+        )
 }
 
 async fn run_evidence(

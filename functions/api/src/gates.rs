@@ -4,7 +4,7 @@
 //! another, the requester cannot approve their own Run, and only the rule's approver
 //! roles count.
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -29,11 +29,23 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Workspace),
             set_workspace_rules,
         )
+        .doc(
+            Doc::op(
+                "setWorkspaceRules",
+                "Replace the Workspace's approval rules",
+            )
+            .object_body("A rule set.")
+            .ok_object(200, "The rules in force."),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/rules",
             Access::Token(Action::Read, Scope::Workspace),
             get_workspace_rules,
+        )
+        .doc(
+            Doc::op("getWorkspaceRules", "The Workspace's approval rules")
+                .ok_object(200, "The rules."),
         )
         .route(
             Method::PUT,
@@ -41,17 +53,30 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Capsule),
             set_capsule_rules,
         )
+        .doc(
+            Doc::op("setCapsuleRules", "Replace the Capsule's approval rules")
+                .object_body("A rule set.")
+                .ok_object(200, "The rules in force."),
+        )
         .route(
             Method::GET,
             "/api/v1/capsules/{cap}/rules",
             Access::Token(Action::Read, Scope::Capsule),
             get_capsule_rules,
         )
+        .doc(
+            Doc::op("getCapsuleRules", "The Capsule's approval rules").ok_object(200, "The rules."),
+        )
         .route(
             Method::POST,
             "/api/v1/runs/{run}/approve",
             Access::Token(Action::Approve, Scope::Run),
             approve,
+        )
+        .doc(
+            Doc::op("approveRun", "Approve a held Run, bound to its plan digest")
+                .optional_body::<ApproveBody>()
+                .ok_object(200, "The approval and the Run."),
         )
 }
 
@@ -175,7 +200,7 @@ async fn get_capsule_rules(
     ))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ApproveBody {
     /// The digest of the plan the approver reviewed; refused when it is not this Run's.

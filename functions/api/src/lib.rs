@@ -15,6 +15,7 @@ mod evidence;
 mod gates;
 mod listing;
 mod one_step;
+pub mod openapi;
 mod pools;
 mod records;
 mod relay;
@@ -34,7 +35,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-pub use access::{Access, Endpoint, Scope, endpoints};
+pub use access::{Access, Doc, Endpoint, Scope, endpoints};
 pub use auth::{Action, Caller, new_token};
 pub use error::{ApiError, ErrorBody, ErrorCode};
 

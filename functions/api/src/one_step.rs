@@ -8,7 +8,7 @@
 //! binds the plan that runs. An agent's submission is held before anything plans.
 //! The gate checks the rules again when it decides (see the gate's `one_step`).
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -26,15 +26,25 @@ use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 pub fn api() -> Api {
-    Api::new().route(
-        Method::POST,
-        "/api/v1/capsules/{cap}/apply",
-        Access::Token(Action::Submit, Scope::Capsule),
-        apply_capsule,
-    )
+    Api::new()
+        .route(
+            Method::POST,
+            "/api/v1/capsules/{cap}/apply",
+            Access::Token(Action::Submit, Scope::Capsule),
+            apply_capsule,
+        )
+        .doc(
+            Doc::op(
+                "applyCapsule",
+                "Plan and apply in one step (the gate still holds what needs review)",
+            )
+            .optional_body::<ApplyCapsule>()
+            .ok_object(202, "The Run.")
+            .header("Idempotency-Key", "The same key returns the same Run."),
+        )
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ApplyCapsule {
     /// Hold the apply for a person whatever the rules say (it is then planned first).

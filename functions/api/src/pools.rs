@@ -3,7 +3,7 @@
 //! stays deliverable for a grace period), and set the pool a Capsule runs on. With no
 //! pool a Capsule runs on the control node's own queues, as before.
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -36,17 +36,38 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Workspace),
             create_pool,
         )
+        .doc(
+            Doc::op(
+                "createPool",
+                "A worker pool for the Workspace (its token is answered once)",
+            )
+            .body::<NewPool>()
+            .ok_object(201, "The pool and its token."),
+        )
         .route(
             Method::POST,
             "/api/v1/pools/{pool}/delivery-key",
             Access::Token(Action::Administer, Scope::Pool),
             rotate_key,
         )
+        .doc(
+            Doc::op("rotateDeliveryKey", "Register a pool's new delivery key")
+                .body::<KeyBody>()
+                .ok_object(200, "The pool's keys."),
+        )
         .route(
             Method::PUT,
             "/api/v1/capsules/{cap}/pool",
             Access::Token(Action::Operate, Scope::Capsule),
             set_capsule_pool,
+        )
+        .doc(
+            Doc::op(
+                "setCapsulePool",
+                "Which worker pool runs a Capsule (`null`: the control node)",
+            )
+            .body::<SetPool>()
+            .ok_object(200, "The Capsule's pool."),
         )
 }
 
@@ -64,7 +85,7 @@ pub fn view(p: &WorkerPool) -> Value {
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct KeyBody {
     key_id: String,
@@ -84,7 +105,7 @@ fn parse_key(k: &KeyBody) -> Result<DeliveryPublicKey, ApiError> {
         .map_err(|e| ApiError::invalid(ErrorCode::InvalidDeliveryKey, e.to_string()))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct NewPool {
     name: String,
@@ -218,7 +239,7 @@ async fn rotate_key(
     Ok(Json(view(&rotated)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SetPool {
     /// A pool name, or `null` for the control node's own queues.

@@ -16,7 +16,7 @@
 //! `attach_state` also give the Capsule a state through the generation compare-and-set
 //! (see `resolve_state`).
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -52,11 +52,24 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Run),
             cancel_run,
         )
+        .doc(
+            Doc::op(
+                "cancelRun",
+                "Cancel a Run (queued/held at once, running: recorded)",
+            )
+            .optional_body::<CancelRequest>()
+            .ok::<takosumi_wire::Run>(200)
+            .ok::<takosumi_wire::Run>(202),
+        )
         .route(
             Method::GET,
             "/api/v1/runs/{run}/cost",
             Access::Token(Action::Read, Scope::Run),
             run_cost,
+        )
+        .doc(
+            Doc::op("getRunCost", "Cost estimate of the plan")
+                .ok_object(200, "The estimate (see `CostEstimate`)."),
         )
         .route(
             Method::POST,
@@ -68,17 +81,40 @@ pub fn api() -> Api {
                 axum::extract::DefaultBodyLimit::max(crate::resolve_state::RESOLVE_BODY_LIMIT),
             ),
         )
+        .doc(
+            Doc::op("resolveRun", "Resolve an `unknown_outcome` Run")
+                .body::<ResolveRequest>()
+                .ok_object(200, "The resolution and the Run."),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/runs",
             Access::Token(Action::Read, Scope::Workspace),
             list_runs,
         )
+        .doc(
+            Doc::op("listRuns", "The Workspace's Runs, newest first")
+                .query("capsule", "Only this Capsule's (`cap_…`).")
+                .query("kind", "Only this kind.")
+                .query("status", "Only this status.")
+                .query("limit", "At most this many (1-100).")
+                .query("cursor", "From a previous page's `nextCursor`.")
+                .ok::<takosumi_wire::RunPage>(200),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/activity",
             Access::Token(Action::Read, Scope::Workspace),
             list_activity,
+        )
+        .doc(
+            Doc::op(
+                "listActivity",
+                "The Workspace's activity record, newest first",
+            )
+            .query("limit", "At most this many (1-100).")
+            .query("cursor", "From a previous page's `nextCursor`.")
+            .ok::<takosumi_wire::ActivityPage>(200),
         )
 }
 
@@ -178,7 +214,7 @@ fn with_extras(mut view: Value, x: &RecordExtras) -> Value {
 
 // ---- cancel -------------------------------------------------------------------------
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CancelRequest {
     #[serde(default)]
@@ -326,7 +362,7 @@ async fn run_cost(
 
 // ---- resolve ------------------------------------------------------------------------
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ResolveRequest {
     action: String,

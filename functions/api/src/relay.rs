@@ -28,7 +28,7 @@
 
 use std::time::Duration;
 
-use crate::access::{Access, Api};
+use crate::access::{Access, Api, Doc};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
@@ -80,11 +80,24 @@ pub fn api() -> Api {
             Access::PoolToken,
             claim,
         )
+        .doc(
+            Doc::op("relayClaim", "A relay worker claims its pool's next job")
+                .object_body("The worker's identity and keys.")
+                .ok_object(200, "`{\"job\": …}`, `null` when there is none."),
+        )
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/progress",
             Access::PoolToken,
             progress,
+        )
+        .doc(
+            Doc::op(
+                "relayProgress",
+                "Events and log chunks of a claimed Run; answers whether a cancel was asked",
+            )
+            .object_body("Events and log chunks.")
+            .ok_object(200, "Whether to stop."),
         )
         .route(
             Method::PUT,
@@ -92,11 +105,24 @@ pub fn api() -> Api {
             Access::PoolToken,
             plan_file,
         )
+        .doc(
+            Doc::op(
+                "relayPlanFile",
+                "The sealed plan file of a claimed plan Run",
+            )
+            .raw_body("application/octet-stream", "The plan file.")
+            .ok_object(200, "Stored."),
+        )
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/scanned",
             Access::PoolToken,
             scanned,
+        )
+        .doc(
+            Doc::op("relayScanned", "A dry-run scan's result")
+                .object_body("The scan.")
+                .ok_object(200, "Recorded."),
         )
         .route(
             Method::POST,
@@ -104,11 +130,17 @@ pub fn api() -> Api {
             Access::PoolToken,
             one_step,
         )
+        .doc(Doc::op("relayOneStep", "The apply job of a one-step Run").ok_object(200, "The job."))
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/planned",
             Access::PoolToken,
             planned,
+        )
+        .doc(
+            Doc::op("relayPlanned", "A plan Run's result")
+                .object_body("The plan's record.")
+                .ok_object(200, "Recorded."),
         )
         .route(
             Method::POST,
@@ -116,17 +148,37 @@ pub fn api() -> Api {
             Access::PoolToken,
             applied,
         )
+        .doc(
+            Doc::op(
+                "relayApplied",
+                "An apply Run's result and the state it wrote",
+            )
+            .object_body("The apply's record.")
+            .ok_object(200, "Recorded."),
+        )
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/fail",
             Access::PoolToken,
             fail,
         )
+        .doc(
+            Doc::op("relayFail", "A claimed Run failed")
+                .object_body("The failure code and message.")
+                .ok_object(200, "Recorded."),
+        )
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/canceled",
             Access::PoolToken,
             canceled,
+        )
+        .doc(
+            Doc::op(
+                "relayCanceled",
+                "A claimed Run stopped on a requested cancel",
+            )
+            .ok_object(200, "Recorded."),
         )
         .map_router(|r| r.layer(DefaultBodyLimit::max(UPLOAD_LIMIT)))
 }

@@ -1,7 +1,7 @@
 //! Endpoints. Each submission validates everything first, then writes its rows and the
 //! wake-up in one transaction; bad input changes nothing.
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::Method;
@@ -24,11 +24,24 @@ pub fn api() -> Api {
         .route(Method::GET, "/healthz", Access::Public, || async {
             Json(json!({ "status": "ok" }))
         })
+        .doc(
+            Doc::op("health", "Whether the API is up")
+                .ok_object(
+                    200,
+                    "`{\"status\": \"ok\"}` and, when checked, each dependency.",
+                )
+                .ok_object(503, "A dependency is unavailable."),
+        )
         .route(
             Method::POST,
             "/api/v1/workspaces",
             Access::Token(Action::Administer, Scope::Instance),
             create_workspace,
+        )
+        .doc(
+            Doc::op("createWorkspace", "Create a Workspace")
+                .body::<NewWorkspace>()
+                .ok::<takosumi_wire::Workspace>(201),
         )
         .route(
             Method::POST,
@@ -36,11 +49,23 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Workspace),
             create_capsule,
         )
+        .doc(
+            Doc::op("createCapsule", "Register a Capsule")
+                .body::<NewCapsule>()
+                .ok::<takosumi_wire::Capsule>(201),
+        )
         .route(
             Method::GET,
             "/api/v1/capsules/{cap}",
             Access::Token(Action::Read, Scope::Capsule),
             get_capsule,
+        )
+        .doc(
+            Doc::op(
+                "getCapsule",
+                "A Capsule, its status and current StateVersion",
+            )
+            .ok::<takosumi_wire::Capsule>(200),
         )
         .route(
             Method::DELETE,
@@ -48,11 +73,26 @@ pub fn api() -> Api {
             Access::Token(Action::Submit, Scope::Capsule),
             destroy_capsule,
         )
+        .doc(
+            Doc::op(
+                "destroyCapsule",
+                "Propose a destroy plan (nothing is destroyed until it is applied)",
+            )
+            .optional_body::<crate::bindings::PlanInputs>()
+            .ok::<takosumi_wire::Run>(202)
+            .header("Idempotency-Key", "The same key returns the same Run."),
+        )
         .route(
             Method::POST,
             "/api/v1/capsules/{cap}/plan",
             Access::Token(Action::Submit, Scope::Capsule),
             plan_capsule,
+        )
+        .doc(
+            Doc::op("planCapsule", "Submit a plan Run")
+                .optional_body::<crate::bindings::PlanInputs>()
+                .ok::<takosumi_wire::Run>(202)
+                .header("Idempotency-Key", "The same key returns the same Run."),
         )
         .route(
             Method::GET,
@@ -60,11 +100,16 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Run),
             get_run,
         )
+        .doc(Doc::op("getRun", "The Run record").ok::<takosumi_wire::Run>(200))
         .route(
             Method::GET,
             "/api/v1/runs/{run}/events",
             Access::Token(Action::Read, Scope::Run),
             run_events,
+        )
+        .doc(
+            Doc::op("listRunEvents", "The Run's ordered events")
+                .ok::<takosumi_wire::EventList>(200),
         )
         .route(
             Method::GET,
@@ -72,11 +117,18 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Run),
             run_logs,
         )
+        .doc(Doc::op("listRunLogs", "The Run's masked logs").ok::<takosumi_wire::LogList>(200))
         .route(
             Method::POST,
             "/api/v1/runs/{run}/apply",
             Access::Token(Action::Submit, Scope::Run),
             apply_run,
+        )
+        .doc(
+            Doc::op("applyRun", "Propose the apply pinned to this plan")
+                .optional_body::<ApplyOptions>()
+                .ok::<takosumi_wire::Run>(202)
+                .header("Idempotency-Key", "The same key returns the same Run."),
         )
         .merge(crate::gates::api())
         .merge(crate::one_step::api())
@@ -90,6 +142,7 @@ pub fn api() -> Api {
         .merge(crate::evidence::api())
         .merge(crate::review::api())
         .merge(crate::tokens::api())
+        .merge(crate::openapi::api())
         .merge(crate::dashboard::api())
 }
 
@@ -164,7 +217,7 @@ pub(crate) fn valid_name(name: &str) -> bool {
             .is_some_and(|c| c.is_ascii_alphanumeric())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewWorkspace {
     name: String,
@@ -210,7 +263,7 @@ async fn create_workspace(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewCapsuleSource {
     repo: String,
@@ -222,7 +275,7 @@ fn default_branch() -> String {
     "main".to_owned()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewCapsule {
     name: String,
@@ -231,6 +284,7 @@ struct NewCapsule {
     dir: String,
     tool: String,
     #[serde(default)]
+    #[schema(value_type = Object)]
     vars: serde_json::Map<String, Value>,
 }
 
@@ -545,7 +599,7 @@ async fn submit_plan(
 }
 
 /// Options of an apply submission.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ApplyOptions {
     /// Hold the apply for a person whatever the rules say.

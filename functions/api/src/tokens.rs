@@ -15,7 +15,7 @@ use takosumi_core::TokenId;
 use takosumi_store::{activity, tokens, workspaces};
 use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller, new_token};
 use crate::error::ErrorCode;
 use crate::routes::{parse_body, parse_id};
@@ -33,8 +33,24 @@ pub fn api() -> Api {
     let admin = Access::Token(Action::Administer, Scope::Instance);
     Api::new()
         .route(Method::POST, "/api/v1/tokens", admin, create)
+        .doc(
+            Doc::op("createToken", "Make an API token (its value answered once)")
+                .body::<takosumi_wire::NewToken>()
+                .ok::<takosumi_wire::CreatedToken>(201),
+        )
         .route(Method::GET, "/api/v1/tokens", admin, list)
+        .doc(
+            Doc::op("listTokens", "Every API token (never a value)")
+                .ok::<takosumi_wire::TokenList>(200),
+        )
         .route(Method::DELETE, "/api/v1/tokens/{token}", admin, revoke)
+        .doc(
+            Doc::op(
+                "revokeToken",
+                "Revoke a token: refused from its next request on",
+            )
+            .ok::<takosumi_wire::TokenView>(200),
+        )
 }
 
 fn view(t: tokens::TokenInfo) -> TokenView {
