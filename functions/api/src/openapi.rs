@@ -319,6 +319,21 @@ fn param_description(name: &str) -> &'static str {
     }
 }
 
+/// A path parameter's schema: an id's pattern where it names one.
+fn param_schema(name: &str) -> RefOr<Schema> {
+    use takosumi_core::{CapsuleId, ProviderBindingId, RunGroupId, RunId, TokenId, WorkspaceId};
+    use utoipa::PartialSchema;
+    match name {
+        "ws" => WorkspaceId::schema(),
+        "cap" => CapsuleId::schema(),
+        "run" => RunId::schema(),
+        "rg" => RunGroupId::schema(),
+        "pb" => ProviderBindingId::schema(),
+        "token" => TokenId::schema(),
+        _ => string_schema(),
+    }
+}
+
 fn string_schema() -> RefOr<Schema> {
     ObjectBuilder::new().schema_type(Type::String).into()
 }
@@ -353,7 +368,7 @@ pub fn document(endpoints: &[Endpoint]) -> OpenApi {
                     .parameter_in(ParameterIn::Path)
                     .required(Required::True)
                     .description(Some(param_description(p)))
-                    .schema(Some(string_schema())),
+                    .schema(Some(param_schema(p))),
             );
         }
         for (name, description) in &op.query {
