@@ -286,6 +286,22 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow:
         admin && relay,
         "schemathesis found failures; its output is above"
     );
+
+    // The checks bite: with a document that says a Run's status can only be `applied`,
+    // schemathesis refuses the queued Run `GET /runs/{run}` answers.
+    let mut wrong = doc.clone();
+    wrong["components"]["schemas"]["RunStatus"]["enum"] = json!(["applied"]);
+    let wrong_spec = dir.path().join("wrong.json");
+    std::fs::write(&wrong_spec, serde_json::to_vec_pretty(&wrong)?)?;
+    let passed = run_schemathesis(
+        &bin,
+        &wrong_spec,
+        &stack.api_url,
+        &stack.admin_token,
+        &["--include-operation-id", "getRun"],
+    )
+    .await?;
+    assert!(!passed, "schemathesis passed an answer the document does not allow");
     stack.stop().await
 }
 
