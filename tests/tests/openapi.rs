@@ -189,14 +189,13 @@ fn with_examples(mut doc: Value, ids: &Map<String, Value>) -> Value {
     doc
 }
 
-/// schemathesis (from PyPI, installed by `infra/local/install.sh`) against a real API with
-/// a Workspace, a Capsule, a queued plan Run, a token and a worker pool to find: no answer
+/// schemathesis (from PyPI, installed by `infra/local/install.sh`) against a real stack (the
+/// API and the plan, gate and apply steps with terraform) with a Workspace, a Capsule, a
+/// plan Run that was applied, a token and a worker pool to find: no answer
 /// is a 5xx, every answer's status is one the document lists and its body matches the
 /// document's schema. Sent as the bootstrap admin, and the relay operations as the pool's
 /// token. The Git webhook is exercised only unsigned (schemathesis cannot sign a body with
-/// the Workspace's secret): it answers 401, as documented. The Run's event stream is left
-/// out: it is a Server-Sent Events stream that stays open until the Run settles, and with
-/// no plan worker this one never does.
+/// the Workspace's secret): it answers 401, as documented.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow::Result<()> {
     let bin = schemathesis();
@@ -205,7 +204,7 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow:
         "{} is missing: run infra/local/install.sh (it installs schemathesis from PyPI)",
         bin.display()
     );
-    let stack = api_stack().await?;
+    let stack = Stack::start().await?;
     let ws = stack.client.create_workspace("ws-openapi").await?;
     let repo = GitRepo::with_example("network")?;
     let cap = stack
@@ -227,7 +226,9 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow:
             },
         )
         .await?;
-    let run = stack.client.plan(cap.id, None).await?;
+    // A plan that was applied: its plan, cost, approvals, evidence and the Capsule's state
+    // are real answers, not 404s or 409s.
+    let (run, _apply) = stack.plan_and_apply(cap.id).await?;
     let token = stack
         .client
         .create_token(&NewToken {
@@ -266,12 +267,7 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow:
         &spec,
         &stack.api_url,
         &stack.admin_token,
-        &[
-            "--exclude-path-regex",
-            "^/api/v1/relay/",
-            "--exclude-operation-id",
-            "streamRun",
-        ],
+        &["--exclude-path-regex", "^/api/v1/relay/"],
     )
     .await?;
     let relay = run_schemathesis(
@@ -287,10 +283,10 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow:
         "schemathesis found failures; its output is above"
     );
 
-    // The checks bite: with a document that says a Run's status can only be `applied`,
-    // schemathesis refuses the queued Run `GET /runs/{run}` answers.
+    // The checks bite: with a document that says a Run's status can only be `queued`,
+    // schemathesis refuses the planned Run `GET /runs/{run}` answers.
     let mut wrong = doc.clone();
-    wrong["components"]["schemas"]["RunStatus"]["enum"] = json!(["applied"]);
+    wrong["components"]["schemas"]["RunStatus"]["enum"] = json!(["queued"]);
     let wrong_spec = dir.path().join("wrong.json");
     std::fs::write(&wrong_spec, serde_json::to_vec_pretty(&wrong)?)?;
     let passed = run_schemathesis(
@@ -301,7 +297,10 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow:
         &["--include-operation-id", "getRun"],
     )
     .await?;
-    assert!(!passed, "schemathesis passed an answer the document does not allow");
+    assert!(
+        !passed,
+        "schemathesis passed an answer the document does not allow"
+    );
     stack.stop().await
 }
 

@@ -76,7 +76,7 @@ pub fn api() -> Api {
         .doc(
             Doc::op("approveRun", "Approve a held Run, bound to its plan digest")
                 .optional_body::<ApproveBody>()
-                .ok_object(200, "The approval and the Run."),
+                .ok::<takosumi_wire::Run>(200),
         )
 }
 

@@ -39,7 +39,7 @@ pub fn api() -> Api {
                 "Plan and apply in one step (the gate still holds what needs review)",
             )
             .optional_body::<ApplyCapsule>()
-            .ok_object(202, "The Run.")
+            .ok::<takosumi_wire::Run>(202)
             .header("Idempotency-Key", "The same key returns the same Run."),
         )
 }

@@ -204,6 +204,52 @@ impl Doc {
         })
     }
 
+    /// A Server-Sent Events stream whose events' `data:` is the JSON of `T`: described
+    /// event by event (`event`, `id`, `data`), as OpenAPI tools read `text/event-stream`.
+    pub fn ok_sse<T: ToSchema>(self, status: u16, events: &[&'static str]) -> Self {
+        let data = Content::json::<T>();
+        let event = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(events.iter().copied()))
+            .description(Some("The SSE `event:` name."));
+        // JSON Schema 2020-12's `contentSchema`, which utoipa's builder does not have.
+        let mut content_schema = utoipa::openapi::extensions::Extensions::default();
+        content_schema.insert(
+            "contentSchema".to_owned(),
+            serde_json::to_value(&data.schema).unwrap_or_default(),
+        );
+        let payload = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .content_media_type("application/json")
+            .extensions(Some(content_schema))
+            .description(Some("The event's JSON (its `contentSchema`)."));
+        let schema: RefOr<Schema> = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("event", event)
+            .property(
+                "id",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some("A cursor to resume from (`Last-Event-ID`).")),
+            )
+            .property("data", payload)
+            .property("retry", ObjectBuilder::new().schema_type(Type::Integer))
+            .description(Some(
+                "One Server-Sent Event; its `data:` is the JSON of the `contentSchema` type.",
+            ))
+            .into();
+        self.edit(|op| {
+            op.ok.insert(
+                status,
+                Some(Content {
+                    media: "text/event-stream",
+                    schema,
+                    named: data.named,
+                }),
+            );
+        })
+    }
+
     /// An optional query parameter (a string the handler parses).
     pub fn query(self, name: &'static str, description: &'static str) -> Self {
         self.edit(|op| op.query.push((name, description)))

@@ -69,7 +69,7 @@ pub fn api() -> Api {
         )
         .doc(
             Doc::op("getRunCost", "Cost estimate of the plan")
-                .ok_object(200, "The estimate (see `CostEstimate`)."),
+                .ok::<takosumi_core::cost::CostEstimate>(200),
         )
         .route(
             Method::POST,

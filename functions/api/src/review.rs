@@ -66,11 +66,7 @@ pub fn api() -> Api {
                 "streamRun",
                 "Server-Sent Events: the Run's events, logs and status as they happen",
             )
-            .ok_raw(
-                200,
-                "text/event-stream",
-                "Events whose `data:` is a `StreamEvent`.",
-            ),
+            .ok_sse::<takosumi_wire::StreamEvent>(200, &["event", "log", "status", "end", "error"]),
         )
 }
 
