@@ -499,7 +499,7 @@ mod tests {
             };
             assert_eq!(
                 (status, code),
-                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_state")
+                (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidState)
             );
             assert!(!message.contains("canary-secret"), "{message}");
         }
