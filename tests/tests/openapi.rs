@@ -156,6 +156,31 @@ async fn the_document_lists_every_route_and_error_code() -> anyhow::Result<()> {
     stack.stop().await
 }
 
+/// What axum itself refuses (a body over a route's limit, a path segment that is not
+/// UTF-8) answers with the API's error body, as the document says of every error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn axum_rejections_answer_the_error_body() -> anyhow::Result<()> {
+    let stack = api_stack().await?;
+    let big = format!("{{\"name\": \"{}\"}}", "a".repeat(3 * 1024 * 1024));
+    let (s, body) = stack
+        .request(
+            "POST",
+            "/api/v1/workspaces",
+            Some(&stack.admin_token),
+            Some(&big),
+        )
+        .await?;
+    assert_eq!(s, 413, "{body}");
+    assert_eq!(body["code"], "payload_too_large", "{body}");
+    assert!(body["message"].is_string(), "{body}");
+    let (s, body) = stack
+        .request("GET", "/api/v1/runs/%FF", Some(&stack.admin_token), None)
+        .await?;
+    assert_eq!(s, 400, "{body}");
+    assert!(body["code"].is_string(), "{body}");
+    stack.stop().await
+}
+
 fn schemathesis() -> PathBuf {
     if let Ok(p) = std::env::var("TAKOSUMI_SCHEMATHESIS") {
         return p.into();

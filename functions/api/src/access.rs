@@ -128,9 +128,15 @@ impl Api {
         }
         let filter = MethodFilter::try_from(method.clone())
             .unwrap_or_else(|_| panic!("{method} cannot be routed"));
-        let guarded = on(filter, handler).route_layer(from_fn(move |req: Request, next: Next| {
-            guard(access, req, next)
-        }));
+        let mut guarded =
+            on(filter, handler).route_layer(from_fn(move |req: Request, next: Next| {
+                guard(access, req, next)
+            }));
+        if path.starts_with("/api/") {
+            // axum's own rejections (a body over the limit, a path that does not decode)
+            // answer in the API's error shape too, as the OpenAPI document says.
+            guarded = guarded.layer(axum::middleware::map_response(crate::error::json_rejection));
+        }
         self.router = self.router.route(path, guarded);
         self.endpoints.push(Endpoint {
             method,

@@ -89,6 +89,7 @@ error_codes! {
     InvalidPolicy => "invalid_policy",
     InvalidQuery => "invalid_query",
     InvalidReport => "invalid_report",
+    InvalidRequest => "invalid_request",
     InvalidRole => "invalid_role",
     InvalidRules => "invalid_rules",
     InvalidSandbox => "invalid_sandbox",
@@ -118,6 +119,7 @@ error_codes! {
     NotPlanning => "not_planning",
     NotUnknownOutcome => "not_unknown_outcome",
     NotYourClaim => "not_your_claim",
+    PayloadTooLarge => "payload_too_large",
     PlanAlreadyUsed => "plan_already_used",
     PlanDigestMismatch => "plan_digest_mismatch",
     PlanFailed => "plan_failed",
@@ -145,6 +147,7 @@ error_codes! {
     UnexpectedState => "unexpected_state",
     UnknownQueue => "unknown_queue",
     UnknownWorkspace => "unknown_workspace",
+    UnsupportedMediaType => "unsupported_media_type",
     WorkspaceExists => "workspace_exists",
     WrongPool => "wrong_pool",
 }
@@ -263,6 +266,39 @@ impl ApiError {
     pub fn forbidden_code(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::client(StatusCode::FORBIDDEN, code, message)
     }
+}
+
+/// Gives an answer axum made itself (an extractor's rejection: plain text, e.g. a body over
+/// the route's limit) the API's error shape; every other answer passes unchanged.
+pub(crate) async fn json_rejection(resp: Response) -> Response {
+    let status = resp.status();
+    let plain = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    if !status.is_client_error() || !plain {
+        return resp;
+    }
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+        _ => ErrorCode::InvalidRequest,
+    };
+    // A rejection's text says what was wrong with the request (never anything of ours).
+    let text = axum::body::to_bytes(resp.into_body(), 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("bad request")
+            .to_owned()
+    } else {
+        text
+    };
+    ApiError::client(status, code, message).into_response()
 }
 
 impl From<takosumi_store::StoreError> for ApiError {
