@@ -323,14 +323,7 @@ impl IntoResponse for ApiError {
                 status,
                 code,
                 message,
-            } => (
-                status,
-                Json(ErrorBody {
-                    code,
-                    message: message.into(),
-                }),
-            )
-                .into_response(),
+            } => (status, Json(ErrorBody { code, message })).into_response(),
             Self::Internal { transient, source } => {
                 let mut chain = source.to_string();
                 let mut cur = source.source();
