@@ -325,6 +325,38 @@ fn error_statuses(e: &Endpoint, has_body: bool) -> Vec<(u16, &'static str)> {
     out
 }
 
+/// What the route's guard requires, in words (from the same table entry it enforces).
+fn access_text(access: Access) -> String {
+    use crate::access::Scope;
+    use crate::auth::Action;
+    match access {
+        Access::Public => "Access: public (no token).".to_owned(),
+        Access::Session => "Access: a dashboard session.".to_owned(),
+        Access::PoolToken => "Access: a worker pool's token; no API token.".to_owned(),
+        Access::WebhookSignature => {
+            "Access: the Git host's signature with the Workspace's webhook secret.".to_owned()
+        }
+        Access::Token(action, scope) => {
+            let action = match action {
+                Action::Read => "read",
+                Action::Operate => "operate",
+                Action::Submit => "submit",
+                Action::Administer => "administer",
+                Action::Approve => "approve (the rule in force decides whose approval counts)",
+            };
+            let scope = match scope {
+                Scope::Instance => "the instance (a token limited to one Workspace may only read)",
+                Scope::Workspace => "the Workspace `{ws}`",
+                Scope::Capsule => "the Capsule's Workspace",
+                Scope::Run => "the Run's Workspace",
+                Scope::RunGroup => "the RunGroup's Workspace",
+                Scope::Pool => "the pool's Workspace",
+            };
+            format!("Access: an API token whose role may {action} in {scope}.")
+        }
+    }
+}
+
 fn reason(status: u16) -> &'static str {
     axum::http::StatusCode::from_u16(status)
         .ok()
@@ -403,10 +435,15 @@ pub fn document(endpoints: &[Endpoint]) -> OpenApi {
         else {
             continue;
         };
+        let access = access_text(e.access);
+        let description = match op.description {
+            Some(d) => format!("{d}\n\n{access}"),
+            None => access,
+        };
         let mut b = OperationBuilder::new()
             .operation_id(Some(op.id))
             .summary(Some(op.summary))
-            .description(op.description);
+            .description(Some(description));
         for p in path_params(e.path) {
             b = b.parameter(
                 ParameterBuilder::new()
