@@ -14,6 +14,7 @@ bash infra/local/start.sh
 STACK=${TAKOSUMI_STACK:-/var/tmp/takosumi-stack}
 # shellcheck disable=SC1091
 . "$STACK/env.sh"
+bash infra/local/validate-deploy.sh # deploy/: kustomize renders, Kubernetes + KEDA schemas, checkov
 
 if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
     PATH=$HOME/.cargo/bin:$PATH

@@ -436,19 +436,7 @@ impl Stack {
         step: &str,
         extra: &[(&str, &str)],
     ) -> anyhow::Result<tokio::process::Child> {
-        let bin = binary(&format!("takosumi-{step}"))?;
-        let child = tokio::process::Command::new(bin)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUST_LOG", "info")
-            .envs(&self.env_vars)
-            .envs(extra.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()?;
-        Ok(child)
+        self.spawn_step(step, &[], extra, None)
     }
 
     /// Like [`Stack::spawn_process_with`], with the process's stderr (its log) appended
@@ -459,20 +447,40 @@ impl Stack {
         extra: &[(&str, &str)],
         log: &Path,
     ) -> anyhow::Result<tokio::process::Child> {
+        self.spawn_step(step, &[], extra, Some(log))
+    }
+
+    /// Starts the step binary `takosumi-<step>` with command-line `args` (`--once`, …),
+    /// the stack's settings and `extra` variables set last; its output goes to `log`
+    /// (appended) or, without one, stderr to the test's.
+    pub fn spawn_step(
+        &self,
+        step: &str,
+        args: &[&str],
+        extra: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> anyhow::Result<tokio::process::Child> {
         let bin = binary(&format!("takosumi-{step}"))?;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)?;
+        let (stdout, stderr) = match log {
+            Some(log) => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)?;
+                (Stdio::from(file.try_clone()?), Stdio::from(file))
+            }
+            None => (Stdio::null(), Stdio::inherit()),
+        };
         let child = tokio::process::Command::new(bin)
+            .args(args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
             .envs(&self.env_vars)
             .envs(extra.iter().copied())
             .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
+            .stdout(stdout)
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn()?;
         Ok(child)
@@ -627,7 +635,10 @@ async fn spawn_step(
     shutdown: CancellationToken,
 ) -> anyhow::Result<JoinHandle<()>> {
     let ctx = Ctx::connect(settings, topic.queue_name()).await?;
-    let settings = settings.clone();
+    let mut settings = settings.clone();
+    // In-process steps share the test process's metrics with the in-process API, which
+    // serves them; only the API binds TAKOSUMI_METRICS_LISTEN.
+    settings.metrics_listen = None;
     Ok(tokio::spawn(async move {
         let result = match topic {
             Topic::Plan => {
@@ -962,4 +973,31 @@ pub fn plan_filler(mib: u64) -> String {
         }
     }
     big
+}
+
+/// Host pids of processes whose command line is exactly `argv`.
+pub fn processes_exactly(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want)
+                })
+                .filter(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                        !s.rsplit(')')
+                            .next()
+                            .unwrap_or("")
+                            .trim_start()
+                            .starts_with('Z')
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }

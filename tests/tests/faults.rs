@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, RunMessage, RunStatus, Topic};
 use takosumi_tests::probe::{self, record};
-use takosumi_tests::{GitRepo, Options, Stack, Steps};
+use takosumi_tests::{GitRepo, Options, Stack, Steps, processes_exactly};
 use tokio::process::Child;
 use tokio::time::Instant;
 
@@ -823,33 +823,6 @@ async fn operators_requeue_and_purge_dead_letters() -> anyhow::Result<()> {
     assert!(ok && text.contains("dead letters: 0"), "{text}");
     record("faults", "dead letters requeued and purged by operators", 2);
     stack.stop().await
-}
-
-/// Host pids of processes whose command line is exactly `argv`.
-fn processes_exactly(argv: &[&str]) -> Vec<u32> {
-    let want: Vec<u8> = argv
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    std::fs::read_dir("/proc")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                .filter(|pid| {
-                    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want)
-                })
-                .filter(|pid| {
-                    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                        !s.rsplit(')')
-                            .next()
-                            .unwrap_or("")
-                            .trim_start()
-                            .starts_with('Z')
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The sandbox's promise under a hard crash: an apply handler SIGKILLed while its tool

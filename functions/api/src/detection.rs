@@ -218,6 +218,7 @@ async fn create_run(tx: &mut Tx, s: &Start<'_>) -> Result<RunId, ApiError> {
         actor_id: s.actor_id.clone(),
         auto_apply_requested: s.auto_apply,
         idempotency_key: None,
+        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
     let id = runs::insert(tx, &new).await?;
     events::append(

@@ -14,6 +14,7 @@ mod error;
 mod evidence;
 mod gates;
 mod listing;
+mod observe;
 mod one_step;
 pub mod openapi;
 mod pools;
@@ -66,6 +67,7 @@ pub fn router(state: AppState) -> Router {
     // Every route's guard reads the state from the request (it is mounted before the
     // state exists).
     routes::router()
+        .layer(axum::middleware::from_fn(observe::measure))
         .layer(axum::Extension(state.clone()))
         .with_state(state)
 }
@@ -118,6 +120,15 @@ pub async fn serve(
         ctx.bus.clone(),
         background.clone(),
     ));
+    let metrics = takosumi_runtime::metrics_server::spawn(
+        settings.metrics_listen.as_deref(),
+        Some(ctx.pool.clone()),
+        background.clone(),
+    )
+    .await
+    .map_err(|e| takosumi_runtime::SettingsError {
+        problems: vec![format!("TAKOSUMI_METRICS_LISTEN cannot be bound: {e}")],
+    })?;
     let evidence_writer = tokio::spawn(evidence::run_writer(
         ctx.pool.clone(),
         signer,
@@ -149,6 +160,9 @@ pub async fn serve(
     let _ = relay.await;
     let _ = reaper.await;
     let _ = evidence_writer.await;
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     let _ = dead_letters.await;
     ctx.bus.close().await;
     Ok(())

@@ -15,6 +15,10 @@ struct Cli {
 enum Command {
     /// Serve the API on TAKOSUMI_LISTEN (the default).
     Serve,
+    /// Apply pending database migrations and exit. Needs only TAKOSUMI_DATABASE_URL (or
+    /// _FILE). Every process also migrates when it starts; a deployment runs this first, as
+    /// a Job, so a failing migration fails once, there.
+    Migrate,
     /// Create an API token and print it once (only its hash is stored).
     CreateToken {
         /// A name for audit.
@@ -48,8 +52,22 @@ async fn main() -> anyhow::Result<()> {
         println!("# {}", signer.public_key().to_entry());
         return Ok(());
     }
+    if let Some(Command::Migrate) = &cli.command {
+        // Needs only the database: a migration Job gets no other secret.
+        let _telemetry = init_telemetry("api-migrate");
+        let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
+        let url = takosumi_core::read_secret(&vars, "TAKOSUMI_DATABASE_URL")
+            .map_err(anyhow::Error::msg)?
+            .ok_or_else(|| {
+                anyhow::anyhow!("TAKOSUMI_DATABASE_URL (or TAKOSUMI_DATABASE_URL_FILE) is not set")
+            })?;
+        let pool = takosumi_store::connect(&url, 1).await?;
+        takosumi_store::migrate(&pool).await?;
+        tracing::info!("migrations applied");
+        return Ok(());
+    }
     let settings = Settings::from_env()?;
-    init_telemetry("api");
+    let _telemetry = init_telemetry("api");
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
             let ctx = Ctx::connect(&settings, "api").await?;
@@ -71,7 +89,9 @@ async fn main() -> anyhow::Result<()> {
             takosumi_store::tokens::upsert(&pool, &token, &name, &role, workspace).await?;
             println!("{token}");
         }
-        Command::EvidenceKeygen { .. } => unreachable!("handled before the settings are read"),
+        Command::EvidenceKeygen { .. } | Command::Migrate => {
+            unreachable!("handled before the settings are read")
+        }
     }
     Ok(())
 }

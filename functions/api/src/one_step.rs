@@ -119,6 +119,7 @@ async fn apply_capsule(
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: false,
         idempotency_key: key.clone(),
+        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
     let mut tx = st.pool.begin().await?;
     let run_id = match runs::insert(&mut tx, &new).await {

@@ -21,16 +21,14 @@ use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
     Api::new()
-        .route(Method::GET, "/healthz", Access::Public, || async {
-            Json(json!({ "status": "ok" }))
-        })
+        .route(Method::GET, "/healthz", Access::Public, healthz)
         .doc(
-            Doc::op("health", "Whether the API is up")
+            Doc::op("health", "Whether the API, Postgres and the broker are up")
+                .ok_object(200, "`{\"status\", \"postgres\", \"broker\"}`, each `ok`.")
                 .ok_object(
-                    200,
-                    "`{\"status\": \"ok\"}` and, when checked, each dependency.",
-                )
-                .ok_object(503, "A dependency is unavailable."),
+                    503,
+                    "The same, naming the dependency that is `unavailable`.",
+                ),
         )
         .route(
             Method::POST,
@@ -166,6 +164,7 @@ pub fn router() -> Router<AppState> {
                 "this endpoint does not take that method; see the API reference in DESIGN.md §5",
             )
         })
+        .layer(axum::middleware::from_fn(crate::observe::trace))
 }
 
 pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
@@ -221,6 +220,33 @@ pub(crate) fn valid_name(name: &str) -> bool {
 #[serde(deny_unknown_fields)]
 struct NewWorkspace {
     name: String,
+}
+
+/// Readiness: 200 when Postgres answers a query and the broker connection is up (or comes
+/// up), 503 naming which is not, each checked within two seconds. What is wrong is named,
+/// never why (no addresses, no errors).
+async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+    let (postgres, broker) = tokio::join!(
+        tokio::time::timeout(LIMIT, takosumi_store::ping(&state.pool)),
+        tokio::time::timeout(LIMIT, state.bus.get()),
+    );
+    let postgres = matches!(postgres, Ok(Ok(())));
+    let broker = matches!(broker, Ok(Ok(_)));
+    let word = |ok: bool| if ok { "ok" } else { "unavailable" };
+    let status = if postgres && broker {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(json!({
+            "status": word(postgres && broker),
+            "postgres": word(postgres),
+            "broker": word(broker),
+        })),
+    )
 }
 
 async fn create_workspace(
@@ -543,6 +569,7 @@ async fn submit_plan(
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: inputs.auto_apply_requested,
         idempotency_key: key.clone(),
+        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
     let mut tx = st.pool.begin().await?;
     let id = match runs::insert(&mut tx, &new).await {
@@ -730,6 +757,7 @@ pub(crate) async fn propose_apply(
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: false,
         idempotency_key: key.clone(),
+        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
     let mut tx = st.pool.begin().await?;
     let id = match runs::insert(&mut tx, &new).await {

@@ -1,14 +1,23 @@
-//! `takosumi-drift`: consumes `run.drift`.
+//! `takosumi-drift`: consumes `run.drift` (`--once`: one Run's worth, then exit).
 
 use takosumi_core::Topic;
-use takosumi_runtime::{Ctx, Settings, init_telemetry, run_worker, shutdown_signal};
+use takosumi_runtime::{Ctx, Settings, WorkerMode, init_telemetry, run_step, shutdown_signal};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let mode = WorkerMode::from_args("takosumi-drift");
     let settings = Settings::from_env()?;
-    init_telemetry("drift");
+    let _telemetry = init_telemetry("drift");
     let ctx = Ctx::connect(&settings, "drift").await?;
     let handler = |ctx: Ctx, msg| async move { takosumi_drift::handle(&ctx, msg).await };
-    run_worker(ctx, &settings, Topic::Drift, handler, shutdown_signal()).await?;
+    run_step(
+        ctx,
+        &settings,
+        Topic::Drift,
+        handler,
+        mode,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

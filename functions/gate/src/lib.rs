@@ -87,6 +87,8 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 actor_id: run.actor_id.clone(),
                 auto_apply_requested: true,
                 idempotency_key: None,
+                // The apply continues its plan's trace.
+                traceparent: None,
             };
             let apply_id = runs::insert(&mut tx, &new).await.map_err(store_err)?;
             events::append(

@@ -1,14 +1,23 @@
-//! `takosumi-gate`: consumes `run.gate`.
+//! `takosumi-gate`: consumes `run.gate` (`--once`: one Run's worth, then exit).
 
 use takosumi_core::Topic;
-use takosumi_runtime::{Ctx, Settings, init_telemetry, run_worker, shutdown_signal};
+use takosumi_runtime::{Ctx, Settings, WorkerMode, init_telemetry, run_step, shutdown_signal};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let mode = WorkerMode::from_args("takosumi-gate");
     let settings = Settings::from_env()?;
-    init_telemetry("gate");
+    let _telemetry = init_telemetry("gate");
     let ctx = Ctx::connect(&settings, "gate").await?;
     let handler = |ctx: Ctx, msg| async move { takosumi_gate::handle(&ctx, msg).await };
-    run_worker(ctx, &settings, Topic::Gate, handler, shutdown_signal()).await?;
+    run_step(
+        ctx,
+        &settings,
+        Topic::Gate,
+        handler,
+        mode,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

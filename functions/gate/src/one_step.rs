@@ -149,6 +149,8 @@ pub(crate) async fn propose_apply(
             actor_id: run.actor_id.clone(),
             auto_apply_requested: false,
             idempotency_key: None,
+            // The apply continues its plan's trace.
+            traceparent: None,
         };
         let apply_id = runs::insert(&mut tx, &new).await.map_err(store_err)?;
         if require_approval {

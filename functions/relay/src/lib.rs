@@ -322,8 +322,15 @@ impl Job<'_> {
     }
 }
 
-/// Runs jobs until `shutdown`. Each claim long-polls; a broken connection backs off.
-pub async fn run(settings: RelaySettings, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs jobs until `shutdown`, or with `once` (an idle limit) one job at most: it returns
+/// after that job, or when none came within the limit. Each claim long-polls; a broken
+/// connection backs off.
+pub async fn run(
+    settings: RelaySettings,
+    once: Option<Duration>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let started = tokio::time::Instant::now();
     // Before any claim: a worker whose sandbox cannot work here must not take a job.
     settings.runner.start_up().await?;
     let api = Api::new(&settings.api_url, settings.token.clone())?;
@@ -346,6 +353,9 @@ pub async fn run(settings: RelaySettings, shutdown: CancellationToken) -> anyhow
                 if let Err(e) = work(&api, &settings, &job).await {
                     tracing::error!(%run, error = %e, "job ended with an error");
                 }
+                if once.is_some() {
+                    break;
+                }
             }
             Ok(None) => {}
             Err(e) => {
@@ -353,6 +363,10 @@ pub async fn run(settings: RelaySettings, shutdown: CancellationToken) -> anyhow
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(10));
             }
+        }
+        if once.is_some_and(|idle| started.elapsed() >= idle) {
+            tracing::info!("--once: no job came; exiting");
+            break;
         }
     }
     Ok(())

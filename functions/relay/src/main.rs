@@ -17,7 +17,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Claim and run the pool's jobs until SIGTERM (the default).
-    Run,
+    Run {
+        /// Run at most one job, then exit 0 (a Kubernetes Job); exits 0 as well when no
+        /// job comes within --idle-secs.
+        #[arg(long)]
+        once: bool,
+        /// With --once: seconds to wait for a job before exiting.
+        #[arg(long, default_value_t = 30, requires = "once")]
+        idle_secs: u64,
+    },
     /// Make a delivery key pair: prints `TAKOSUMI_DELIVERY_KEYS=<id>=<private>` (keep it on
     /// the worker) and the public key to register with `POST /api/v1/pools/{pool}/delivery-key`.
     Keygen {
@@ -30,7 +38,10 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Run) {
+    match cli.command.unwrap_or(Command::Run {
+        once: false,
+        idle_secs: 30,
+    }) {
         Command::Keygen { key_id } => {
             let pair = takosumi_seal::delivery::DeliveryKeyPair::generate(&key_id)?;
             let b64 = base64::engine::general_purpose::STANDARD;
@@ -45,9 +56,9 @@ async fn main() -> anyhow::Result<()> {
                 b64.encode(pair.public().public)
             );
         }
-        Command::Run => {
+        Command::Run { once, idle_secs } => {
             let settings = takosumi_relay::RelaySettings::from_env()?;
-            init_telemetry();
+            let _telemetry = takosumi_telemetry::init("relay");
             let shutdown = tokio_util::sync::CancellationToken::new();
             let stop = shutdown.clone();
             tokio::spawn(async move {
@@ -60,18 +71,9 @@ async fn main() -> anyhow::Result<()> {
                 }
                 stop.cancel();
             });
-            takosumi_relay::run(settings, shutdown).await?;
+            let once = once.then(|| std::time::Duration::from_secs(idle_secs));
+            takosumi_relay::run(settings, once, shutdown).await?;
         }
     }
     Ok(())
-}
-
-fn init_telemetry() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-    tracing::info!(service = "relay", "starting");
 }

@@ -18,17 +18,64 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use futures::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions,
+    BasicRejectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use takosumi_core::{Outcome, RunMessage, StepError};
+use takosumi_telemetry::{TraceParent, metrics, step_span};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::{Bus, QueueError};
 
 const RETRY_HEADER: &str = "x-takosumi-retries";
+/// The W3C trace context of the Run a message wakes.
+pub(crate) const TRACEPARENT_HEADER: &str = takosumi_telemetry::TRACEPARENT_HEADER;
+/// When the message's outbox row became due, milliseconds since the epoch.
+pub(crate) const DUE_HEADER: &str = "x-takosumi-due-ms";
+
+/// What a delivery's headers say besides its body.
+#[derive(Debug, Clone, Default)]
+struct Meta {
+    retries: u32,
+    trace: Option<TraceParent>,
+    due_ms: Option<i64>,
+}
+
+impl Meta {
+    fn of(props: &lapin::BasicProperties) -> Self {
+        let get = |name: &str| {
+            props
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get(name).cloned())
+        };
+        let int = |v: AMQPValue| match v {
+            AMQPValue::LongUInt(n) => Some(i64::from(n)),
+            AMQPValue::LongLongInt(n) => Some(n),
+            AMQPValue::LongInt(n) => Some(i64::from(n)),
+            _ => None,
+        };
+        let text = |v: AMQPValue| match v {
+            AMQPValue::LongString(s) => Some(s.to_string()),
+            AMQPValue::ShortString(s) => Some(s.to_string()),
+            _ => None,
+        };
+        Self {
+            retries: get(RETRY_HEADER)
+                .and_then(int)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+            trace: get(TRACEPARENT_HEADER)
+                .and_then(text)
+                .and_then(|t| TraceParent::parse(&t)),
+            due_ms: get(DUE_HEADER).and_then(int),
+        }
+    }
+}
 
 /// How a step consumes its queue.
 #[derive(Debug, Clone)]
@@ -101,11 +148,11 @@ where
                     }
                     Ok(msg) => {
                         delivery.acker.ack(BasicAckOptions::default()).await?;
-                        let retries = retries_of(&delivery.properties);
+                        let meta = Meta::of(&delivery.properties);
                         let (bus, cfg, handler) = (bus.clone(), cfg.clone(), handler.clone());
                         tasks.spawn(async move {
                             let _permit = permit;
-                            handle_one(&bus, &cfg, msg, retries, handler).await;
+                            let _ = handle_one(&bus, &cfg, msg, meta, handler).await;
                         });
                     }
                 }
@@ -120,65 +167,168 @@ where
     result
 }
 
-fn retries_of(props: &lapin::BasicProperties) -> u32 {
-    props
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(RETRY_HEADER).cloned())
-        .and_then(|v| match v {
-            AMQPValue::LongUInt(n) => Some(n),
-            AMQPValue::LongLongInt(n) => u32::try_from(n).ok(),
-            AMQPValue::LongInt(n) => u32::try_from(n).ok(),
-            _ => None,
-        })
-        .unwrap_or(0)
+/// How a `--once` process consumes: until one message did work, `max_messages` were
+/// handled, or the queue stayed empty for `idle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnceLimits {
+    /// Messages taken at most (duplicates and deferrals count too).
+    pub max_messages: u32,
+    /// How long an empty queue is waited on before giving up.
+    pub idle: Duration,
+}
+
+/// What a `--once` process did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OnceReport {
+    /// Messages taken from the queue (poison ones included).
+    pub messages: u32,
+    /// Whether one of them did work (the step ran: `Done` or `Failed`).
+    pub worked: bool,
+}
+
+/// The `--once` mode of [`consume`], for a process that runs as one Kubernetes Job: takes
+/// messages one at a time with `basic.get` (no prefetch, so nothing waits unacked in a
+/// process that is about to exit) and hands each to the same handling as the consume loop
+/// (ack when parsed, retry or dead-letter on error). Stops after the first message whose
+/// handler did work, after `max_messages`, when the queue stays empty for `idle`, or on
+/// `shutdown` (in-flight work finishes first).
+pub async fn consume_once<H, Fut>(
+    bus: &Arc<Bus>,
+    cfg: &ConsumeConfig,
+    limits: OnceLimits,
+    handler: H,
+    shutdown: CancellationToken,
+) -> Result<OnceReport, QueueError>
+where
+    H: Fn(RunMessage) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Outcome, StepError>> + Send + 'static,
+{
+    let mut report = OnceReport::default();
+    let mut idle_since = tokio::time::Instant::now();
+    while report.messages < limits.max_messages && !shutdown.is_cancelled() {
+        let ch = bus.get().await?.channel().await?;
+        let got = ch
+            .basic_get(cfg.queue.clone().into(), BasicGetOptions::default())
+            .await?;
+        let Some(message) = got else {
+            let _ = ch.close(200, "empty".into()).await;
+            if idle_since.elapsed() >= limits.idle {
+                break;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+            continue;
+        };
+        let delivery = message.delivery;
+        report.messages += 1;
+        match RunMessage::from_bytes(&delivery.data) {
+            Err(e) => {
+                tracing::warn!(queue = %cfg.queue, error = %e, "poison message: not a Run message; dead-lettering it");
+                delivery
+                    .acker
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await?;
+            }
+            Ok(msg) => {
+                delivery.acker.ack(BasicAckOptions::default()).await?;
+                let meta = Meta::of(&delivery.properties);
+                let outcome = handle_one(bus, cfg, msg, meta, handler.clone()).await;
+                if matches!(outcome, Some(Outcome::Done | Outcome::Failed(_))) {
+                    report.worked = true;
+                }
+            }
+        }
+        let _ = ch.close(200, "taken".into()).await;
+        if report.worked {
+            break;
+        }
+        idle_since = tokio::time::Instant::now();
+    }
+    Ok(report)
 }
 
 async fn handle_one<H, Fut>(
     bus: &Bus,
     cfg: &ConsumeConfig,
     msg: RunMessage,
-    retries: u32,
+    meta: Meta,
     handler: H,
-) where
+) -> Option<Outcome>
+where
     H: Fn(RunMessage) -> Fut,
     Fut: Future<Output = Result<Outcome, StepError>>,
 {
     let run_id = msg.run_id;
-    let body = serde_json::to_vec(&msg.to_json()).unwrap_or_default();
-    match handler(msg).await {
-        Ok(outcome) => tracing::info!(queue = %cfg.queue, %run_id, ?outcome, "handled"),
-        Err(e) if e.retryable() && retries < cfg.max_retries => {
-            let delay = retry_delay(cfg.retry_base, retries);
-            tracing::warn!(queue = %cfg.queue, %run_id, error = %e, retry = retries + 1, ?delay, "handler failed; retrying");
-            tokio::time::sleep(delay).await;
-            let mut headers = FieldTable::default();
-            headers.insert(RETRY_HEADER.into(), AMQPValue::LongUInt(retries + 1));
-            let publish = || async {
-                bus.get()
-                    .await?
-                    .publish(&cfg.queue, &body, None, headers.clone())
-                    .await
-            };
-            if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
-                // The Run is still in Postgres: the reaper's stuck-queue sweep wakes it again.
-                tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not re-publish for retry");
-            }
-        }
-        Err(e) => {
-            tracing::error!(queue = %cfg.queue, %run_id, error = %e, retries, "handler failed for good; dead-lettering");
-            let reason = e.to_string();
-            let publish = || async {
-                bus.get()
-                    .await?
-                    .publish_dead(&cfg.queue, &body, &reason)
-                    .await
-            };
-            if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
-                tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not dead-letter");
-            }
-        }
+    let retries = meta.retries;
+    let step = cfg.queue.strip_prefix("run.").unwrap_or(&cfg.queue);
+    if let Some(due) = meta.due_ms {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let lag = u64::try_from(now.saturating_sub(due)).unwrap_or(0);
+        metrics::global().observe_queue_lag(step, Duration::from_millis(lag));
     }
+    let span = step_span(step, &run_id, meta.trace.as_ref());
+    let body = serde_json::to_vec(&msg.to_json()).unwrap_or_default();
+    let started = tokio::time::Instant::now();
+    let result = handler(msg).instrument(span.clone()).await;
+    let outcome_label = match &result {
+        Ok(Outcome::Done) => "done",
+        Ok(Outcome::Failed(_)) => "failed",
+        Ok(Outcome::Skipped(_)) => "skipped",
+        Ok(Outcome::Deferred(_)) => "deferred",
+        Err(_) => "error",
+    };
+    metrics::global().observe_step(step, outcome_label, started.elapsed());
+    // What follows (a retry's wait and re-publish, a dead-letter) belongs to the step too.
+    let after = async move {
+        match result {
+            Ok(outcome) => {
+                tracing::info!(queue = %cfg.queue, %run_id, ?outcome, "handled");
+                return Some(outcome);
+            }
+            Err(e) if e.retryable() && retries < cfg.max_retries => {
+                let delay = retry_delay(cfg.retry_base, retries);
+                tracing::warn!(queue = %cfg.queue, %run_id, error = %e, retry = retries + 1, ?delay, "handler failed; retrying");
+                tokio::time::sleep(delay).await;
+                let mut headers = FieldTable::default();
+                headers.insert(RETRY_HEADER.into(), AMQPValue::LongUInt(retries + 1));
+                if let Some(trace) = &meta.trace {
+                    headers.insert(
+                        TRACEPARENT_HEADER.into(),
+                        AMQPValue::LongString(trace.to_string().into()),
+                    );
+                }
+                let publish = || async {
+                    bus.get()
+                        .await?
+                        .publish(&cfg.queue, &body, None, headers.clone())
+                        .await
+                };
+                if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
+                    // The Run is still in Postgres: the reaper's stuck-queue sweep wakes it again.
+                    tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not re-publish for retry");
+                }
+            }
+            Err(e) => {
+                tracing::error!(queue = %cfg.queue, %run_id, error = %e, retries, "handler failed for good; dead-lettering");
+                let reason = e.to_string();
+                let publish = || async {
+                    bus.get()
+                        .await?
+                        .publish_dead(&cfg.queue, &body, &reason)
+                        .await
+                };
+                if let Err(pe) = with_broker_backoff(publish, &cfg.queue, run_id).await {
+                    tracing::error!(queue = %cfg.queue, %run_id, error = %pe, "could not dead-letter");
+                }
+            }
+        }
+        None
+    };
+    after.instrument(span).await
 }
 
 /// Retries a publish through the bus while the broker is away: exponential backoff with

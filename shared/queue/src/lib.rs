@@ -12,7 +12,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 
-pub use consume::{ConsumeConfig, consume};
+pub use consume::{ConsumeConfig, OnceLimits, OnceReport, consume, consume_once};
 pub use relay::{relay_once, run_relay};
 pub use topology::Topology;
 

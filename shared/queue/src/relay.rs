@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use takosumi_store::outbox;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -25,12 +25,7 @@ pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usi
     for row in &rows {
         let body = serde_json::to_vec(&row.payload).unwrap_or_default();
         match broker
-            .publish(
-                &row.topic,
-                &body,
-                Some(row.id.to_string()),
-                FieldTable::default(),
-            )
+            .publish(&row.topic, &body, Some(row.id.to_string()), headers(row))
             .await
         {
             Ok(()) => sent.push(row.id),
@@ -54,6 +49,23 @@ pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usi
         return Err(e);
     }
     Ok(sent.len())
+}
+
+/// The headers a wake-up carries besides its body: the Run's trace context and when the
+/// row became due (the consumer's queue lag).
+fn headers(row: &outbox::Pending) -> FieldTable {
+    let mut headers = FieldTable::default();
+    if let Some(tp) = &row.traceparent {
+        headers.insert(
+            crate::consume::TRACEPARENT_HEADER.into(),
+            AMQPValue::LongString(tp.clone().into()),
+        );
+    }
+    headers.insert(
+        crate::consume::DUE_HEADER.into(),
+        AMQPValue::LongLongInt(row.due_ms),
+    );
+    headers
 }
 
 /// Relays until `shutdown`. `wake` lets a process that just committed an outbox row skip

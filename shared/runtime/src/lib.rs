@@ -11,6 +11,7 @@ pub mod dependencies;
 pub mod dry_run;
 pub mod inputs;
 pub mod live_log;
+pub mod metrics_server;
 pub mod plan_commit;
 mod reaper;
 mod settings;
@@ -20,7 +21,7 @@ mod worker;
 pub use ctx::{Ctx, LeaseGuard};
 pub use reaper::{reap_once, run_reaper, topic_for};
 pub use settings::{Settings, SettingsError};
-pub use worker::{run_worker, shutdown_signal};
+pub use worker::{WorkerMode, flush_outbox, run_step, run_worker, shutdown_signal};
 
 /// Errors starting or running a process.
 #[derive(Debug, thiserror::Error)]
@@ -45,20 +46,9 @@ pub enum RuntimeError {
     Runner(#[from] takosumi_runner::RunnerError),
 }
 
-/// Starts tracing: JSON lines when `TAKOSUMI_LOG_FORMAT=json`, text otherwise; the level
-/// from `RUST_LOG` (default `info`). Never logs setting values.
-pub fn init_telemetry(service: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,lapin=warn,aws=warn"));
-    let json = std::env::var("TAKOSUMI_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
-    tracing::info!(service, "starting");
+/// Starts logging (and OTLP trace export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set): see
+/// [`takosumi_telemetry::init`]. Keep the guard until the process ends. Never logs
+/// setting values.
+pub fn init_telemetry(service: &str) -> takosumi_telemetry::Telemetry {
+    takosumi_telemetry::init(service)
 }

@@ -28,6 +28,7 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
         .await
         .map_err(takosumi_store::StoreError::from)?;
     let reaped = runs::reap_expired(&mut tx, ctx.max_attempts).await?;
+    let mut actions: Vec<&'static str> = Vec::with_capacity(reaped.len());
     for r in &reaped {
         let kind = match r.status {
             RunStatus::Queued => {
@@ -37,6 +38,7 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
             RunStatus::UnknownOutcome => "lease_expired_unknown_outcome",
             _ => "lease_expired_failed",
         };
+        actions.push(kind);
         events::append(
             &mut *tx,
             r.id,
@@ -61,6 +63,12 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
     tx.commit()
         .await
         .map_err(takosumi_store::StoreError::from)?;
+    // Counted once committed: a pass that rolled back did nothing.
+    let m = takosumi_telemetry::metrics::global();
+    for action in actions {
+        m.count_reaper(action, 1);
+    }
+    m.count_reaper("wake_up_resent", stuck.len() as u64);
     let n = reaped.len() + stuck.len();
     if n > 0 {
         tracing::info!(reaped = reaped.len(), woken = stuck.len(), "reaper acted");

@@ -44,6 +44,9 @@ pub struct Settings {
     pub work_dir: PathBuf,
     /// `TAKOSUMI_LISTEN` (default `127.0.0.1:8080`).
     pub listen: String,
+    /// `TAKOSUMI_METRICS_LISTEN` (e.g. `0.0.0.0:9090`): where `/metrics` is served, on a
+    /// port of its own. Unset: no metrics listener.
+    pub metrics_listen: Option<String>,
     /// `TAKOSUMI_ADMIN_TOKEN`: a bootstrap admin token.
     pub admin_token: Option<Secret<String>>,
     /// `TAKOSUMI_LEASE_SECS` (default 60).
@@ -221,6 +224,7 @@ impl Settings {
             runner,
             work_dir,
             listen: get("TAKOSUMI_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".to_owned()),
+            metrics_listen: get("TAKOSUMI_METRICS_LISTEN"),
             admin_token,
             lease_secs,
             max_attempts,

@@ -461,15 +461,19 @@ pub async fn sweep_due(tx: &mut Tx, limit: i64) -> Result<i64, StoreError> {
                UPDATE capsules SET last_drift_enqueued_at = now() FROM due
                 WHERE capsules.id = due.id RETURNING capsules.id, capsules.workspace_id),
            new_runs AS (
-               INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id)
-               SELECT gen_random_uuid(), 'drift_check', workspace_id, id, 'system', 'sweep' FROM marked
-               RETURNING id),
+               INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id, traceparent)
+               SELECT gen_random_uuid(), 'drift_check', workspace_id, id, 'system', 'sweep',
+                      -- a trace of its own per check (W3C: 32 + 16 lower-case hex digits)
+                      '00-' || md5(random()::text) || '-' || substr(md5(random()::text), 1, 16) || '-01'
+                 FROM marked
+               RETURNING id, traceparent),
            queued AS (
                INSERT INTO run_events (run_id, kind, actor, data)
                SELECT id, 'queued', 'system:sweep', '{"kind": "drift_check"}'::jsonb FROM new_runs),
            wake AS (
-               INSERT INTO outbox (topic, payload)
-               SELECT 'run.drift', jsonb_build_object('runId', 'run_' || replace(id::text, '-', '')) FROM new_runs)
+               INSERT INTO outbox (topic, payload, traceparent)
+               SELECT 'run.drift', jsonb_build_object('runId', 'run_' || replace(id::text, '-', '')), traceparent
+                 FROM new_runs)
            SELECT count(*) as "n!" FROM new_runs"#,
         limit
     )

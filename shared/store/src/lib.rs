@@ -23,6 +23,7 @@ pub mod resolutions;
 pub mod runs;
 pub mod sessions;
 pub mod state_versions;
+pub mod stats;
 pub mod tokens;
 pub mod unrecorded;
 pub mod workspaces;
@@ -176,6 +177,14 @@ pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     let ran = MIGRATOR.run(&own).await;
     own.close().await;
     ran?;
+    Ok(())
+}
+
+/// A round trip to Postgres (the readiness check).
+pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::query_scalar!("select 1 as \"one!\"")
+        .fetch_one(pool)
+        .await?;
     Ok(())
 }
 

@@ -15,6 +15,11 @@ pub struct Pending {
     pub topic: String,
     /// JSON body.
     pub payload: serde_json::Value,
+    /// The Run's W3C `traceparent`, when it has one.
+    pub traceparent: Option<String>,
+    /// When the row became due (its commit, or the end of its retry delay), in
+    /// milliseconds since the epoch: the consumer measures queue lag from it.
+    pub due_ms: i64,
 }
 
 /// Queues a wake-up for `run_id` on `topic`, sent as soon as the transaction commits.
@@ -33,10 +38,11 @@ pub async fn enqueue_after(
     // (`run.plan.<pool>`, `run.apply.<pool>`, `run.drift.<pool>`), which the control
     // node's own handlers never consume (issue 8); gate and approve stay on the control node.
     sqlx::query!(
-        r#"INSERT INTO outbox (topic, payload, available_at)
+        r#"INSERT INTO outbox (topic, payload, available_at, traceparent)
            SELECT CASE WHEN $1 IN ('run.plan', 'run.apply', 'run.drift') AND p.name IS NOT NULL
                        THEN $1 || '.' || p.name ELSE $1 END,
-                  $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0)
+                  $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0),
+                  r.traceparent
              FROM (SELECT 1) one
              LEFT JOIN runs r ON r.id = $4
              LEFT JOIN capsules c ON c.id = r.capsule_id
@@ -55,7 +61,9 @@ pub async fn enqueue_after(
 pub async fn lock_due(tx: &mut Tx, limit: i64) -> Result<Vec<Pending>, StoreError> {
     let rows = sqlx::query_as!(
         Pending,
-        r#"SELECT id, topic, payload FROM outbox
+        r#"SELECT id, topic, payload, traceparent,
+                  (extract(epoch FROM available_at) * 1000)::bigint AS "due_ms!"
+             FROM outbox
             WHERE sent_at IS NULL AND available_at <= now()
             ORDER BY id LIMIT $1
             FOR UPDATE SKIP LOCKED"#,

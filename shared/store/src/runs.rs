@@ -152,6 +152,9 @@ pub struct NewRun {
     pub auto_apply_requested: bool,
     /// The submission's `Idempotency-Key`.
     pub idempotency_key: Option<String>,
+    /// The W3C `traceparent` of the request that made it; `None` takes the plan's (an
+    /// apply a step makes continues its plan's trace).
+    pub traceparent: Option<String>,
 }
 
 /// Inserts a queued Run. An Apply Run copies its plan's pins so the record shows what it
@@ -163,11 +166,12 @@ pub async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
                              actor_id, auto_apply_requested, idempotency_key,
                              source_commit, tree_digest, plan_digest, state_generation,
                              provider_lock_state, provider_lock_digest, dependency_snapshot, tool_version,
-                             changes, injected_env_names)
+                             changes, injected_env_names, traceparent)
            SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
                   p.source_commit, p.tree_digest, p.plan_digest, p.state_generation,
                   COALESCE(p.provider_lock_state, 'unknown'), p.provider_lock_digest, p.dependency_snapshot,
-                  p.tool_version, p.changes, COALESCE(p.injected_env_names, '{}')
+                  p.tool_version, p.changes, COALESCE(p.injected_env_names, '{}'),
+                  COALESCE($11, p.traceparent)
              FROM (SELECT 1) one
              LEFT JOIN runs p ON p.id = $6"#,
         id.as_uuid(),
@@ -179,7 +183,8 @@ pub async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
         new.actor_kind as ActorKind,
         new.actor_id,
         new.auto_apply_requested,
-        new.idempotency_key
+        new.idempotency_key,
+        new.traceparent
     )
     .execute(&mut **tx)
     .await?;
