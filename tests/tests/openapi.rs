@@ -216,7 +216,7 @@ fn with_examples(mut doc: Value, ids: &Map<String, Value>) -> Value {
 
 /// schemathesis (from PyPI, installed by `infra/local/install.sh`) against a real stack (the
 /// API and the plan, gate and apply steps with terraform) with a Workspace, a Capsule, a
-/// plan Run that was applied, a token and a worker pool to find: no answer
+/// plan Run that was applied, a RunGroup, a token and a worker pool to find: no answer
 /// is a 5xx, every answer's status is one the document lists and its body matches the
 /// document's schema. Sent as the bootstrap admin, and the relay operations as the pool's
 /// token. The Git webhook is exercised only unsigned (schemathesis cannot sign a body with
@@ -272,7 +272,17 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow:
         .await?;
     assert_eq!(s, 201, "{pool}");
 
+    let (s, group) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{}/plan-update", ws.id),
+            json!({}),
+        )
+        .await?;
+    assert_eq!(s, 202, "{group}");
+
     let mut ids = Map::new();
+    ids.insert("rg".into(), group["id"].clone());
     ids.insert("ws".into(), json!(ws.id));
     ids.insert("cap".into(), json!(cap.id));
     ids.insert("run".into(), json!(run.id));

@@ -135,7 +135,7 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::RunGroup),
             get_group,
         )
-        .doc(Doc::op("getRunGroup", "A RunGroup and its Runs").ok_object(200, "The RunGroup."))
+        .doc(Doc::op("getRunGroup", "A RunGroup and its Runs").ok::<takosumi_wire::RunGroup>(200))
         .route(
             Method::POST,
             "/api/v1/run-groups/{rg}/approve",

@@ -365,6 +365,28 @@ pub struct ActivityPage {
     pub next_cursor: Option<String>,
 }
 
+/// `GET /api/v1/run-groups/{rg}`: Runs started together, and where each is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunGroup {
+    /// `rg_…`
+    pub id: RunGroupId,
+    /// The Workspace.
+    pub workspace_id: WorkspaceId,
+    /// `plan_update` or `drift_check`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub kind: String,
+    /// Who started it.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub created_by: String,
+    /// When.
+    #[serde(default)]
+    pub created_at: Option<DateTime<Utc>>,
+    /// Its Runs.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub runs: Vec<Run>,
+}
+
 /// `GET /api/v1/workspaces`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WorkspaceList {
