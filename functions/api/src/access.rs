@@ -19,6 +19,7 @@ use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
 use takosumi_store::workspaces::{self, Owned};
 
 use crate::auth::{Action, Caller};
+pub use crate::openapi::Doc;
 use crate::relay::PoolCaller;
 use crate::{ApiError, AppState};
 
@@ -79,6 +80,9 @@ pub struct Endpoint {
     pub path: &'static str,
     /// What it requires.
     pub access: Access,
+    /// What it is, for the OpenAPI document ([`Api::doc`]); `None`: mounted without one,
+    /// which leaves it out of the document (and fails the test that compares the two).
+    pub doc: Option<Doc>,
 }
 
 /// The API's routes as they are built: the router and the table of what each requires.
@@ -124,15 +128,39 @@ impl Api {
         }
         let filter = MethodFilter::try_from(method.clone())
             .unwrap_or_else(|_| panic!("{method} cannot be routed"));
-        let guarded = on(filter, handler).route_layer(from_fn(move |req: Request, next: Next| {
-            guard(access, req, next)
-        }));
+        let mut guarded =
+            on(filter, handler).route_layer(from_fn(move |req: Request, next: Next| {
+                guard(access, req, next)
+            }));
+        if path.starts_with("/api/") {
+            // axum's own rejections (a body over the limit, a path that does not decode)
+            // answer in the API's error shape too, as the OpenAPI document says.
+            guarded = guarded.layer(axum::middleware::map_response(crate::error::json_rejection));
+        }
         self.router = self.router.route(path, guarded);
         self.endpoints.push(Endpoint {
             method,
             path,
             access,
+            doc: None,
         });
+        self
+    }
+
+    /// Describes the route mounted last (its operation, or that it is a dashboard page):
+    /// `.route(…).doc(Doc::op("getRun", "…").ok::<wire::Run>(200))`.
+    pub fn doc(mut self, doc: Doc) -> Self {
+        let last = self
+            .endpoints
+            .last_mut()
+            .expect("`doc` describes the route mounted before it");
+        assert!(
+            last.doc.is_none(),
+            "{} {} is described twice",
+            last.method,
+            last.path
+        );
+        last.doc = Some(doc);
         self
     }
 

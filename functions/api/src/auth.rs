@@ -8,6 +8,7 @@ use axum::http::request::Parts;
 use takosumi_core::WorkspaceId;
 use takosumi_store::tokens::{self, TokenGrant};
 
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 /// The caller, authenticated.
@@ -92,7 +93,8 @@ impl FromRequestParts<AppState> for Caller {
         if let Some(caller) = parts.extensions.get::<Caller>() {
             return Ok(caller.clone());
         }
-        let unauthorized = |m: &str| ApiError::client(StatusCode::UNAUTHORIZED, "unauthorized", m);
+        let unauthorized =
+            |m: &str| ApiError::client(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, m);
         let header = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -34,6 +34,7 @@ use takosumi_store::{Tx, activity, capsules, workspaces};
 use zeroize::Zeroize;
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 /// Most entries in one env credential set.
@@ -51,11 +52,26 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Workspace),
             create_binding,
         )
+        .doc(
+            Doc::op(
+                "createProviderBinding",
+                "A credential set for the Workspace's Capsules (values sealed, never answered)",
+            )
+            .object_body("Its name, kind and values.")
+            .ok_object(201, "The binding (no values)."),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/provider-bindings",
             Access::Token(Action::Read, Scope::Workspace),
             list_bindings,
+        )
+        .doc(
+            Doc::op(
+                "listProviderBindings",
+                "The Workspace's ProviderBindings (no values)",
+            )
+            .ok_object(200, "The bindings."),
         )
         .route(
             Method::POST,
@@ -63,17 +79,40 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Capsule),
             attach_binding,
         )
+        .doc(
+            Doc::op(
+                "attachProviderBinding",
+                "Attach a ProviderBinding to a Capsule",
+            )
+            .object_body("The binding to attach.")
+            .ok_object(200, "Already attached: the Capsule's bindings.")
+            .ok_object(201, "The Capsule's bindings."),
+        )
         .route(
             Method::GET,
             "/api/v1/capsules/{cap}/provider-bindings",
             Access::Token(Action::Read, Scope::Capsule),
             capsule_bindings,
         )
+        .doc(
+            Doc::op(
+                "listCapsuleProviderBindings",
+                "The ProviderBindings attached to a Capsule",
+            )
+            .ok_object(200, "The bindings."),
+        )
         .route(
             Method::DELETE,
             "/api/v1/capsules/{cap}/provider-bindings/{pb}",
             Access::Token(Action::Operate, Scope::Capsule),
             detach_binding,
+        )
+        .doc(
+            Doc::op(
+                "detachProviderBinding",
+                "Detach a ProviderBinding from a Capsule",
+            )
+            .ok_object(200, "The Capsule's bindings."),
         )
 }
 
@@ -98,7 +137,7 @@ fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
     raw: &str,
 ) -> Result<T, ApiError> {
     raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })
 }
 
@@ -115,7 +154,7 @@ fn valid_name(name: &str) -> bool {
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
-    ApiError::invalid("invalid_binding", message)
+    ApiError::invalid(ErrorCode::InvalidBinding, message)
 }
 
 fn check_value(what: &str, value: &str) -> Result<(), ApiError> {
@@ -305,7 +344,7 @@ async fn create_binding(
     let mut req: NewBindingReq = parse_secret_body(&body)?;
     if !valid_name(&req.name) {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "a ProviderBinding name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
         ));
     }
@@ -344,7 +383,7 @@ async fn create_binding(
         Ok(b) => b,
         Err(e) if e.is_unique_violation() => {
             return Err(ApiError::conflict(
-                "binding_exists",
+                ErrorCode::BindingExists,
                 format!(
                     "a ProviderBinding named {:?} already exists in this Workspace",
                     req.name
@@ -432,7 +471,7 @@ async fn attach_binding(
                 .find(|n| binding.env_names.contains(n))
             {
                 return Err(ApiError::conflict(
-                    "env_name_conflict",
+                    ErrorCode::EnvNameConflict,
                     format!(
                         "ProviderBinding {:?} already injects {name:?} into this Capsule's runs; detach it first",
                         other.name
@@ -517,12 +556,14 @@ async fn detach_binding(
 /// Capsule's for this Run only, and sensitive variables (sealed, masked, names recorded).
 /// An empty body means none. A `null` in `vars` unsets a Capsule default for this Run
 /// (the configuration's own default applies).
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct PlanInputs {
     #[serde(default)]
+    #[schema(value_type = Object)]
     vars: Map<String, Value>,
     #[serde(default)]
+    #[schema(value_type = Object)]
     sensitive_vars: Map<String, Value>,
     /// An install: continue from this plan to its apply if the plan finishes cleanly (the
     /// gate still stops deletions, an approval rule, the cost check and a plan gate for
@@ -557,7 +598,7 @@ impl PlanInputs {
     /// Validates the inputs against `capsule` and returns the Run's non-secret variables:
     /// the Capsule's, with `vars` merged over them and sensitive names left out.
     pub(crate) fn effective_vars(&self, capsule: &capsules::Capsule) -> Result<Value, ApiError> {
-        let bad = |m: String| ApiError::invalid("invalid_vars", m);
+        let bad = |m: String| ApiError::invalid(ErrorCode::InvalidVars, m);
         ToolEnv::new()
             .with_variables(&self.vars)
             .map_err(|e| bad(e.to_string()))?;

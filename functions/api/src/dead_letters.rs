@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -34,6 +34,7 @@ use serde_json::{Value, json};
 use takosumi_store::dead_letters::{self, Selection};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 /// Messages shown per queue when `limit` is not given.
@@ -57,17 +58,36 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Instance),
             list,
         )
+        .doc(
+            Doc::op("listDeadLetters", "Messages the steps gave up on")
+                .query("queue", "Only this step queue's (`run.plan`).")
+                .query("limit", "At most this many.")
+                .ok_object(200, "The dead letters."),
+        )
         .route(
             Method::POST,
             "/api/v1/dead-letters/requeue",
             Access::Token(Action::Administer, Scope::Instance),
             requeue,
         )
+        .doc(
+            Doc::op(
+                "requeueDeadLetters",
+                "Send dead letters back to their queue",
+            )
+            .body::<SelectionBody>()
+            .ok_object(200, "What was requeued."),
+        )
         .route(
             Method::POST,
             "/api/v1/dead-letters/purge",
             Access::Token(Action::Administer, Scope::Instance),
             purge,
+        )
+        .doc(
+            Doc::op("purgeDeadLetters", "Drop dead letters")
+                .body::<SelectionBody>()
+                .ok_object(200, "What was purged."),
         )
 }
 
@@ -87,14 +107,14 @@ async fn list(
     let Query(q) = q.map_err(|e| {
         ApiError::client(
             StatusCode::BAD_REQUEST,
-            "invalid_query",
+            ErrorCode::InvalidQuery,
             format!("the query string is not valid: {}", e.body_text()),
         )
     })?;
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     if limit > MAX_LIMIT {
         return Err(ApiError::invalid(
-            "invalid_limit",
+            ErrorCode::InvalidLimit,
             format!("limit is at most {MAX_LIMIT}"),
         ));
     }
@@ -175,7 +195,7 @@ fn letter(d: &dead_letters::DeadLetter) -> Value {
 }
 
 /// Which dead letters an action takes.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct SelectionBody {
     /// Those of one step queue (`run.plan`).
@@ -198,13 +218,13 @@ fn selection(body: &Bytes) -> Result<Selection, ApiError> {
     };
     if req.queue.is_none() && req.ids.is_none() && !req.all {
         return Err(ApiError::invalid(
-            "no_selection",
+            ErrorCode::NoSelection,
             "name the dead letters: {\"queue\": \"run.plan\"}, {\"ids\": [..]} or {\"all\": true}",
         ));
     }
     if req.all && (req.queue.is_some() || req.ids.is_some()) {
         return Err(ApiError::invalid(
-            "invalid_selection",
+            ErrorCode::InvalidSelection,
             "`all` cannot be combined with `queue` or `ids`",
         ));
     }
@@ -212,7 +232,7 @@ fn selection(body: &Bytes) -> Result<Selection, ApiError> {
         && !takosumi_queue::Topology::load().queues.contains(q)
     {
         return Err(ApiError::invalid(
-            "unknown_queue",
+            ErrorCode::UnknownQueue,
             format!(
                 "`{q}` is not a step queue (one of: {})",
                 takosumi_queue::Topology::load().queues.join(", ")
@@ -223,7 +243,7 @@ fn selection(body: &Bytes) -> Result<Selection, ApiError> {
         && (ids.is_empty() || ids.len() > MAX_IDS)
     {
         return Err(ApiError::invalid(
-            "invalid_ids",
+            ErrorCode::InvalidIds,
             format!("`ids` names 1 to {MAX_IDS} dead letters"),
         ));
     }

@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -29,6 +29,7 @@ use takosumi_seal::Purpose;
 use takosumi_store::{Tx, activity, capsules, detection, events, outbox, runs, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
@@ -39,11 +40,25 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Workspace),
             create_webhook_secret,
         )
+        .doc(
+            Doc::op(
+                "createWebhookSecret",
+                "A new Git webhook secret for the Workspace (shown once)",
+            )
+            .ok_object(201, "The secret and the webhook URL."),
+        )
         .route(
             Method::POST,
             "/api/v1/webhooks/git",
             Access::WebhookSignature,
             git_webhook,
+        )
+        .doc(
+            Doc::op("gitWebhook", "A signed Git push or pull-request event")
+                .object_body("The Git host's event payload.")
+                .query("workspace", "The Workspace id the webhook was made for.")
+                .ok_object(200, "A ping, or a replayed delivery.")
+                .ok_object(202, "What the event started."),
         )
         .route(
             Method::PATCH,
@@ -51,11 +66,27 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Capsule),
             capsule_settings,
         )
+        .doc(
+            Doc::op(
+                "updateCapsuleSettings",
+                "Automatic update and drift-check interval of a Capsule",
+            )
+            .body::<CapsuleSettings>()
+            .ok_object(200, "The settings."),
+        )
         .route(
             Method::PATCH,
             "/api/v1/workspaces/{ws}/settings",
             Access::Token(Action::Administer, Scope::Workspace),
             workspace_settings,
+        )
+        .doc(
+            Doc::op(
+                "updateWorkspaceSettings",
+                "The Workspace's drift-check interval",
+            )
+            .body::<WorkspaceSettings>()
+            .ok_object(200, "The settings."),
         )
         .route(
             Method::POST,
@@ -63,11 +94,19 @@ pub fn api() -> Api {
             Access::Token(Action::Submit, Scope::Capsule),
             capsule_drift_check,
         )
+        .doc(Doc::op("driftCheckCapsule", "Start a drift-check Run").ok::<takosumi_wire::Run>(202))
         .route(
             Method::POST,
             "/api/v1/workspaces/{ws}/drift-check",
             Access::Token(Action::Submit, Scope::Workspace),
             workspace_drift_check,
+        )
+        .doc(
+            Doc::op(
+                "driftCheckWorkspace",
+                "A drift-check Run per Capsule, as a RunGroup",
+            )
+            .ok_object(202, "The RunGroup, its Runs and the Capsules skipped."),
         )
         .route(
             Method::GET,
@@ -75,11 +114,20 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Workspace),
             workspace_drift,
         )
+        .doc(
+            Doc::op("getWorkspaceDrift", "Each Capsule's latest drift check")
+                .ok_object(200, "Drift by Capsule."),
+        )
         .route(
             Method::POST,
             "/api/v1/workspaces/{ws}/plan-update",
             Access::Token(Action::Submit, Scope::Workspace),
             plan_update,
+        )
+        .doc(
+            Doc::op("planUpdateWorkspace", "A RunGroup of plan Runs")
+                .optional_body::<PlanUpdate>()
+                .ok_object(202, "The RunGroup and its Runs."),
         )
         .route(
             Method::GET,
@@ -87,11 +135,16 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::RunGroup),
             get_group,
         )
+        .doc(Doc::op("getRunGroup", "A RunGroup and its Runs").ok::<takosumi_wire::RunGroup>(200))
         .route(
             Method::POST,
             "/api/v1/run-groups/{rg}/approve",
             Access::Token(Action::Approve, Scope::RunGroup),
             approve_group,
+        )
+        .doc(
+            Doc::op("approveRunGroup", "Approve every held Run of the group")
+                .ok_object(200, "What was approved, and what was not with why."),
         )
         .route(
             Method::POST,
@@ -99,10 +152,17 @@ pub fn api() -> Api {
             Access::Token(Action::Submit, Scope::RunGroup),
             apply_group,
         )
+        .doc(
+            Doc::op(
+                "applyRunGroup",
+                "Propose the apply of every planned Run of the group",
+            )
+            .ok_object(202, "The Apply Runs, and what was not proposed with why."),
+        )
 }
 
 fn bad_id(e: takosumi_core::IdParseError) -> ApiError {
-    ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+    ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
 }
 
 async fn load_workspace(
@@ -330,7 +390,7 @@ fn delivery_id(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     if id.is_empty() || id.len() > 256 || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::client(
             StatusCode::BAD_REQUEST,
-            "invalid_delivery_id",
+            ErrorCode::InvalidDeliveryId,
             "the delivery id header must be 1 to 256 visible ASCII characters",
         ));
     }
@@ -395,7 +455,7 @@ async fn git_webhook(
     let unauthorized = || {
         ApiError::client(
             StatusCode::UNAUTHORIZED,
-            "invalid_signature",
+            ErrorCode::InvalidSignature,
             "the webhook signature does not verify",
         )
     };
@@ -459,7 +519,7 @@ async fn push(
         .unwrap_or_default();
     if commit.len() < 7 || !commit.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(ApiError::invalid(
-            "invalid_event",
+            ErrorCode::InvalidEvent,
             "the push names no commit (`after`)",
         ));
     }
@@ -557,7 +617,7 @@ async fn pull_request(
     if head_ref.is_empty() || head_sha.len() < 7 || !head_sha.chars().all(|c| c.is_ascii_hexdigit())
     {
         return Err(ApiError::invalid(
-            "invalid_event",
+            ErrorCode::InvalidEvent,
             "the pull request names no head branch and commit",
         ));
     }
@@ -610,7 +670,7 @@ async fn pull_request(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct CapsuleSettings {
     /// A push to the Capsule's branch starts a plan that continues to apply when clean.
@@ -618,6 +678,7 @@ struct CapsuleSettings {
     auto_update: Option<bool>,
     /// Seconds between scheduled drift checks (at least 60); `null` uses the Workspace's.
     #[serde(default, deserialize_with = "some_or_null")]
+    #[schema(value_type = Option<i32>)]
     drift_interval_secs: Option<Option<i32>>,
 }
 
@@ -629,7 +690,7 @@ fn some_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<
 fn check_interval(secs: Option<i32>) -> Result<(), ApiError> {
     match secs {
         Some(s) if s < 60 => Err(ApiError::invalid(
-            "invalid_interval",
+            ErrorCode::InvalidInterval,
             "driftIntervalSecs must be at least 60 (or null)",
         )),
         _ => Ok(()),
@@ -675,10 +736,11 @@ async fn capsule_settings(
     )))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct WorkspaceSettings {
     #[serde(default, deserialize_with = "some_or_null")]
+    #[schema(value_type = Option<i32>)]
     drift_interval_secs: Option<Option<i32>>,
 }
 
@@ -726,7 +788,7 @@ async fn capsule_drift_check(
     // nobody applied.
     if !has_baseline(&st, capsule.id).await? {
         return Err(ApiError::conflict(
-            "not_applied",
+            ErrorCode::NotApplied,
             format!("Capsule {}: {}", capsule.id, detection::NOT_APPLIED),
         ));
     }
@@ -815,7 +877,7 @@ async fn workspace_drift_check(
     start_group(&st, &caller, ws, RunKind::DriftCheck, false).await
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct PlanUpdate {
     #[serde(default)]

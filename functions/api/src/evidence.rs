@@ -23,8 +23,9 @@ use takosumi_evidence::{Signer, StatementPage};
 use takosumi_store::{Pool, evidence, runs, workspaces};
 use tokio_util::sync::CancellationToken;
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::routes::parse_id;
 use crate::{ApiError, AppState};
 
@@ -43,14 +44,34 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Run),
             run_evidence,
         )
+        .doc(
+            Doc::op(
+                "getRunEvidence",
+                "The signed evidence statement of an ended Run",
+            )
+            .ok_object(200, "The statement and its signature."),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/evidence",
             Access::Token(Action::Read, Scope::Workspace),
             workspace_evidence,
         )
+        .doc(
+            Doc::op(
+                "listWorkspaceEvidence",
+                "The Workspace's evidence statements",
+            )
+            .query("limit", "At most this many.")
+            .query("cursor", "From a previous page.")
+            .ok_object(200, "A page of statements."),
+        )
         // A verifier needs the public keys from anywhere, with no token.
         .route(Method::GET, "/api/v1/evidence/keys", Access::Public, keys)
+        .doc(
+            Doc::op("getEvidenceKeys", "The public keys evidence is signed with")
+                .ok_object(200, "Current and rotated-out keys."),
+        )
 }
 
 async fn run_evidence(
@@ -68,7 +89,7 @@ async fn run_evidence(
     }
     if !run.status.is_terminal() {
         return Err(ApiError::conflict(
-            "run_not_ended",
+            ErrorCode::RunNotEnded,
             format!(
                 "{id} is {}; its evidence statement is written when it ends",
                 run.status.as_str()
@@ -77,7 +98,7 @@ async fn run_evidence(
     }
     if evidence::is_pending(&st.pool, id).await? {
         return Err(ApiError::conflict(
-            "evidence_pending",
+            ErrorCode::EvidencePending,
             format!("{id} ended; its evidence statement is being signed: ask again in a moment"),
         ));
     }
@@ -88,7 +109,7 @@ async fn run_evidence(
     }
     Err(ApiError::client(
         StatusCode::NOT_FOUND,
-        "evidence_missing",
+        ErrorCode::EvidenceMissing,
         format!(
             "{id} ended but has no evidence statement: it was deleted; `takosumi verify --workspace {}` shows where the chain broke",
             run.workspace_id
@@ -106,7 +127,7 @@ struct PageQuery {
 fn bad_cursor() -> ApiError {
     ApiError::client(
         StatusCode::BAD_REQUEST,
-        "invalid_cursor",
+        ErrorCode::InvalidCursor,
         "cursor is not one this API returned; start again without it",
     )
 }
@@ -134,7 +155,7 @@ fn parse_limit(raw: Option<&str>) -> Result<i64, ApiError> {
         .filter(|n| (1..=MAX_LIMIT).contains(n))
         .ok_or_else(|| {
             ApiError::invalid(
-                "invalid_limit",
+                ErrorCode::InvalidLimit,
                 format!("limit must be a whole number from 1 to {MAX_LIMIT}"),
             )
         })
@@ -154,7 +175,7 @@ async fn workspace_evidence(
     let Query(q) = q.map_err(|e| {
         ApiError::client(
             StatusCode::BAD_REQUEST,
-            "invalid_query",
+            ErrorCode::InvalidQuery,
             format!("the query string is not valid: {}", e.body_text()),
         )
     })?;

@@ -4,7 +4,7 @@
 //! another, the requester cannot approve their own Run, and only the rule's approver
 //! roles count.
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -18,6 +18,7 @@ use takosumi_policy::RuleSet;
 use takosumi_store::{activity, capsules, events, gates, outbox, runs, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
@@ -28,11 +29,23 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Workspace),
             set_workspace_rules,
         )
+        .doc(
+            Doc::op(
+                "setWorkspaceRules",
+                "Replace the Workspace's approval rules",
+            )
+            .object_body("A rule set.")
+            .ok_object(200, "The rules in force."),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/rules",
             Access::Token(Action::Read, Scope::Workspace),
             get_workspace_rules,
+        )
+        .doc(
+            Doc::op("getWorkspaceRules", "The Workspace's approval rules")
+                .ok_object(200, "The rules."),
         )
         .route(
             Method::PUT,
@@ -40,17 +53,30 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Capsule),
             set_capsule_rules,
         )
+        .doc(
+            Doc::op("setCapsuleRules", "Replace the Capsule's approval rules")
+                .object_body("A rule set.")
+                .ok_object(200, "The rules in force."),
+        )
         .route(
             Method::GET,
             "/api/v1/capsules/{cap}/rules",
             Access::Token(Action::Read, Scope::Capsule),
             get_capsule_rules,
         )
+        .doc(
+            Doc::op("getCapsuleRules", "The Capsule's approval rules").ok_object(200, "The rules."),
+        )
         .route(
             Method::POST,
             "/api/v1/runs/{run}/approve",
             Access::Token(Action::Approve, Scope::Run),
             approve,
+        )
+        .doc(
+            Doc::op("approveRun", "Approve a held Run, bound to its plan digest")
+                .optional_body::<ApproveBody>()
+                .ok::<takosumi_wire::Run>(200),
         )
 }
 
@@ -59,10 +85,10 @@ fn parse_rules(body: &Bytes) -> Result<RuleSet, ApiError> {
         .map_err(|e| ApiError::invalid_json(format!("the rules are not valid: {e}")))?;
     rules.validate().map_err(|e| match e {
         takosumi_policy::PolicyError::Compile(m) => ApiError::invalid(
-            "invalid_policy",
+            ErrorCode::InvalidPolicy,
             format!("the plan_gate policy does not compile: {m}"),
         ),
-        other => ApiError::invalid("invalid_rules", other.to_string()),
+        other => ApiError::invalid(ErrorCode::InvalidRules, other.to_string()),
     })?;
     Ok(rules)
 }
@@ -99,7 +125,7 @@ async fn store_rules(
 
 fn ws_id(raw: &str) -> Result<WorkspaceId, ApiError> {
     raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })
 }
 
@@ -141,7 +167,7 @@ async fn load_capsule(
     raw: &str,
 ) -> Result<capsules::Capsule, ApiError> {
     let id: CapsuleId = raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })?;
     let capsule = capsules::get(&st.pool, id)
         .await?
@@ -174,7 +200,7 @@ async fn get_capsule_rules(
     ))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ApproveBody {
     /// The digest of the plan the approver reviewed; refused when it is not this Run's.
@@ -191,7 +217,7 @@ async fn approve(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let id: RunId = run.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })?;
     let run = runs::get(&st.pool, id)
         .await?
@@ -205,7 +231,7 @@ async fn approve(
     };
     if req.note.as_ref().is_some_and(|n| n.len() > 2000) {
         return Err(ApiError::invalid(
-            "invalid_note",
+            ErrorCode::InvalidNote,
             "the note is at most 2000 characters",
         ));
     }
@@ -233,7 +259,7 @@ pub async fn approve_run(
     let id = run.id;
     if run.status != RunStatus::Held {
         return Err(ApiError::conflict(
-            "not_held",
+            ErrorCode::NotHeld,
             format!(
                 "{id} is {}; only a held Run can be approved",
                 run.status.as_str()
@@ -245,7 +271,7 @@ pub async fn approve_run(
         .ok_or_else(|| ApiError::not_found("the Run"))?;
     if caller.0.id.to_string() == run.actor_id {
         return Err(ApiError::forbidden_code(
-            "self_approval",
+            ErrorCode::SelfApproval,
             "the requester of a Run cannot approve it; ask another approver",
         ));
     }
@@ -259,7 +285,7 @@ pub async fn approve_run(
         && Some(d) != run.plan_digest.as_deref()
     {
         return Err(ApiError::conflict(
-            "plan_digest_mismatch",
+            ErrorCode::PlanDigestMismatch,
             "this approval names another plan's digest; an approval only ever releases the plan its approver reviewed",
         ));
     }
@@ -275,7 +301,7 @@ pub async fn approve_run(
     .await?
     {
         return Err(ApiError::conflict(
-            "already_approved",
+            ErrorCode::AlreadyApproved,
             "you already approved this Run",
         ));
     }

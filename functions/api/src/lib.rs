@@ -19,6 +19,7 @@ mod gates;
 mod listing;
 mod observe;
 mod one_step;
+pub mod openapi;
 mod pools;
 mod records;
 mod relay;
@@ -38,9 +39,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-pub use access::{Access, Endpoint, Scope, endpoints};
+pub use access::{Access, Doc, Endpoint, Scope, endpoints};
 pub use auth::{Action, Caller, new_token};
-pub use error::ApiError;
+pub use error::{ApiError, ErrorBody, ErrorCode};
 
 /// What every request handler shares.
 #[derive(Clone, Debug)]

@@ -2,7 +2,7 @@
 //! `GET /workspaces/{ws}/capsules`. Read-only; a token limited to one Workspace sees only
 //! that one, and another Workspace's Capsules answer 404 as an unknown id would.
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::Method;
@@ -13,6 +13,7 @@ use takosumi_core::WorkspaceId;
 use takosumi_store::{listing, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
@@ -23,11 +24,19 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Instance),
             list_workspaces,
         )
+        .doc(
+            Doc::op("listWorkspaces", "The Workspaces the token can see")
+                .ok::<takosumi_wire::WorkspaceList>(200),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/capsules",
             Access::Token(Action::Read, Scope::Workspace),
             list_capsules,
+        )
+        .doc(
+            Doc::op("listCapsules", "The Workspace's Capsules")
+                .ok::<takosumi_wire::CapsuleList>(200),
         )
 }
 
@@ -50,7 +59,7 @@ async fn list_capsules(
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ws: WorkspaceId = ws.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })?;
     caller.require(Action::Read, Some(ws))?;
     workspaces::get(&st.pool, ws)

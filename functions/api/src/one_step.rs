@@ -8,7 +8,7 @@
 //! binds the plan that runs. An agent's submission is held before anything plans.
 //! The gate checks the rules again when it decides (see the gate's `one_step`).
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -22,18 +22,29 @@ use takosumi_policy::RuleSet;
 use takosumi_store::{activity, apply_modes, capsules, events, gates, outbox, runs};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 pub fn api() -> Api {
-    Api::new().route(
-        Method::POST,
-        "/api/v1/capsules/{cap}/apply",
-        Access::Token(Action::Submit, Scope::Capsule),
-        apply_capsule,
-    )
+    Api::new()
+        .route(
+            Method::POST,
+            "/api/v1/capsules/{cap}/apply",
+            Access::Token(Action::Submit, Scope::Capsule),
+            apply_capsule,
+        )
+        .doc(
+            Doc::op(
+                "applyCapsule",
+                "Plan and apply in one step (the gate still holds what needs review)",
+            )
+            .optional_body::<ApplyCapsule>()
+            .ok::<takosumi_wire::Run>(202)
+            .header("Idempotency-Key", "The same key returns the same Run."),
+        )
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ApplyCapsule {
     /// Hold the apply for a person whatever the rules say (it is then planned first).
@@ -65,7 +76,7 @@ async fn apply_capsule(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let id: CapsuleId = cap.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })?;
     let capsule = capsules::get(&st.pool, id)
         .await?
@@ -119,7 +130,7 @@ async fn apply_capsule(
                 .await?
                 .ok_or_else(|| {
                     ApiError::conflict(
-                        "conflict",
+                        ErrorCode::Conflict,
                         "a concurrent request with this Idempotency-Key is in progress; retry",
                     )
                 })?;
@@ -197,7 +208,7 @@ async fn replay(
         );
     if !same {
         return Err(ApiError::invalid(
-            "idempotency_key_reused",
+            ErrorCode::IdempotencyKeyReused,
             "this Idempotency-Key was already used for a different request",
         ));
     }

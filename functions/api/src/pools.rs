@@ -3,7 +3,7 @@
 //! stays deliverable for a grace period), and set the pool a Capsule runs on. With no
 //! pool a Capsule runs on the control node's own queues, as before.
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -19,6 +19,7 @@ use takosumi_store::pools::{self, WorkerPool};
 use takosumi_store::{activity, capsules, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 /// The steps whose wake-ups a pool's queues carry.
@@ -35,17 +36,38 @@ pub fn api() -> Api {
             Access::Token(Action::Administer, Scope::Workspace),
             create_pool,
         )
+        .doc(
+            Doc::op(
+                "createPool",
+                "A worker pool for the Workspace (its token is answered once)",
+            )
+            .body::<NewPool>()
+            .ok_object(201, "The pool and its token."),
+        )
         .route(
             Method::POST,
             "/api/v1/pools/{pool}/delivery-key",
             Access::Token(Action::Administer, Scope::Pool),
             rotate_key,
         )
+        .doc(
+            Doc::op("rotateDeliveryKey", "Register a pool's new delivery key")
+                .body::<KeyBody>()
+                .ok_object(200, "The pool's keys."),
+        )
         .route(
             Method::PUT,
             "/api/v1/capsules/{cap}/pool",
             Access::Token(Action::Operate, Scope::Capsule),
             set_capsule_pool,
+        )
+        .doc(
+            Doc::op(
+                "setCapsulePool",
+                "Which worker pool runs a Capsule (`null`: the control node)",
+            )
+            .body::<SetPool>()
+            .ok_object(200, "The Capsule's pool."),
         )
 }
 
@@ -63,7 +85,7 @@ pub fn view(p: &WorkerPool) -> Value {
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct KeyBody {
     key_id: String,
@@ -76,12 +98,14 @@ struct KeyBody {
 fn parse_key(k: &KeyBody) -> Result<DeliveryPublicKey, ApiError> {
     let raw = base64::engine::general_purpose::STANDARD
         .decode(k.public_key.trim())
-        .map_err(|_| ApiError::invalid("invalid_delivery_key", "publicKey must be base64"))?;
+        .map_err(|_| {
+            ApiError::invalid(ErrorCode::InvalidDeliveryKey, "publicKey must be base64")
+        })?;
     DeliveryPublicKey::new(&k.key_id, &raw)
-        .map_err(|e| ApiError::invalid("invalid_delivery_key", e.to_string()))
+        .map_err(|e| ApiError::invalid(ErrorCode::InvalidDeliveryKey, e.to_string()))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct NewPool {
     name: String,
@@ -124,7 +148,7 @@ async fn create_pool(
     let req: NewPool = crate::routes::parse_body(&body)?;
     if !crate::routes::valid_name(&req.name) || req.name.len() > 48 {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "a pool name is 1-48 letters, digits, '-', '_' or '.', starting with a letter or digit (it names the pool's queues)",
         ));
     }
@@ -145,7 +169,7 @@ async fn create_pool(
         Ok(p) => p,
         Err(e) if e.is_unique_violation() => {
             return Err(ApiError::conflict(
-                "pool_exists",
+                ErrorCode::PoolExists,
                 format!("a worker pool named {:?} already exists", req.name),
             ));
         }
@@ -183,7 +207,7 @@ async fn rotate_key(
     let grace = req.grace_secs.unwrap_or(DEFAULT_GRACE_SECS);
     if !(0..=30 * 24 * 3600).contains(&grace) {
         return Err(ApiError::invalid(
-            "invalid_grace",
+            ErrorCode::InvalidGrace,
             "graceSecs is 0 to 2592000 (30 days)",
         ));
     }
@@ -193,7 +217,7 @@ async fn rotate_key(
             Ok(p) => p,
             Err(takosumi_store::StoreError::Conflict(_)) => {
                 return Err(ApiError::conflict(
-                    "delivery_key_id_used",
+                    ErrorCode::DeliveryKeyIdUsed,
                     format!(
                         "the pool uses (or last used) key id {:?}; give the new key a new id",
                         key.key_id
@@ -215,7 +239,7 @@ async fn rotate_key(
     Ok(Json(view(&rotated)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SetPool {
     /// A pool name, or `null` for the control node's own queues.
@@ -251,7 +275,7 @@ async fn set_capsule_pool(
     if !pools::set_capsule_pool(&mut tx, capsule.id, pool.as_ref().map(|p| p.id)).await? {
         return Err(ApiError::client(
             StatusCode::CONFLICT,
-            "run_in_flight",
+            ErrorCode::RunInFlight,
             "a Run of this Capsule is queued, held, planning or applying; it keeps the runner it started on: wait until it ends (or cancel it), then move the Capsule",
         ));
     }

@@ -16,7 +16,7 @@
 //! `attach_state` also give the Capsule a state through the generation compare-and-set
 //! (see `resolve_state`).
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -33,6 +33,7 @@ use takosumi_store::records::{self, RecordExtras, RunCursor, RunFilter};
 use takosumi_store::{activity, events, runs, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 /// Page size when `limit` is not given.
@@ -51,11 +52,24 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Run),
             cancel_run,
         )
+        .doc(
+            Doc::op(
+                "cancelRun",
+                "Cancel a Run (queued/held at once, running: recorded)",
+            )
+            .optional_body::<CancelRequest>()
+            .ok::<takosumi_wire::Run>(200)
+            .ok::<takosumi_wire::Run>(202),
+        )
         .route(
             Method::GET,
             "/api/v1/runs/{run}/cost",
             Access::Token(Action::Read, Scope::Run),
             run_cost,
+        )
+        .doc(
+            Doc::op("getRunCost", "Cost estimate of the plan")
+                .ok::<takosumi_core::cost::CostEstimate>(200),
         )
         .route(
             Method::POST,
@@ -67,11 +81,25 @@ pub fn api() -> Api {
                 axum::extract::DefaultBodyLimit::max(crate::resolve_state::RESOLVE_BODY_LIMIT),
             ),
         )
+        .doc(
+            Doc::op("resolveRun", "Resolve an `unknown_outcome` Run")
+                .body::<ResolveRequest>()
+                .ok_object(200, "The resolution and the Run."),
+        )
         .route(
             Method::GET,
             "/api/v1/workspaces/{ws}/runs",
             Access::Token(Action::Read, Scope::Workspace),
             list_runs,
+        )
+        .doc(
+            Doc::op("listRuns", "The Workspace's Runs, newest first")
+                .query("capsule", "Only this Capsule's (`cap_…`).")
+                .query("kind", "Only this kind.")
+                .query("status", "Only this status.")
+                .query("limit", "At most this many (1-100).")
+                .query("cursor", "From a previous page's `nextCursor`.")
+                .ok::<takosumi_wire::RunPage>(200),
         )
         .route(
             Method::GET,
@@ -79,13 +107,22 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Workspace),
             list_activity,
         )
+        .doc(
+            Doc::op(
+                "listActivity",
+                "The Workspace's activity record, newest first",
+            )
+            .query("limit", "At most this many (1-100).")
+            .query("cursor", "From a previous page's `nextCursor`.")
+            .ok::<takosumi_wire::ActivityPage>(200),
+        )
 }
 
 fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
     raw: &str,
 ) -> Result<T, ApiError> {
     raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })
 }
 
@@ -115,7 +152,7 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(t)| t).map_err(|e| {
         ApiError::client(
             StatusCode::BAD_REQUEST,
-            "invalid_query",
+            ErrorCode::InvalidQuery,
             format!("the query string is not valid: {}", e.body_text()),
         )
     })
@@ -140,7 +177,7 @@ fn note_text(raw: &str, field: &'static str) -> Result<String, ApiError> {
             .any(|c| c.is_control() && c != '\n' && c != '\t')
     {
         return Err(ApiError::invalid(
-            "invalid_note",
+            ErrorCode::InvalidNote,
             format!("{field} must be at most {MAX_NOTE_CHARS} characters of text"),
         ));
     }
@@ -177,7 +214,7 @@ fn with_extras(mut view: Value, x: &RecordExtras) -> Value {
 
 // ---- cancel -------------------------------------------------------------------------
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CancelRequest {
     #[serde(default)]
@@ -249,7 +286,7 @@ async fn cancel_run(
             .ok_or_else(|| ApiError::not_found("the Run"))?;
         if now.status.is_terminal() {
             return Err(ApiError::conflict(
-                "run_finished",
+                ErrorCode::RunFinished,
                 format!(
                     "{} already ended {}; only a queued, held or running Run can be canceled",
                     now.id,
@@ -263,7 +300,7 @@ async fn cancel_run(
         }
     }
     Err(ApiError::conflict(
-        "conflict",
+        ErrorCode::Conflict,
         "the Run kept changing while it was being canceled; try again",
     ))
 }
@@ -285,7 +322,7 @@ async fn run_cost(
     };
     if plan.status != RunStatus::Planned {
         return Err(ApiError::conflict(
-            "plan_not_ready",
+            ErrorCode::PlanNotReady,
             format!(
                 "{} is {}; a cost estimate needs a finished plan",
                 plan.id,
@@ -295,7 +332,7 @@ async fn run_cost(
     }
     let Some(summary) = records::resource_changes(&st.pool, plan.id).await? else {
         return Err(ApiError::conflict(
-            "cost_unavailable",
+            ErrorCode::CostUnavailable,
             format!(
                 "{} was planned before Takosumi kept resource summaries; plan again for an estimate",
                 plan.id
@@ -325,7 +362,7 @@ async fn run_cost(
 
 // ---- resolve ------------------------------------------------------------------------
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ResolveRequest {
     action: String,
@@ -364,7 +401,7 @@ async fn resolve_run(
         "attach_state" => "attach_state",
         _ => {
             return Err(ApiError::invalid(
-                "invalid_action",
+                ErrorCode::InvalidAction,
                 "action must be \"mark_resolved\", \"restore_held_state\" or \"attach_state\"",
             ));
         }
@@ -372,13 +409,13 @@ async fn resolve_run(
     match (action, req.state.is_some()) {
         ("attach_state", false) => {
             return Err(ApiError::invalid(
-                "missing_state",
+                ErrorCode::MissingState,
                 "attach_state needs \"state\": the Terraform state (JSON object) pulled from the provider side",
             ));
         }
         ("mark_resolved" | "restore_held_state", true) => {
             return Err(ApiError::invalid(
-                "unexpected_state",
+                ErrorCode::UnexpectedState,
                 "\"state\" is only taken with action \"attach_state\"",
             ));
         }
@@ -387,13 +424,13 @@ async fn resolve_run(
     let note = note_text(&req.note, "note")?;
     if note.is_empty() {
         return Err(ApiError::invalid(
-            "invalid_note",
+            ErrorCode::InvalidNote,
             "note must say what was checked (the provider side, the current StateVersion)",
         ));
     }
     if run.status != RunStatus::UnknownOutcome {
         return Err(ApiError::conflict(
-            "not_unknown_outcome",
+            ErrorCode::NotUnknownOutcome,
             format!(
                 "{} is {}; only an unknown_outcome Run is resolved",
                 run.id,
@@ -424,7 +461,7 @@ async fn resolve_run(
     let mut tx = st.pool.begin().await?;
     if !records::resolve_unknown(&mut tx, run.id, action, &actor, &note).await? {
         return Err(ApiError::conflict(
-            "already_resolved",
+            ErrorCode::AlreadyResolved,
             format!("{} was already resolved; see its events", run.id),
         ));
     }
@@ -463,7 +500,7 @@ fn encode_cursor(text: &str) -> String {
 fn bad_cursor() -> ApiError {
     ApiError::client(
         StatusCode::BAD_REQUEST,
-        "invalid_cursor",
+        ErrorCode::InvalidCursor,
         "cursor is not one this API returned; start again without it",
     )
 }
@@ -508,7 +545,7 @@ fn parse_limit(raw: Option<&str>) -> Result<i64, ApiError> {
         .filter(|n| (1..=MAX_LIMIT).contains(n))
         .ok_or_else(|| {
             ApiError::invalid(
-                "invalid_limit",
+                ErrorCode::InvalidLimit,
                 format!("limit must be a whole number from 1 to {MAX_LIMIT}"),
             )
         })
@@ -521,7 +558,7 @@ fn parse_enum<T: serde::de::DeserializeOwned>(
 ) -> Result<T, ApiError> {
     serde_json::from_value(Value::String(raw.to_owned())).map_err(|_| {
         ApiError::invalid(
-            "invalid_filter",
+            ErrorCode::InvalidFilter,
             format!("{field} must be one of {allowed}"),
         )
     })
@@ -609,7 +646,7 @@ async fn list_activity(
             || !kind.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
     {
         return Err(ApiError::invalid(
-            "invalid_filter",
+            ErrorCode::InvalidFilter,
             "kind must be an activity kind such as run_started",
         ));
     }

@@ -28,7 +28,7 @@
 
 use std::time::Duration;
 
-use crate::access::{Access, Api};
+use crate::access::{Access, Api, Doc};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
@@ -56,6 +56,7 @@ use takosumi_store::runs::{self, ApplyClaim};
 use takosumi_store::{bindings, capsules, events, outbox, state_versions};
 use zeroize::Zeroize;
 
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 /// The largest plan file that crosses the relay (DESIGN §3).
@@ -79,11 +80,24 @@ pub fn api() -> Api {
             Access::PoolToken,
             claim,
         )
+        .doc(
+            Doc::op("relayClaim", "A relay worker claims its pool's next job")
+                .object_body("The worker's identity and keys.")
+                .ok_object(200, "`{\"job\": …}`, `null` when there is none."),
+        )
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/progress",
             Access::PoolToken,
             progress,
+        )
+        .doc(
+            Doc::op(
+                "relayProgress",
+                "Events and log chunks of a claimed Run; answers whether a cancel was asked",
+            )
+            .object_body("Events and log chunks.")
+            .ok_object(200, "Whether to stop."),
         )
         .route(
             Method::PUT,
@@ -91,11 +105,24 @@ pub fn api() -> Api {
             Access::PoolToken,
             plan_file,
         )
+        .doc(
+            Doc::op(
+                "relayPlanFile",
+                "The sealed plan file of a claimed plan Run",
+            )
+            .raw_body("application/octet-stream", "The plan file.")
+            .ok_object(200, "Stored."),
+        )
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/scanned",
             Access::PoolToken,
             scanned,
+        )
+        .doc(
+            Doc::op("relayScanned", "A dry-run scan's result")
+                .object_body("The scan.")
+                .ok_object(200, "Recorded."),
         )
         .route(
             Method::POST,
@@ -103,11 +130,17 @@ pub fn api() -> Api {
             Access::PoolToken,
             one_step,
         )
+        .doc(Doc::op("relayOneStep", "The apply job of a one-step Run").ok_object(200, "The job."))
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/planned",
             Access::PoolToken,
             planned,
+        )
+        .doc(
+            Doc::op("relayPlanned", "A plan Run's result")
+                .object_body("The plan's record.")
+                .ok_object(200, "Recorded."),
         )
         .route(
             Method::POST,
@@ -115,17 +148,37 @@ pub fn api() -> Api {
             Access::PoolToken,
             applied,
         )
+        .doc(
+            Doc::op(
+                "relayApplied",
+                "An apply Run's result and the state it wrote",
+            )
+            .object_body("The apply's record.")
+            .ok_object(200, "Recorded."),
+        )
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/fail",
             Access::PoolToken,
             fail,
         )
+        .doc(
+            Doc::op("relayFail", "A claimed Run failed")
+                .object_body("The failure code and message.")
+                .ok_object(200, "Recorded."),
+        )
         .route(
             Method::POST,
             "/api/v1/relay/runs/{run}/canceled",
             Access::PoolToken,
             canceled,
+        )
+        .doc(
+            Doc::op(
+                "relayCanceled",
+                "A claimed Run stopped on a requested cancel",
+            )
+            .ok_object(200, "Recorded."),
         )
         .map_router(|r| r.layer(DefaultBodyLimit::max(UPLOAD_LIMIT)))
 }
@@ -145,7 +198,8 @@ impl FromRequestParts<AppState> for PoolCaller {
         if let Some(caller) = parts.extensions.get::<PoolCaller>() {
             return Ok(caller.clone());
         }
-        let unauthorized = |m: &str| ApiError::client(StatusCode::UNAUTHORIZED, "unauthorized", m);
+        let unauthorized =
+            |m: &str| ApiError::client(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, m);
         let token = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
@@ -214,7 +268,7 @@ fn delivery_key_for(
             return Ok(Some(key(prev, prev_public)?));
         }
         return Err(ApiError::conflict(
-            "delivery_key_expired",
+            ErrorCode::DeliveryKeyExpired,
             format!(
                 "this worker holds delivery key {prev:?}, rotated out of pool {:?} and past its grace; load the pool's current key {id:?} and claim again",
                 pool.name
@@ -222,7 +276,7 @@ fn delivery_key_for(
         ));
     }
     Err(ApiError::conflict(
-        "delivery_key_unknown",
+        ErrorCode::DeliveryKeyUnknown,
         format!(
             "this worker holds none of pool {:?}'s delivery keys (current {id:?}); load the current key and claim again",
             pool.name
@@ -273,7 +327,7 @@ async fn claim(
         Some(s @ ("bubblewrap" | "none")) => Some(s),
         Some(_) => {
             return Err(ApiError::invalid(
-                "invalid_sandbox",
+                ErrorCode::InvalidSandbox,
                 "sandbox is \"bubblewrap\" or \"none\"",
             ));
         }
@@ -445,7 +499,7 @@ async fn secret_inputs(
     // two sources set is refused, never overwritten.
     let refused = |e: EnvError| match e {
         EnvError::Fail(code, message) => {
-            ApiError::client(StatusCode::CONFLICT, code.as_str(), message)
+            ApiError::client(StatusCode::CONFLICT, code.into(), message)
         }
         EnvError::Step(e) => internal(e),
     };
@@ -807,7 +861,7 @@ async fn apply_job(
     let inputs = match secret_inputs(st, &plan_run, capsule.id).await {
         Ok(s) => s,
         Err(ApiError::Client { code, message, .. }) => {
-            end_failed(st, run_id, owner, code, &message).await?;
+            end_failed(st, run_id, owner, code.as_str(), &message).await?;
             return Ok(Prepared::Failed);
         }
         Err(e) => return Err(e),
@@ -868,7 +922,7 @@ async fn delivered_inputs(
     let inputs = match secret_inputs(st, run, capsule.id).await {
         Ok(s) => s,
         Err(ApiError::Client { code, message, .. }) => {
-            end_failed(st, run.id, owner, code, &message).await?;
+            end_failed(st, run.id, owner, code.as_str(), &message).await?;
             return Ok(None);
         }
         Err(e) => return Err(e),
@@ -952,7 +1006,7 @@ async fn one_step(
     if run.kind != RunKind::Apply || run.plan_run_id.is_some() || run.status != RunStatus::Applying
     {
         return Err(ApiError::conflict(
-            "not_one_step",
+            ErrorCode::NotOneStep,
             format!("{} is not a one-step apply in progress", run.id),
         ));
     }
@@ -966,7 +1020,7 @@ async fn one_step(
     };
     if !takosumi_store::apply_modes::record_snapshot(&st.pool, run.id, &claim, &snapshot).await? {
         return Err(ApiError::conflict(
-            "not_your_claim",
+            ErrorCode::NotYourClaim,
             "the lease was lost before the one-step apply",
         ));
     }
@@ -987,7 +1041,7 @@ async fn held_run(
     let run_pool = pools::of_capsule(&st.pool, run.capsule_id).await?;
     if run_pool.as_ref().map(|p| p.id) != Some(pool.id) {
         return Err(ApiError::forbidden_code(
-            "wrong_pool",
+            ErrorCode::WrongPool,
             format!("{id} does not run on worker pool {:?}", pool.name),
         ));
     }
@@ -998,7 +1052,7 @@ async fn held_run(
         .to_owned();
     if claim.is_empty() || run.lease_owner.as_deref() != Some(claim.as_str()) {
         return Err(ApiError::conflict(
-            "not_your_claim",
+            ErrorCode::NotYourClaim,
             format!(
                 "{id} is not held by this claim (finished, canceled, or taken back after the lease ran out)"
             ),
@@ -1090,7 +1144,7 @@ async fn progress(
         .find(|e| !WORKER_EVENT_KINDS.contains(&e.kind.as_str()))
     {
         return Err(ApiError::invalid(
-            "invalid_event",
+            ErrorCode::InvalidEvent,
             format!(
                 "a worker may report only the event kinds {}; {:?} is not one of them",
                 WORKER_EVENT_KINDS.join(", "),
@@ -1128,7 +1182,7 @@ async fn plan_file(
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
     if !run.kind.is_plan_like() || run.status != RunStatus::Planning {
         return Err(ApiError::conflict(
-            "not_planning",
+            ErrorCode::NotPlanning,
             format!("{} is not planning", run.id),
         ));
     }
@@ -1153,7 +1207,7 @@ async fn plan_file(
         end_failed(&st, run.id, &claim, "plan_too_large", &message).await?;
         return Err(ApiError::client(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "plan_too_large",
+            ErrorCode::PlanTooLarge,
             message,
         ));
     }
@@ -1178,7 +1232,7 @@ async fn plan_file(
         PlanPut::Stored(plan) => plan.digest,
         PlanPut::AlreadyThere => {
             return Err(ApiError::conflict(
-                "plan_file_exists",
+                ErrorCode::PlanFileExists,
                 "the plan file of this claim was already uploaded",
             ));
         }
@@ -1226,7 +1280,7 @@ async fn env_error(st: &AppState, run_id: RunId, claim: &str, e: EnvError) -> Ap
             if let Err(e) = end_failed(st, run_id, claim, code.as_str(), &message).await {
                 return e;
             }
-            ApiError::conflict(code.as_str(), message)
+            ApiError::conflict(code.into(), message)
         }
         EnvError::Step(e) => internal(e),
     }
@@ -1249,7 +1303,7 @@ async fn planned(
         Some(size) => {
             if run.kind != RunKind::DriftCheck || size <= MAX_RELAY_PLAN_BYTES {
                 return Err(ApiError::invalid(
-                    "invalid_report",
+                    ErrorCode::InvalidReport,
                     format!(
                         "planNotKept is for a drift check whose plan file is over {MAX_RELAY_PLAN_BYTES} bytes; upload the plan file (PUT …/plan-file) instead"
                     ),
@@ -1264,7 +1318,7 @@ async fn planned(
                 Ok(s) => s,
                 Err(takosumi_objects::ObjectError::NotFound) => {
                     return Err(ApiError::conflict(
-                        "plan_file_missing",
+                        ErrorCode::PlanFileMissing,
                         "upload the plan file (PUT …/plan-file) first",
                     ));
                 }
@@ -1284,9 +1338,9 @@ async fn planned(
     let lockfile = match &req.lockfile {
         None => None,
         Some(b64) => {
-            let bytes = B64
-                .decode(b64)
-                .map_err(|_| ApiError::invalid("invalid_lockfile", "lockfile must be base64"))?;
+            let bytes = B64.decode(b64).map_err(|_| {
+                ApiError::invalid(ErrorCode::InvalidLockfile, "lockfile must be base64")
+            })?;
             match plan_commit::store_lockfile(&st.ctx, run_id, run.attempts, &bytes).await {
                 Ok(stored) => Some(stored),
                 Err(e) => return Err(env_error(&st, run_id, &claim, e).await),
@@ -1323,7 +1377,7 @@ async fn planned(
         Ok(Committed::Done) => {}
         Ok(Committed::LeaseLost) => {
             return Err(ApiError::conflict(
-                "not_your_claim",
+                ErrorCode::NotYourClaim,
                 "the lease was lost before the plan was recorded",
             ));
         }
@@ -1366,7 +1420,7 @@ async fn scanned(
         Ok(DryRunDecision::Proceed) => Ok(Json(json!({ "hold": false }))),
         Ok(DryRunDecision::Held) => Ok(Json(json!({ "hold": true }))),
         Ok(DryRunDecision::LeaseLost) => Err(ApiError::conflict(
-            "not_your_claim",
+            ErrorCode::NotYourClaim,
             "the lease was lost before the dry-run decision",
         )),
         Err(e) => Err(env_error(&st, run.id, &claim, e).await),
@@ -1411,7 +1465,7 @@ async fn fail(
     let req: Fail = crate::routes::parse_body(&body)?;
     let Some(code) = WORKER_CODES.iter().find(|c| **c == req.code) else {
         return Err(ApiError::invalid(
-            "invalid_code",
+            ErrorCode::InvalidCode,
             format!("code must be one of {WORKER_CODES:?}"),
         ));
     };
@@ -1449,7 +1503,7 @@ async fn applied(
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
     if run.kind != RunKind::Apply || run.status != RunStatus::Applying {
         return Err(ApiError::conflict(
-            "not_applying",
+            ErrorCode::NotApplying,
             format!("{} is not applying", run.id),
         ));
     }
@@ -1476,7 +1530,7 @@ async fn applied(
         None => None,
         Some(b64) => Some(
             B64.decode(b64)
-                .map_err(|_| ApiError::invalid("invalid_state", "state must be base64"))?,
+                .map_err(|_| ApiError::invalid(ErrorCode::InvalidState, "state must be base64"))?,
         ),
     };
     // Seal the new state before anything is committed.
@@ -1544,7 +1598,7 @@ async fn applied(
         Ok(g) => g,
         Err(ApplyCommitError::LeaseLost) => {
             return Err(ApiError::conflict(
-                "not_your_claim",
+                ErrorCode::NotYourClaim,
                 "the lease was lost while applying",
             ));
         }
@@ -1608,7 +1662,7 @@ async fn canceled(
     let mut tx = st.pool.begin().await?;
     let Some(done) = takosumi_store::records::cancel_claimed(&mut tx, run.id, &claim).await? else {
         return Err(ApiError::conflict(
-            "no_cancel_requested",
+            ErrorCode::NoCancelRequested,
             format!("no cancel of {} was requested", run.id),
         ));
     };

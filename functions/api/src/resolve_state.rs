@@ -28,6 +28,7 @@ use takosumi_store::state_versions::{self, StateVersion};
 use takosumi_store::{activity, capsules, events, records, resolutions, runs};
 use zeroize::Zeroize;
 
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
 /// The largest state `attach_state` takes (its compact JSON).
@@ -57,7 +58,7 @@ pub(crate) fn too_large(size: Option<usize>) -> ApiError {
     };
     ApiError::client(
         StatusCode::PAYLOAD_TOO_LARGE,
-        "state_too_large",
+        ErrorCode::StateTooLarge,
         format!(
             "{what}; the limit is {MAX_ATTACHED_STATE_BYTES} bytes (8 MiB). Nothing was changed"
         ),
@@ -73,7 +74,7 @@ struct Identity {
 
 fn invalid_state(what: &str) -> ApiError {
     ApiError::invalid(
-        "invalid_state",
+        ErrorCode::InvalidState,
         format!(
             "state must be a Terraform state in format version 4 (the JSON `terraform state pull` prints): {what}. Nothing was changed"
         ),
@@ -117,7 +118,7 @@ async fn current_identity(
         .ok_or_else(|| ApiError::not_found("the Capsule's current StateVersion"))?;
     let unreadable = || {
         ApiError::conflict(
-            "current_state_unreadable",
+            ErrorCode::CurrentStateUnreadable,
             format!(
                 "the Capsule's current state ({sv_id}, generation {}) cannot be read back intact, so the attached state's lineage cannot be checked against it; nothing was changed",
                 sv.generation
@@ -243,7 +244,7 @@ async fn commit(
         Some(Refused::AlreadyResolved) => Err(already_resolved(run)),
         Some(Refused::GenerationMoved { now }) => Err(generation_moved(w.expected, now)),
         Some(Refused::CapsuleBusy) => Err(ApiError::conflict(
-            "capsule_busy",
+            ErrorCode::CapsuleBusy,
             "an apply holds the Capsule right now; nothing was changed. Try again when it ends",
         )),
     }
@@ -251,7 +252,7 @@ async fn commit(
 
 pub(crate) fn already_resolved(run: &runs::Run) -> ApiError {
     ApiError::conflict(
-        "already_resolved",
+        ErrorCode::AlreadyResolved,
         format!(
             "{} was already resolved; nothing was changed. See its events for how",
             run.id
@@ -261,7 +262,7 @@ pub(crate) fn already_resolved(run: &runs::Run) -> ApiError {
 
 fn generation_moved(expected: i64, now: i64) -> ApiError {
     ApiError::conflict(
-        "state_generation_changed",
+        ErrorCode::StateGenerationChanged,
         format!(
             "the Capsule's state moved to generation {now} since this state was based on generation {expected}; \
              nothing was changed. Inspect the Capsule's current StateVersion, then attach a state pulled from \
@@ -279,7 +280,7 @@ pub(crate) async fn restore_held_state(
 ) -> Result<(), ApiError> {
     let Some(held) = resolutions::latest_held(&st.pool, run.id).await? else {
         return Err(ApiError::conflict(
-            "no_held_state",
+            ErrorCode::NoHeldState,
             format!(
                 "{} has no held state (its state was stored, or the tool wrote none, or it could not be kept); \
                  attach a state pulled from the provider side (`attach_state`) or mark it resolved",
@@ -302,7 +303,7 @@ pub(crate) async fn restore_held_state(
         &held.sealed,
     ) else {
         return Err(ApiError::conflict(
-            "held_state_unreadable",
+            ErrorCode::HeldStateUnreadable,
             "the held state does not open with this server's keys; nothing was changed. Attach a state pulled from the provider side instead",
         ));
     };
@@ -313,7 +314,7 @@ pub(crate) async fn restore_held_state(
     plain.zeroize();
     if !intact {
         return Err(ApiError::conflict(
-            "held_state_unreadable",
+            ErrorCode::HeldStateUnreadable,
             "the held state does not match its recorded digest; nothing was changed. Attach a state pulled from the provider side instead",
         ));
     }
@@ -405,7 +406,7 @@ async fn attach_bytes(
     {
         if current.lineage != id.lineage {
             return Err(ApiError::conflict(
-                "state_lineage_mismatch",
+                ErrorCode::StateLineageMismatch,
                 format!(
                     "the attached state's lineage is {} but the Capsule's current state ({current_id}) has lineage {}: \
                      it is the state of another configuration or workspace; nothing was changed",
@@ -415,7 +416,7 @@ async fn attach_bytes(
         }
         if id.serial < current.serial {
             return Err(ApiError::conflict(
-                "state_serial_older",
+                ErrorCode::StateSerialOlder,
                 format!(
                     "the attached state's serial {} is older than the Capsule's current state's ({current_id}, serial {}); \
                      pull the newest state from the provider side; nothing was changed",
@@ -498,7 +499,7 @@ mod tests {
             };
             assert_eq!(
                 (status, code),
-                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_state")
+                (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::InvalidState)
             );
             assert!(!message.contains("canary-secret"), "{message}");
         }

@@ -18,7 +18,7 @@ use takosumi_core::{RunId, RunStatus};
 use takosumi_store::{events, gates, logs, records, runs};
 use takosumi_wire::{ApprovalsView, GivenApproval, PlanDiff, PlanView, RunEvent, StreamEvent};
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller};
 use crate::routes::load_run;
 use crate::{ApiError, AppState};
@@ -38,17 +38,35 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Run),
             plan,
         )
+        .doc(
+            Doc::op("getRunPlan", "The plan's changes as a reviewer reads them")
+                .ok::<takosumi_wire::PlanView>(200),
+        )
         .route(
             Method::GET,
             "/api/v1/runs/{run}/approvals",
             Access::Token(Action::Read, Scope::Run),
             approvals,
         )
+        .doc(
+            Doc::op(
+                "getRunApprovals",
+                "What the rule in force needs and who approved",
+            )
+            .ok::<takosumi_wire::ApprovalsView>(200),
+        )
         .route(
             Method::GET,
             "/api/v1/runs/{run}/stream",
             Access::Token(Action::Read, Scope::Run),
             stream,
+        )
+        .doc(
+            Doc::op(
+                "streamRun",
+                "Server-Sent Events: the Run's events, logs and status as they happen",
+            )
+            .ok_sse::<takosumi_wire::StreamEvent>(200, &["event", "log", "status", "end", "error"]),
         )
 }
 

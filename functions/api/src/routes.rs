@@ -1,7 +1,7 @@
 //! Endpoints. Each submission validates everything first, then writes its rows and the
 //! wake-up in one transaction; bad input changes nothing.
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::Method;
@@ -16,16 +16,30 @@ use takosumi_runner::{Runner, Tool};
 use takosumi_store::{activity, capsules, events, outbox, runs, workspaces};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
 pub fn api() -> Api {
     Api::new()
         .route(Method::GET, "/healthz", Access::Public, healthz)
+        .doc(
+            Doc::op("health", "Whether the API, Postgres and the broker are up")
+                .ok_object(200, "`{\"status\", \"postgres\", \"broker\"}`, each `ok`.")
+                .ok_object(
+                    503,
+                    "The same, naming the dependency that is `unavailable`.",
+                ),
+        )
         .route(
             Method::POST,
             "/api/v1/workspaces",
             Access::Token(Action::Administer, Scope::Instance),
             create_workspace,
+        )
+        .doc(
+            Doc::op("createWorkspace", "Create a Workspace")
+                .body::<NewWorkspace>()
+                .ok::<takosumi_wire::Workspace>(201),
         )
         .route(
             Method::POST,
@@ -33,11 +47,23 @@ pub fn api() -> Api {
             Access::Token(Action::Operate, Scope::Workspace),
             create_capsule,
         )
+        .doc(
+            Doc::op("createCapsule", "Register a Capsule")
+                .body::<NewCapsule>()
+                .ok::<takosumi_wire::Capsule>(201),
+        )
         .route(
             Method::GET,
             "/api/v1/capsules/{cap}",
             Access::Token(Action::Read, Scope::Capsule),
             get_capsule,
+        )
+        .doc(
+            Doc::op(
+                "getCapsule",
+                "A Capsule, its status and current StateVersion",
+            )
+            .ok::<takosumi_wire::Capsule>(200),
         )
         .route(
             Method::DELETE,
@@ -45,11 +71,26 @@ pub fn api() -> Api {
             Access::Token(Action::Submit, Scope::Capsule),
             destroy_capsule,
         )
+        .doc(
+            Doc::op(
+                "destroyCapsule",
+                "Propose a destroy plan (nothing is destroyed until it is applied)",
+            )
+            .optional_body::<crate::bindings::PlanInputs>()
+            .ok::<takosumi_wire::Run>(202)
+            .header("Idempotency-Key", "The same key returns the same Run."),
+        )
         .route(
             Method::POST,
             "/api/v1/capsules/{cap}/plan",
             Access::Token(Action::Submit, Scope::Capsule),
             plan_capsule,
+        )
+        .doc(
+            Doc::op("planCapsule", "Submit a plan Run")
+                .optional_body::<crate::bindings::PlanInputs>()
+                .ok::<takosumi_wire::Run>(202)
+                .header("Idempotency-Key", "The same key returns the same Run."),
         )
         .route(
             Method::GET,
@@ -57,11 +98,16 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Run),
             get_run,
         )
+        .doc(Doc::op("getRun", "The Run record").ok::<takosumi_wire::Run>(200))
         .route(
             Method::GET,
             "/api/v1/runs/{run}/events",
             Access::Token(Action::Read, Scope::Run),
             run_events,
+        )
+        .doc(
+            Doc::op("listRunEvents", "The Run's ordered events")
+                .ok::<takosumi_wire::EventList>(200),
         )
         .route(
             Method::GET,
@@ -69,11 +115,18 @@ pub fn api() -> Api {
             Access::Token(Action::Read, Scope::Run),
             run_logs,
         )
+        .doc(Doc::op("listRunLogs", "The Run's masked logs").ok::<takosumi_wire::LogList>(200))
         .route(
             Method::POST,
             "/api/v1/runs/{run}/apply",
             Access::Token(Action::Submit, Scope::Run),
             apply_run,
+        )
+        .doc(
+            Doc::op("applyRun", "Propose the apply pinned to this plan")
+                .optional_body::<ApplyOptions>()
+                .ok::<takosumi_wire::Run>(202)
+                .header("Idempotency-Key", "The same key returns the same Run."),
         )
         .merge(crate::gates::api())
         .merge(crate::one_step::api())
@@ -87,6 +140,7 @@ pub fn api() -> Api {
         .merge(crate::evidence::api())
         .merge(crate::review::api())
         .merge(crate::tokens::api())
+        .merge(crate::openapi::api())
         .merge(crate::dashboard::api())
 }
 
@@ -97,7 +151,7 @@ pub fn router() -> Router<AppState> {
         .fallback(|| async {
             ApiError::client(
                 StatusCode::NOT_FOUND,
-                "no_such_endpoint",
+                ErrorCode::NoSuchEndpoint,
                 "no such endpoint; see the API reference in DESIGN.md §5",
             )
         })
@@ -106,7 +160,7 @@ pub fn router() -> Router<AppState> {
         .method_not_allowed_fallback(|| async {
             ApiError::client(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 "this endpoint does not take that method; see the API reference in DESIGN.md §5",
             )
         })
@@ -127,7 +181,7 @@ pub(crate) fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
     raw: &str,
 ) -> Result<T, ApiError> {
     raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
     })
 }
 
@@ -137,13 +191,13 @@ pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
     };
     let key = v.to_str().map_err(|_| {
         ApiError::invalid(
-            "invalid_idempotency_key",
+            ErrorCode::InvalidIdempotencyKey,
             "Idempotency-Key must be printable text",
         )
     })?;
     if key.is_empty() || key.len() > 200 {
         return Err(ApiError::invalid(
-            "invalid_idempotency_key",
+            ErrorCode::InvalidIdempotencyKey,
             "Idempotency-Key must be 1 to 200 characters",
         ));
     }
@@ -162,7 +216,7 @@ pub(crate) fn valid_name(name: &str) -> bool {
             .is_some_and(|c| c.is_ascii_alphanumeric())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewWorkspace {
     name: String,
@@ -204,7 +258,7 @@ async fn create_workspace(
     let req: NewWorkspace = parse_body(&body)?;
     if !valid_name(&req.name) {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "a Workspace name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
         ));
     }
@@ -213,7 +267,7 @@ async fn create_workspace(
         Ok(ws) => ws,
         Err(e) if e.is_unique_violation() => {
             return Err(ApiError::conflict(
-                "workspace_exists",
+                ErrorCode::WorkspaceExists,
                 format!("a Workspace named {:?} already exists", req.name),
             ));
         }
@@ -235,7 +289,7 @@ async fn create_workspace(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewCapsuleSource {
     repo: String,
@@ -247,7 +301,7 @@ fn default_branch() -> String {
     "main".to_owned()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewCapsule {
     name: String,
@@ -256,6 +310,7 @@ struct NewCapsule {
     dir: String,
     tool: String,
     #[serde(default)]
+    #[schema(value_type = Object)]
     vars: serde_json::Map<String, Value>,
 }
 
@@ -274,13 +329,13 @@ async fn create_capsule(
     let req: NewCapsule = parse_body(&body)?;
     if !valid_name(&req.name) {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             "a Capsule name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
         ));
     }
     let repo = req.source.repo.trim();
     takosumi_runner::check_repo_url(repo, st.allow_file_repos)
-        .map_err(|e| ApiError::invalid("invalid_source", e.0))?;
+        .map_err(|e| ApiError::invalid(ErrorCode::InvalidSource, e.0))?;
     let branch = req.source.branch.trim();
     if branch.is_empty()
         || branch.starts_with('-')
@@ -288,7 +343,7 @@ async fn create_capsule(
         || branch.chars().any(|c| c.is_whitespace() || c.is_control())
     {
         return Err(ApiError::invalid(
-            "invalid_source",
+            ErrorCode::InvalidSource,
             "source.branch must be a branch name",
         ));
     }
@@ -296,16 +351,19 @@ async fn create_capsule(
     Runner::validate_dir(&req.dir).map_err(|e| {
         ApiError::client(
             StatusCode::BAD_REQUEST,
-            "invalid_dir",
+            ErrorCode::InvalidDir,
             format!("{e}; give a directory relative to the repository root, without '..'"),
         )
     })?;
-    req.tool
-        .parse::<Tool>()
-        .map_err(|_| ApiError::invalid("invalid_tool", "tool must be \"tofu\" or \"terraform\""))?;
+    req.tool.parse::<Tool>().map_err(|_| {
+        ApiError::invalid(
+            ErrorCode::InvalidTool,
+            "tool must be \"tofu\" or \"terraform\"",
+        )
+    })?;
     takosumi_runner::ToolEnv::new()
         .with_variables(&req.vars)
-        .map_err(|e| ApiError::invalid("invalid_vars", e.to_string()))?;
+        .map_err(|e| ApiError::invalid(ErrorCode::InvalidVars, e.to_string()))?;
     let vars = Value::Object(req.vars.clone());
     let new = capsules::NewCapsule {
         workspace_id: ws,
@@ -321,7 +379,7 @@ async fn create_capsule(
         Ok(id) => id,
         Err(e) if e.is_unique_violation() => {
             return Err(ApiError::conflict(
-                "capsule_exists",
+                ErrorCode::CapsuleExists,
                 format!(
                     "a Capsule named {:?} already exists in this Workspace",
                     req.name
@@ -453,7 +511,7 @@ async fn replay(
             || run.plan_run_id.is_some_and(|p| p.to_string() == subject));
     if !same {
         return Err(ApiError::invalid(
-            "idempotency_key_reused",
+            ErrorCode::IdempotencyKeyReused,
             "this Idempotency-Key was already used for a different request",
         ));
     }
@@ -476,14 +534,14 @@ async fn submit_plan(
         // The seed: "when a user starts an install … the Run records autoApplyRequested".
         if kind != RunKind::Plan {
             return Err(ApiError::invalid(
-                "invalid_auto_apply",
+                ErrorCode::InvalidAutoApply,
                 "autoApplyRequested is for a plan (an install); a destroy plan always stops for review: apply it explicitly",
             ));
         }
         if caller.0.role == "agent" {
             return Err(ApiError::client(
                 StatusCode::FORBIDDEN,
-                "auto_apply_person_only",
+                ErrorCode::AutoApplyPersonOnly,
                 "autoApplyRequested is asked for by a person starting an install; an agent's plan is applied only through review",
             ));
         }
@@ -528,7 +586,7 @@ async fn submit_plan(
             .await?
             .ok_or_else(|| {
                 ApiError::conflict(
-                    "conflict",
+                    ErrorCode::Conflict,
                     "a concurrent request with this Idempotency-Key is in progress; retry",
                 )
             })?;
@@ -568,7 +626,7 @@ async fn submit_plan(
 }
 
 /// Options of an apply submission.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct ApplyOptions {
     /// Hold the apply for a person whatever the rules say.
@@ -617,7 +675,7 @@ pub(crate) async fn propose_apply(
     }
     if !plan.kind.is_plan_like() {
         return Err(ApiError::conflict(
-            "not_a_plan",
+            ErrorCode::NotAPlan,
             format!(
                 "{} is an apply Run; apply the plan Run it carries out instead",
                 plan.id
@@ -626,7 +684,7 @@ pub(crate) async fn propose_apply(
     }
     if plan.status != RunStatus::Planned {
         return Err(ApiError::conflict(
-            "plan_not_ready",
+            ErrorCode::PlanNotReady,
             format!(
                 "{} is {}; only a planned Run can be applied",
                 plan.id,
@@ -640,14 +698,14 @@ pub(crate) async fn propose_apply(
         takosumi_store::unrecorded::unresolved_unknown_apply(&st.pool, plan.capsule_id).await?
     {
         return Err(ApiError::conflict(
-            "capsule_needs_inspection",
+            ErrorCode::CapsuleNeedsInspection,
             takosumi_store::unrecorded::needs_inspection_message(blocking),
         ));
     }
     let speculative = takosumi_store::detection::speculative(&st.pool, plan.id).await?;
     if speculative {
         return Err(ApiError::conflict(
-            "speculative_plan",
+            ErrorCode::SpeculativePlan,
             format!(
                 "{} is a pull request's speculative plan and can never be applied",
                 plan.id
@@ -656,7 +714,7 @@ pub(crate) async fn propose_apply(
     }
     if plan.kind == RunKind::DriftCheck && plan.drift == Some(true) && plan.plan_digest.is_none() {
         return Err(ApiError::conflict(
-            "no_kept_plan",
+            ErrorCode::NoKeptPlan,
             format!(
                 "{} found drift, but its plan was too large to cross the relay and was not kept, so a reconcile cannot be proposed from it; run the check on a queue the control node executes (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}}) and reconcile from that check",
                 plan.id
@@ -667,7 +725,7 @@ pub(crate) async fn propose_apply(
         && (plan.drift != Some(true) || plan.plan_object_key.is_none())
     {
         return Err(ApiError::conflict(
-            "no_kept_plan",
+            ErrorCode::NoKeptPlan,
             format!(
                 "{} kept no plan (it found no drift, or a newer check of the Capsule replaced it); run the check again and propose the reconcile from it",
                 plan.id
@@ -676,7 +734,7 @@ pub(crate) async fn propose_apply(
     }
     if plan.plan_object_key.is_none() {
         return Err(ApiError::conflict(
-            "plan_already_used",
+            ErrorCode::PlanAlreadyUsed,
             format!(
                 "the saved plan of {} was already applied or wiped; plan again",
                 plan.id
@@ -685,7 +743,7 @@ pub(crate) async fn propose_apply(
     }
     if let Some(existing) = runs::live_apply_of(&st.pool, plan.id).await? {
         return Err(ApiError::conflict(
-            "apply_exists",
+            ErrorCode::ApplyExists,
             format!("{existing} already applies this plan"),
         ));
     }
@@ -718,7 +776,7 @@ pub(crate) async fn propose_apply(
                 return Ok(run);
             }
             return Err(ApiError::conflict(
-                "apply_exists",
+                ErrorCode::ApplyExists,
                 format!("another apply of {} was just submitted", plan.id),
             ));
         }

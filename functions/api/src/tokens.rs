@@ -15,8 +15,9 @@ use takosumi_core::TokenId;
 use takosumi_store::{activity, tokens, workspaces};
 use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
 
-use crate::access::{Access, Api, Scope};
+use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller, new_token};
+use crate::error::ErrorCode;
 use crate::routes::{parse_body, parse_id};
 use crate::{ApiError, AppState};
 
@@ -32,8 +33,24 @@ pub fn api() -> Api {
     let admin = Access::Token(Action::Administer, Scope::Instance);
     Api::new()
         .route(Method::POST, "/api/v1/tokens", admin, create)
+        .doc(
+            Doc::op("createToken", "Make an API token (its value answered once)")
+                .body::<takosumi_wire::NewToken>()
+                .ok::<takosumi_wire::CreatedToken>(201),
+        )
         .route(Method::GET, "/api/v1/tokens", admin, list)
+        .doc(
+            Doc::op("listTokens", "Every API token (never a value)")
+                .ok::<takosumi_wire::TokenList>(200),
+        )
         .route(Method::DELETE, "/api/v1/tokens/{token}", admin, revoke)
+        .doc(
+            Doc::op(
+                "revokeToken",
+                "Revoke a token: refused from its next request on",
+            )
+            .ok::<takosumi_wire::TokenView>(200),
+        )
 }
 
 fn view(t: tokens::TokenInfo) -> TokenView {
@@ -63,13 +80,13 @@ async fn create(
         || name.chars().any(char::is_control)
     {
         return Err(ApiError::invalid(
-            "invalid_name",
+            ErrorCode::InvalidName,
             format!("name: 1 to {MAX_NAME_CHARS} printable characters"),
         ));
     }
     if !ROLES.contains(&req.role.as_str()) {
         return Err(ApiError::invalid(
-            "invalid_role",
+            ErrorCode::InvalidRole,
             format!("role: one of {}", ROLES.join(", ")),
         ));
     }
@@ -80,7 +97,7 @@ async fn create(
         }
         Some(_) => {
             return Err(ApiError::invalid(
-                "invalid_expiry",
+                ErrorCode::InvalidExpiry,
                 format!("expiresInDays: 1 to {MAX_DAYS}"),
             ));
         }
@@ -89,7 +106,7 @@ async fn create(
         && workspaces::get(&st.pool, ws).await?.is_none()
     {
         return Err(ApiError::invalid(
-            "unknown_workspace",
+            ErrorCode::UnknownWorkspace,
             format!("Workspace {ws} does not exist"),
         ));
     }
@@ -154,7 +171,10 @@ async fn revoke(
     let mut tx = st.pool.begin().await?;
     let Some(info) = tokens::revoke(&mut tx, id, &actor).await? else {
         return Err(match tokens::get(&st.pool, id).await? {
-            Some(_) => ApiError::conflict("already_revoked", format!("{id} is already revoked")),
+            Some(_) => ApiError::conflict(
+                ErrorCode::AlreadyRevoked,
+                format!("{id} is already revoked"),
+            ),
             None => ApiError::not_found(&format!("token {id}")),
         });
     };

@@ -284,7 +284,7 @@ pub fn summarize(show_json: &Value, catalogue: &Catalogue) -> PlanResources {
 }
 
 /// Monthly amounts, in the catalogue's currency.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Amounts {
     /// What the resources cost as they are now.
@@ -296,7 +296,7 @@ pub struct Amounts {
 }
 
 /// One priced resource.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceCost {
     /// Its address.
@@ -312,7 +312,7 @@ pub struct ResourceCost {
 }
 
 /// A resource the catalogue cannot price, and why.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UnpricedResource {
     /// Its address.
@@ -327,7 +327,7 @@ pub struct UnpricedResource {
 }
 
 /// The cost estimate of a plan.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CostEstimate {
     /// ISO currency code.

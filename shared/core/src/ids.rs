@@ -80,6 +80,19 @@ macro_rules! typed_id {
             }
         }
 
+        // OpenAPI (issue 19): a prefixed string; the pattern is what `FromStr` accepts.
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::schema::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .pattern(Some(concat!("^", $prefix, "[0-9a-f]{32}$")))
+                    .description(Some(concat!("A ", $kind, " id: `", $prefix, "` and 32 hex digits.")))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+
         impl<'de> serde::Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let s = String::deserialize(d)?;

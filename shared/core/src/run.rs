@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use crate::ids::RunId;
 
 /// What a Run does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "run_kind", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum RunKind {
@@ -48,7 +50,9 @@ pub fn stale_plan_advice(plan_kind: RunKind) -> &'static str {
 }
 
 /// Where a Run is. Terminal statuses never change again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "run_status", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
@@ -98,7 +102,9 @@ impl RunStatus {
 }
 
 /// Who started a Run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+)]
 #[sqlx(type_name = "actor_kind", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum ActorKind {
@@ -112,7 +118,7 @@ pub enum ActorKind {
 
 /// Resource changes counted from `show -json` (a replacement counts once as an add and
 /// once as a destroy, as the tool itself reports it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Changes {
     /// Resources to create.
     pub add: i64,

@@ -25,7 +25,7 @@ pub use stream::{ApprovalsView, GivenApproval, StreamEvent};
 pub use tokens::{CreatedToken, NewToken, TokenList, TokenView};
 
 /// A Workspace: a group of Capsules with shared rules and history.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Workspace {
     /// `ws_…`
@@ -35,11 +35,12 @@ pub struct Workspace {
     pub name: String,
     /// Fields this client does not know, kept so they can be printed as received.
     #[serde(flatten)]
+    #[schema(ignore)]
     pub extra: Map<String, Value>,
 }
 
 /// Where a Capsule's configuration lives.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Source {
     /// The Git URL.
@@ -51,7 +52,7 @@ pub struct Source {
 }
 
 /// The body of `POST /api/v1/workspaces/{ws}/capsules`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewCapsule {
     /// Unique within the Workspace.
@@ -63,11 +64,12 @@ pub struct NewCapsule {
     /// `tofu` or `terraform`.
     pub tool: String,
     /// Input variables.
+    #[schema(value_type = Object)]
     pub vars: Map<String, Value>,
 }
 
 /// A registered Capsule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Capsule {
     /// `cap_…`
@@ -88,6 +90,7 @@ pub struct Capsule {
     pub tool: String,
     /// Input variables.
     #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Object)]
     pub vars: Map<String, Value>,
     /// Bumped by every StateVersion an apply writes.
     #[serde(default, deserialize_with = "null_as_default")]
@@ -106,11 +109,12 @@ pub struct Capsule {
     pub drifted: bool,
     /// Fields this client does not know, kept so they can be printed as received.
     #[serde(flatten)]
+    #[schema(ignore)]
     pub extra: Map<String, Value>,
 }
 
 /// The commit a Run executed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SourceSnapshot {
     /// The Git commit.
@@ -122,7 +126,7 @@ pub struct SourceSnapshot {
 }
 
 /// Why a Run waits for a person.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Hold {
     /// `approval_rule`, `max_destroy`, `plan_gate`, `agent_run`, `require_approval`, …
@@ -134,7 +138,7 @@ pub struct Hold {
 }
 
 /// Why a Run failed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunErrorBody {
     /// Machine-readable (`stale_plan`, `plan_failed`, …).
@@ -146,7 +150,7 @@ pub struct RunErrorBody {
 }
 
 /// Who started a Run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Actor {
     /// `user`, `agent` or `system` (kept as text so a new kind does not break decoding).
@@ -158,7 +162,7 @@ pub struct Actor {
 }
 
 /// A Run as the API serves it (DESIGN §3, §5).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Run {
     /// `run_…`
@@ -240,11 +244,12 @@ pub struct Run {
     pub updated_at: Option<DateTime<Utc>>,
     /// Fields this client does not know, kept so they can be printed as received.
     #[serde(flatten)]
+    #[schema(ignore)]
     pub extra: Map<String, Value>,
 }
 
 /// A ProviderBinding a Run used, as the Run records it (`providerBindings`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UsedBinding {
     /// `pb_…`.
     pub id: ProviderBindingId,
@@ -274,7 +279,7 @@ impl Run {
 }
 
 /// One entry of a Run's ordered event record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunEvent {
     /// Order within the Run.
@@ -294,11 +299,12 @@ pub struct RunEvent {
     pub at: Option<DateTime<Utc>>,
     /// Fields this client does not know, kept so they can be printed as received.
     #[serde(flatten)]
+    #[schema(ignore)]
     pub extra: Map<String, Value>,
 }
 
 /// One chunk of a Run's (masked) log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LogEntry {
     /// The step that printed it (`init`, `plan`, `apply`, …).
@@ -310,7 +316,7 @@ pub struct LogEntry {
 }
 
 /// One page of a Workspace's Runs, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RunPage {
     /// The Runs.
@@ -325,7 +331,7 @@ pub struct RunPage {
 }
 
 /// One entry of a Workspace's activity record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ActivityEntry {
     /// Order within the record.
@@ -348,7 +354,7 @@ pub struct ActivityEntry {
 }
 
 /// One page of a Workspace's activity, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ActivityPage {
     /// The entries.
@@ -359,8 +365,30 @@ pub struct ActivityPage {
     pub next_cursor: Option<String>,
 }
 
+/// `GET /api/v1/run-groups/{rg}`: Runs started together, and where each is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunGroup {
+    /// `rg_…`
+    pub id: RunGroupId,
+    /// The Workspace.
+    pub workspace_id: WorkspaceId,
+    /// `plan_update` or `drift_check`.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub kind: String,
+    /// Who started it.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub created_by: String,
+    /// When.
+    #[serde(default)]
+    pub created_at: Option<DateTime<Utc>>,
+    /// Its Runs.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub runs: Vec<Run>,
+}
+
 /// `GET /api/v1/workspaces`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WorkspaceList {
     /// The Workspaces the token can see.
     #[serde(default, deserialize_with = "null_as_default")]
@@ -368,7 +396,7 @@ pub struct WorkspaceList {
 }
 
 /// `GET /api/v1/workspaces/{ws}/capsules`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CapsuleList {
     /// The Workspace's Capsules.
     #[serde(default, deserialize_with = "null_as_default")]
@@ -376,7 +404,7 @@ pub struct CapsuleList {
 }
 
 /// `GET /api/v1/runs/{run}/events`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EventList {
     /// The Run's event record, in order.
     #[serde(default, deserialize_with = "null_as_default")]
@@ -384,7 +412,7 @@ pub struct EventList {
 }
 
 /// `GET /api/v1/runs/{run}/logs`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LogList {
     /// The Run's (masked) log, in order.
     #[serde(default, deserialize_with = "null_as_default")]

@@ -5,7 +5,7 @@ use serde_json::Value;
 use takosumi_core::RunId;
 
 /// `GET /api/v1/runs/{run}/plan`: the diff of the plan a Run made or carries out.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlanView {
     /// The Run asked about.
@@ -24,7 +24,7 @@ pub struct PlanView {
 /// says, with every attribute its `*_sensitive` markers cover withheld and values that are
 /// only known after apply marked as such. (Callers also run it through the Run's
 /// masker, which withholds any known secret wherever it appears.)
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlanDiff {
     /// Resources the plan changes, in the order `show -json` lists them.
@@ -37,7 +37,7 @@ pub struct PlanDiff {
 }
 
 /// One resource's change.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceDiff {
     /// `aws_instance.web[0]`.
@@ -57,7 +57,7 @@ pub struct ResourceDiff {
 }
 
 /// One attribute's change. `before`/`after` are absent when withheld or unknown.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttributeDiff {
     /// Its name.

@@ -7,7 +7,7 @@ use takosumi_core::{RunId, RunStatus};
 use crate::RunEvent;
 
 /// `GET /api/v1/runs/{run}/approvals`: what the rule in force needs and who gave what.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApprovalsView {
     /// The Run.
@@ -23,7 +23,7 @@ pub struct ApprovalsView {
 }
 
 /// One approval given.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GivenApproval {
     /// The approver's token id.
@@ -43,7 +43,7 @@ pub struct GivenApproval {
 /// One Server-Sent Event of `GET /api/v1/runs/{run}/stream`; its SSE `event:` name is the
 /// `type` tag, its `data:` this JSON. The stream sends every event and log chunk so far,
 /// then new ones as they are stored, and ends with `end` once the Run settled.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "camelCase")]
 pub enum StreamEvent {
     /// An entry of the Run's event record.

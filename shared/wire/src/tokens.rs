@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use takosumi_core::{TokenId, WorkspaceId};
 
 /// The body of `POST /api/v1/tokens`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewToken {
     /// A name for audit (1–100 printable characters).
@@ -21,7 +21,7 @@ pub struct NewToken {
 }
 
 /// A token as an administrator sees it: never its value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenView {
     /// `tok_…`.
@@ -50,7 +50,7 @@ pub struct TokenView {
 }
 
 /// `201` of `POST /api/v1/tokens`: the token's value, shown this once (never by `Debug`).
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatedToken {
     /// The value to send as `Authorization: Bearer …` (not stored anywhere: only its hash).
@@ -61,7 +61,7 @@ pub struct CreatedToken {
 }
 
 /// `GET /api/v1/tokens`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenList {
     /// Newest first.
     #[serde(default)]

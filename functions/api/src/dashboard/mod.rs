@@ -36,7 +36,7 @@ use subtle::ConstantTimeEq;
 use takosumi_store::{sessions, tokens};
 use tower::ServiceExt;
 
-use crate::access::{Access, Api};
+use crate::access::{Access, Api, Doc};
 use crate::auth::Caller;
 use crate::{ApiError, AppState};
 
@@ -64,20 +64,29 @@ pub fn api() -> Api {
     use Method as M;
     Api::new()
         .route(M::GET, "/", Access::Session, pages::workspaces)
+        .doc(Doc::page())
         .route(M::GET, "/sign-in", Access::Public, pages::sign_in_form)
+        .doc(Doc::page())
         .route(M::POST, "/sign-in", Access::Public, sign_in)
+        .doc(Doc::page())
         .route(M::POST, "/sign-out", Access::Session, sign_out)
+        .doc(Doc::page())
         .route(
             M::GET,
             "/workspaces/{ws}",
             Access::Session,
             pages::workspace,
         )
+        .doc(Doc::page())
         .route(M::GET, "/capsules/{cap}", Access::Session, pages::capsule)
+        .doc(Doc::page())
         .route(M::GET, "/runs/{run}", Access::Session, pages::run)
+        .doc(Doc::page())
         .route(M::GET, "/runs/{run}/stream", Access::Session, run_stream)
+        .doc(Doc::page())
         .merge(actions())
         .route(M::GET, "/assets/{file}", Access::Public, asset)
+        .doc(Doc::page())
         .map_router(|r| r.layer(from_fn(page_headers)))
 }
 
@@ -92,14 +101,16 @@ fn actions() -> Api {
         ("/capsules/{cap}/drift-check", C::DriftCheck),
         ("/capsules/{cap}/destroy", C::Destroy),
     ] {
-        api = api.route(
-            Method::POST,
-            path,
-            Access::Session,
-            move |st: State<AppState>, s: Session, cap: Path<String>, body: Bytes| {
-                capsule_action(st, s, cap, action, body)
-            },
-        );
+        api = api
+            .route(
+                Method::POST,
+                path,
+                Access::Session,
+                move |st: State<AppState>, s: Session, cap: Path<String>, body: Bytes| {
+                    capsule_action(st, s, cap, action, body)
+                },
+            )
+            .doc(Doc::page());
     }
     for (path, action) in [
         ("/runs/{run}/approve", R::Approve),
@@ -107,14 +118,16 @@ fn actions() -> Api {
         ("/runs/{run}/cancel", R::Cancel),
         ("/runs/{run}/resolve", R::Resolve),
     ] {
-        api = api.route(
-            Method::POST,
-            path,
-            Access::Session,
-            move |st: State<AppState>, s: Session, run: Path<String>, body: Bytes| {
-                run_action(st, s, run, action, body)
-            },
-        );
+        api = api
+            .route(
+                Method::POST,
+                path,
+                Access::Session,
+                move |st: State<AppState>, s: Session, run: Path<String>, body: Bytes| {
+                    run_action(st, s, run, action, body)
+                },
+            )
+            .doc(Doc::page());
     }
     api
 }
