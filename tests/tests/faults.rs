@@ -10,8 +10,8 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde_json::{Map, Value, json};
-use takosumi_client::{Capsule, NewCapsule, Source};
+use serde_json::{Value, json};
+use takosumi_client::Capsule;
 use takosumi_core::{RunId, RunMessage, RunStatus, Topic};
 use takosumi_tests::probe::{self, record};
 use takosumi_tests::{GitRepo, Options, Stack, Steps, processes_exactly};
@@ -55,7 +55,9 @@ fn long_profile() -> bool {
 }
 
 async fn register(stack: &Stack, repo: &GitRepo, vars: Value) -> anyhow::Result<Capsule> {
-    stack.new_capsule(repo, "network", "infra/network", vars).await
+    stack
+        .new_capsule(repo, "network", "infra/network", vars)
+        .await
 }
 
 /// The network example with one more output, so every round's apply writes a new state.

@@ -3,12 +3,14 @@
 //! approve themselves, and agent runs need a person twice.
 
 use serde_json::json;
-use takosumi_client::{Capsule, NewCapsule, Source};
+use takosumi_client::Capsule;
 use takosumi_core::{RunId, RunStatus};
 use takosumi_tests::{GitRepo, Stack};
 
 async fn null_capsule(stack: &Stack, repo: &GitRepo) -> anyhow::Result<Capsule> {
-    stack.new_capsule(repo, "nulls", "infra/null", serde_json::json!({})).await
+    stack
+        .new_capsule(repo, "nulls", "infra/null", serde_json::json!({}))
+        .await
 }
 
 fn bump_revision(repo: &GitRepo, to: &str) -> anyhow::Result<()> {

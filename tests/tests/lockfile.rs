@@ -2,8 +2,8 @@
 //! the real API, RabbitMQ, Postgres, the S3 server and terraform 1.0.3 with the offline
 //! null-provider mirror (the tests use `terraform`; OpenTofu cannot be installed here).
 
-use serde_json::{Map, Value, json};
-use takosumi_client::{Capsule, NewCapsule, Run, Source};
+use serde_json::{Value, json};
+use takosumi_client::{Capsule, Run};
 use takosumi_core::{FailureCode, Outcome, RunId, RunMessage, RunStatus};
 use takosumi_seal::Purpose;
 use takosumi_tests::{GitRepo, Options, Stack, Steps};

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use serde_json::{Map, Value, json};
-use takosumi_client::{Capsule, NewCapsule, Source};
+use serde_json::{Value, json};
+use takosumi_client::Capsule;
 use takosumi_core::{RunMessage, RunStatus, Topic};
 use takosumi_tests::{GitRepo, Options, Stack, Steps};
 

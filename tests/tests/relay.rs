@@ -1375,7 +1375,9 @@ async fn a_relay_worker_refuses_control_plane_secrets_in_any_form() -> anyhow::R
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name}: the worker started");
         assert!(
-            stderr.contains(&format!("{name} is set: a relay worker talks only to the API")),
+            stderr.contains(&format!(
+                "{name} is set: a relay worker talks only to the API"
+            )),
             "{name}: {stderr}"
         );
         assert!(!stderr.contains("pool-token-canary"), "{stderr}");

@@ -268,7 +268,9 @@ async fn state_store_is_retried_until_storage_is_back() -> anyhow::Result<()> {
 /// A Capsule of `infra/examples/null` (two `null_resource`s: a plan of it without state
 /// adds two, with the applied state adds none).
 async fn register_null(stack: &Stack, repo: &GitRepo) -> anyhow::Result<Capsule> {
-    stack.new_capsule(repo, "nodes", "infra/null", serde_json::json!({})).await
+    stack
+        .new_capsule(repo, "nodes", "infra/null", serde_json::json!({}))
+        .await
 }
 
 /// A stack on its own object storage (so storage can refuse states) and its own broker

@@ -11,8 +11,7 @@ use takosumi_core::{
 };
 use takosumi_policy::{Decision, GateInput};
 use takosumi_runtime::Ctx;
-use takosumi_runtime::step::{object_err, store_err};
-use takosumi_seal::Purpose;
+use takosumi_runtime::step::store_err;
 use takosumi_store::{activity, events, gates, outbox, runs};
 
 mod one_step;
@@ -257,4 +256,3 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     ctx.relay_wake.notify_one();
     Ok(Outcome::Done)
 }
-

@@ -140,7 +140,10 @@ where
 }
 
 /// The consumer's handler: the step's `handler` given this process's context.
-fn with_ctx<H, Fut>(ctx: &Ctx, handler: H) -> impl Fn(RunMessage) -> Fut + Clone + Send + Sync + 'static
+fn with_ctx<H, Fut>(
+    ctx: &Ctx,
+    handler: H,
+) -> impl Fn(RunMessage) -> Fut + Clone + Send + Sync + 'static
 where
     H: Fn(Ctx, RunMessage) -> Fut + Clone + Send + Sync + 'static,
 {
