@@ -152,7 +152,7 @@ pub fn router() -> Router<AppState> {
             ApiError::client(
                 StatusCode::NOT_FOUND,
                 ErrorCode::NoSuchEndpoint,
-                "no such endpoint; see the API reference in DESIGN.md §5",
+                "no such endpoint; the API is described at GET /api/v1/openapi.json",
             )
         })
         // An id that happens to spell a sub-resource (`/capsules/rules`) meets a route of
@@ -161,7 +161,7 @@ pub fn router() -> Router<AppState> {
             ApiError::client(
                 StatusCode::METHOD_NOT_ALLOWED,
                 ErrorCode::MethodNotAllowed,
-                "this endpoint does not take that method; see the API reference in DESIGN.md §5",
+                "this endpoint does not take that method; the API is described at GET /api/v1/openapi.json",
             )
         })
         .layer(axum::middleware::from_fn(crate::observe::trace))
