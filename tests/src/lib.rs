@@ -956,6 +956,38 @@ impl Stack {
         Ok(self.client.create_capsule(ws.id, &req).await?)
     }
 
+    /// The Apply Run the gate proposed from `plan` (an install's, a webhook's automatic
+    /// update), once there is one: within 90 s, or an error.
+    pub async fn proposed_apply(
+        &self,
+        cap: &takosumi_client::Capsule,
+        plan: RunId,
+    ) -> anyhow::Result<RunId> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let page = self
+                .client
+                .list_runs(
+                    cap.workspace_id,
+                    &takosumi_client::RunQuery {
+                        capsule: Some(cap.id),
+                        kind: Some(takosumi_core::RunKind::Apply),
+                        limit: Some(100),
+                        ..takosumi_client::RunQuery::default()
+                    },
+                )
+                .await?;
+            if let Some(r) = page.runs.iter().find(|r| r.plan_run_id == Some(plan)) {
+                return Ok(r.id);
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the gate proposed no apply from {plan}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Plans `capsule`, applies that plan, and returns both finished Runs, asserting the
     /// plan `planned` and the apply `applied`.
     pub async fn plan_and_apply(

@@ -9,7 +9,6 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use takosumi_client::RunQuery;
 use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, RunKind, RunStatus};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack};
@@ -126,32 +125,6 @@ fn run_id(body: &Value) -> anyhow::Result<RunId> {
 }
 
 /// The Apply Run the gate proposed from `plan` (an apply submission planned first).
-async fn proposed_apply(stack: &Stack, cap: &Capsule, plan: RunId) -> anyhow::Result<RunId> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let page = stack
-            .client
-            .list_runs(
-                cap.workspace_id,
-                &RunQuery {
-                    capsule: Some(cap.id),
-                    kind: Some(RunKind::Apply),
-                    limit: Some(100),
-                    ..RunQuery::default()
-                },
-            )
-            .await?;
-        if let Some(r) = page.runs.iter().find(|r| r.plan_run_id == Some(plan)) {
-            return Ok(r.id);
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the gate proposed no apply from {plan}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// An apply no rule covers runs in one step: one Apply Run with no plan Run, the tool
 /// started with `apply -auto-approve` and never with `plan`, the state written and the
 /// record saying `applyMode: "one_step"` (gate decision and tool start included). Once a
@@ -238,7 +211,7 @@ async fn an_uncovered_apply_runs_in_one_step_and_a_covered_one_is_planned_first(
     let plan = stack.wait(run_id(&body)?).await?;
     assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
     assert_eq!(stack.tool_count("plan"), 1);
-    let apply = proposed_apply(&stack, &capsule, plan.id).await?;
+    let apply = stack.proposed_apply(&capsule, plan.id).await?;
     let held = stack.wait(apply).await?;
     assert_eq!(held.status, RunStatus::Held, "{held:?}");
     assert_eq!(held.hold.as_ref().unwrap().reason, "max_destroy");
@@ -714,7 +687,7 @@ async fn an_install_applies_a_clean_plan_and_stops_for_review_otherwise() -> any
             let plan = stack.wait(run_id(&b)?).await?;
             assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
             let apply = stack
-                .wait(proposed_apply(stack, &cap, plan.id).await?)
+                .wait(stack.proposed_apply(&cap, plan.id).await?)
                 .await?;
             anyhow::Ok(apply)
         }
@@ -806,7 +779,7 @@ async fn a_stale_proposal_fails_without_changing_anything() -> anyhow::Result<()
         assert_eq!(body["coveredBy"], json!(["approval_rule"]), "{body}");
         let plan = stack.wait(run_id(&body)?).await?;
         assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
-        let apply = proposed_apply(&stack, &capsule, plan.id).await?;
+        let apply = stack.proposed_apply(&capsule, plan.id).await?;
         let held = stack.wait(apply).await?;
         assert_eq!(held.status, RunStatus::Held, "{held:?}");
         assert_eq!(held.hold.as_ref().unwrap().reason, "approval_rule");
@@ -897,7 +870,7 @@ async fn agent_and_require_approval_submissions_are_planned_first_and_held() -> 
     assert_eq!(s, 200, "{b}");
     let planned = stack.wait_released(plan_id).await?;
     assert_eq!(planned.status, RunStatus::Planned, "{planned:?}");
-    let apply = proposed_apply(&stack, &capsule, plan_id).await?;
+    let apply = stack.proposed_apply(&capsule, plan_id).await?;
     let held = stack.wait(apply).await?;
     assert_eq!(held.status, RunStatus::Held, "{held:?}");
     assert_eq!(held.hold.as_ref().unwrap().reason, "agent_run");
@@ -926,7 +899,7 @@ async fn agent_and_require_approval_submissions_are_planned_first_and_held() -> 
     assert_eq!(body["coveredBy"], json!(["require_approval"]), "{body}");
     let plan = stack.wait(run_id(&body)?).await?;
     assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
-    let apply = proposed_apply(&stack, &capsule, plan.id).await?;
+    let apply = stack.proposed_apply(&capsule, plan.id).await?;
     let held = stack.wait(apply).await?;
     assert_eq!(held.status, RunStatus::Held, "{held:?}");
     assert_eq!(held.hold.as_ref().unwrap().reason, "require_approval");

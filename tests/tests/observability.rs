@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use takosumi_client::{Capsule, RunQuery};
-use takosumi_core::{RunId, RunKind, RunStatus};
+use takosumi_core::{RunId, RunStatus};
 use takosumi_tests::probe::{self, record};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
 use tokio::time::Instant;
@@ -47,29 +46,6 @@ fn sample(text: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0)
-}
-
-async fn apply_of(stack: &Stack, cap: &Capsule, plan: RunId) -> anyhow::Result<RunId> {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let page = stack
-            .client
-            .list_runs(
-                cap.workspace_id,
-                &RunQuery {
-                    capsule: Some(cap.id),
-                    kind: Some(RunKind::Apply),
-                    limit: Some(10),
-                    ..RunQuery::default()
-                },
-            )
-            .await?;
-        if let Some(r) = page.runs.iter().find(|r| r.plan_run_id == Some(plan)) {
-            return Ok(r.id);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "no apply came of {plan}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// A plan and its apply move each figure by exactly what they did.
@@ -284,7 +260,7 @@ async fn a_trace_id_sent_with_a_plan_is_on_the_handlers_logs_and_spans() -> anyh
         .map_err(|e| anyhow::anyhow!("{e}: {}", resp.text))?;
     let planned = stack.wait(plan).await?;
     assert_eq!(planned.status, RunStatus::Planned, "{planned:?}");
-    let apply = apply_of(&stack, &cap, plan).await?;
+    let apply = stack.proposed_apply(&cap, plan).await?;
     let applied = stack.wait(apply).await?;
     assert_eq!(applied.status, RunStatus::Applied, "{applied:?}");
 

@@ -264,8 +264,31 @@ async fn a_relay_worker_plans_and_applies_a_pool_capsule() -> anyhow::Result<()>
         .await;
     assert_eq!(shown["pool"], json!(pool));
 
+    // The sweep's drift check of a pool's Capsule wakes the pool's queue too.
+    sqlx::query("UPDATE capsules SET drift_interval_secs = 1 WHERE id = $1")
+        .bind(cap.id.as_uuid())
+        .execute(&stack.ctx.pool)
+        .await?;
+    sqlx::query("DELETE FROM outbox WHERE topic LIKE 'run.drift%'")
+        .execute(&stack.ctx.pool)
+        .await?;
+    assert_eq!(takosumi_sweep::sweep_once(&stack.ctx).await?, 1);
+    let swept: RunId = sqlx::query_scalar::<_, uuid::Uuid>(
+        "SELECT id FROM runs WHERE capsule_id = $1 AND kind = 'drift_check' ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(cap.id.as_uuid())
+    .fetch_one(&stack.ctx.pool)
+    .await
+    .map(RunId::from_uuid)?;
+    assert_ne!(swept, check.id);
+    let swept = stack.wait(swept).await?;
+    assert_eq!(swept.drift, Some(false), "{swept:?}");
+    let by = claimers(&stack, swept.id).await;
+    assert!(by.iter().all(|c| c.starts_with("handler:relay:")), "{by:?}");
+
     let topics = outbox_topics(&stack).await;
     assert!(topics.contains(&format!("run.drift.{pool}")), "{topics:?}");
+    assert!(!topics.iter().any(|t| t == "run.drift"), "{topics:?}");
     assert!(topics.contains(&format!("run.plan.{pool}")), "{topics:?}");
     assert!(topics.contains(&format!("run.apply.{pool}")), "{topics:?}");
     assert!(

@@ -466,14 +466,18 @@ pub async fn sweep_due(tx: &mut Tx, limit: i64) -> Result<i64, StoreError> {
                       -- a trace of its own per check (W3C: 32 + 16 lower-case hex digits)
                       '00-' || md5(random()::text) || '-' || substr(md5(random()::text), 1, 16) || '-01'
                  FROM marked
-               RETURNING id, traceparent),
+               RETURNING id, traceparent, capsule_id),
            queued AS (
                INSERT INTO run_events (run_id, kind, actor, data)
                SELECT id, 'queued', 'system:sweep', '{"kind": "drift_check"}'::jsonb FROM new_runs),
            wake AS (
+               -- a pool's Capsule wakes the pool's queue, as `outbox::enqueue` routes it
                INSERT INTO outbox (topic, payload, traceparent)
-               SELECT 'run.drift', jsonb_build_object('runId', 'run_' || replace(id::text, '-', '')), traceparent
-                 FROM new_runs)
+               SELECT CASE WHEN p.name IS NOT NULL THEN 'run.drift.' || p.name ELSE 'run.drift' END,
+                      jsonb_build_object('runId', 'run_' || replace(n.id::text, '-', '')), n.traceparent
+                 FROM new_runs n
+                 JOIN capsules c ON c.id = n.capsule_id
+                 LEFT JOIN worker_pools p ON p.id = c.pool_id)
            SELECT count(*) as "n!" FROM new_runs"#,
         limit
     )
