@@ -265,10 +265,12 @@ async fn a_relay_worker_plans_and_applies_a_pool_capsule() -> anyhow::Result<()>
     assert_eq!(shown["pool"], json!(pool));
 
     // The sweep's drift check of a pool's Capsule wakes the pool's queue too.
-    sqlx::query("UPDATE capsules SET drift_interval_secs = 1 WHERE id = $1")
-        .bind(cap.id.as_uuid())
-        .execute(&stack.ctx.pool)
-        .await?;
+    sqlx::query(
+        "UPDATE capsules SET drift_interval_secs = 60, last_drift_enqueued_at = NULL WHERE id = $1",
+    )
+    .bind(cap.id.as_uuid())
+    .execute(&stack.ctx.pool)
+    .await?;
     sqlx::query("DELETE FROM outbox WHERE topic LIKE 'run.drift%'")
         .execute(&stack.ctx.pool)
         .await?;

@@ -91,7 +91,7 @@ async fn apply_capsule(
     };
     let key = crate::routes::idempotency_key(&headers)?;
     if let Some(run) = replay(&st, &capsule, key.as_deref()).await? {
-        return Ok((StatusCode::ACCEPTED, Json(view(&st, &run).await?)));
+        return Ok((StatusCode::ACCEPTED, Json(crate::records::run_view(&run))));
     }
 
     let rules = effective_rules(&st, &capsule).await?;
@@ -134,7 +134,7 @@ async fn apply_capsule(
                         "a concurrent request with this Idempotency-Key is in progress; retry",
                     )
                 })?;
-            return Ok((StatusCode::ACCEPTED, Json(view(&st, &run).await?)));
+            return Ok((StatusCode::ACCEPTED, Json(crate::records::run_view(&run))));
         }
         Err(e) => return Err(e.into()),
     };
@@ -178,13 +178,9 @@ async fn apply_capsule(
         .ok_or_else(|| ApiError::not_found("the new Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
-    let mut body = view(&st, &run).await?;
+    let mut body = crate::records::run_view(&run);
     body["coveredBy"] = json!(covered_by);
     Ok((StatusCode::ACCEPTED, Json(body)))
-}
-
-async fn view(st: &AppState, run: &runs::Run) -> Result<serde_json::Value, ApiError> {
-    crate::records::run_view(st, run).await
 }
 
 /// The Run an earlier apply submission of this Capsule with the same key created.
@@ -200,10 +196,9 @@ async fn replay(
     let run = runs::get(&st.pool, id)
         .await?
         .ok_or_else(|| ApiError::not_found("the idempotent Run"))?;
-    let mode = apply_modes::get(&st.pool, id).await?;
     let same = run.capsule_id == capsule.id
         && matches!(
-            mode.as_deref(),
+            run.apply_mode.as_deref(),
             Some(apply_modes::ONE_STEP | apply_modes::PROPOSES_APPLY | apply_modes::PROPOSED_APPLY)
         );
     if !same {

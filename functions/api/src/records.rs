@@ -186,13 +186,12 @@ fn note_text(raw: &str, field: &'static str) -> Result<String, ApiError> {
 
 /// A Run as the API shows it, with the record's extras: a pending cancel request and the
 /// resolution of an `unknown_outcome` apply.
-pub(crate) async fn run_view(st: &AppState, run: &runs::Run) -> Result<Value, ApiError> {
-    let extras = records::extras(&st.pool, run.id).await?;
-    let mut view = with_extras(views::run(run), &extras);
+pub(crate) fn run_view(run: &runs::Run) -> Value {
+    let mut view = with_extras(views::run(run), &run.extras());
     // How an apply submission ran: `one_step` (apply -auto-approve, no saved plan) or a
     // plan it proposed its apply from; null for the ordinary paths.
-    view["applyMode"] = json!(takosumi_store::apply_modes::get(&st.pool, run.id).await?);
-    Ok(view)
+    view["applyMode"] = json!(run.apply_mode);
+    view
 }
 
 fn with_extras(mut view: Value, x: &RecordExtras) -> Value {
@@ -263,7 +262,7 @@ async fn cancel_run(
                 .await?
                 .ok_or_else(|| ApiError::not_found("the Run"))?;
             tx.commit().await?;
-            return Ok((StatusCode::OK, Json(run_view(&st, &now).await?)));
+            return Ok((StatusCode::OK, Json(run_view(&now))));
         }
         if records::request_cancel(&mut tx, run.id, &actor).await? {
             events::append(
@@ -278,7 +277,7 @@ async fn cancel_run(
                 .await?
                 .ok_or_else(|| ApiError::not_found("the Run"))?;
             tx.commit().await?;
-            return Ok((StatusCode::ACCEPTED, Json(run_view(&st, &now).await?)));
+            return Ok((StatusCode::ACCEPTED, Json(run_view(&now))));
         }
         drop(tx);
         let now = runs::get(&st.pool, run.id)
@@ -296,7 +295,7 @@ async fn cancel_run(
         }
         if matches!(now.status, RunStatus::Planning | RunStatus::Applying) {
             // Already requested: asking again changes nothing.
-            return Ok((StatusCode::ACCEPTED, Json(run_view(&st, &now).await?)));
+            return Ok((StatusCode::ACCEPTED, Json(run_view(&now))));
         }
     }
     Err(ApiError::conflict(
@@ -440,11 +439,7 @@ async fn resolve_run(
     }
     let actor = caller.actor();
     if action != "mark_resolved" {
-        if records::extras(&st.pool, run.id)
-            .await?
-            .resolved_at
-            .is_some()
-        {
+        if run.resolved_at.is_some() {
             return Err(crate::resolve_state::already_resolved(&run));
         }
         match req.state {
@@ -456,7 +451,7 @@ async fn resolve_run(
         let now = runs::get(&st.pool, run.id)
             .await?
             .ok_or_else(|| ApiError::not_found("the Run"))?;
-        return Ok(Json(run_view(&st, &now).await?));
+        return Ok(Json(run_view(&now)));
     }
     let mut tx = st.pool.begin().await?;
     if !records::resolve_unknown(&mut tx, run.id, action, &actor, &note).await? {
@@ -486,7 +481,7 @@ async fn resolve_run(
     let now = runs::get(&st.pool, run.id)
         .await?
         .ok_or_else(|| ApiError::not_found("the Run"))?;
-    Ok(Json(run_view(&st, &now).await?))
+    Ok(Json(run_view(&now)))
 }
 
 // ---- history ------------------------------------------------------------------------
@@ -608,12 +603,10 @@ async fn list_runs(
     let limit = parse_limit(q.limit.as_deref())?;
     let after = q.cursor.as_deref().map(parse_run_cursor).transpose()?;
     let (ids, next) = records::list_runs(&st.pool, ws, &filter, after, limit).await?;
+    // A Run is never deleted; a missing one would be a bug, not a reason to fail.
     let mut items = Vec::with_capacity(ids.len());
-    for id in ids {
-        // A Run is never deleted; a missing one would be a bug, not a reason to fail.
-        if let Some(run) = runs::get(&st.pool, id).await? {
-            items.push(run_view(&st, &run).await?);
-        }
+    for run in runs::get_many(&st.pool, &ids).await? {
+        items.push(run_view(&run));
     }
     let unknown = records::count_unresolved_unknown(&st.pool, ws).await?;
     Ok(Json(json!({

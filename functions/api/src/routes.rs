@@ -821,7 +821,7 @@ async fn get_run(
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let run = load_run(&st, &caller, &run).await?;
-    Ok(Json(crate::records::run_view(&st, &run).await?))
+    Ok(Json(crate::records::run_view(&run)))
 }
 
 async fn run_events(

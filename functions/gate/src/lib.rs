@@ -27,11 +27,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     // (also after a person released it before planning, as an agent's is).
     if run.kind == RunKind::Plan
         && run.status == RunStatus::Planned
-        && takosumi_store::apply_modes::get(&ctx.pool, run_id)
-            .await
-            .map_err(store_err)?
-            .as_deref()
-            == Some(takosumi_store::apply_modes::PROPOSES_APPLY)
+        && run.apply_mode.as_deref() == Some(takosumi_store::apply_modes::PROPOSES_APPLY)
     {
         return one_step::propose_apply(ctx, &run, &format!("handler:{}", ctx.owner)).await;
     }

@@ -18,9 +18,10 @@ pub const BATCH: i64 = 2000;
 /// One pass: enqueues every due Capsule's check; returns how many.
 pub async fn sweep_once(ctx: &Ctx) -> Result<i64, StepError> {
     let mut total = 0;
+    let mut after = None;
     loop {
         let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-        let n = takosumi_store::detection::sweep_due(&mut tx, BATCH)
+        let (n, last) = takosumi_store::detection::sweep_due(&mut tx, after, BATCH)
             .await
             .map_err(store_err)?;
         tx.commit().await.map_err(|e| store_err(e.into()))?;
@@ -28,6 +29,7 @@ pub async fn sweep_once(ctx: &Ctx) -> Result<i64, StepError> {
         if n < BATCH {
             break;
         }
+        after = last;
     }
     if total > 0 {
         ctx.relay_wake.notify_one();

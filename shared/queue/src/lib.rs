@@ -130,6 +130,48 @@ impl Broker {
             .await
     }
 
+    /// Publishes `messages` (queue, body, message id, headers) sending all of them before
+    /// awaiting the broker's confirms, so a batch costs one round trip instead of one per
+    /// message; returns each message's result, in order. A message that could not be
+    /// sent fails, and so do those after it (the channel is gone).
+    pub async fn publish_all(
+        &self,
+        messages: Vec<(&str, Vec<u8>, Option<String>, FieldTable)>,
+    ) -> Vec<Result<(), QueueError>> {
+        let mut pending = Vec::with_capacity(messages.len());
+        let mut broken: Option<String> = None;
+        for (queue, body, id, headers) in &messages {
+            if let Some(why) = &broken {
+                pending.push(Err(QueueError::Refused(format!("{queue}: {why}"))));
+                continue;
+            }
+            match self
+                .send(
+                    &self.topology.exchange,
+                    queue,
+                    body,
+                    id.clone(),
+                    headers.clone(),
+                )
+                .await
+            {
+                Ok(confirm) => pending.push(Ok((*queue, confirm))),
+                Err(e) => {
+                    broken = Some(format!("not sent after an earlier failure: {e}"));
+                    pending.push(Err(e));
+                }
+            }
+        }
+        let mut results = Vec::with_capacity(pending.len());
+        for p in pending {
+            results.push(match p {
+                Ok((queue, confirm)) => Self::confirmed(queue, confirm).await,
+                Err(e) => Err(e),
+            });
+        }
+        results
+    }
+
     async fn publish_to(
         &self,
         exchange: &str,
@@ -138,6 +180,21 @@ impl Broker {
         message_id: Option<String>,
         headers: FieldTable,
     ) -> Result<(), QueueError> {
+        let confirm = self
+            .send(exchange, routing_key, body, message_id, headers)
+            .await?;
+        Self::confirmed(routing_key, confirm).await
+    }
+
+    /// Sends one message; the broker's confirm comes later.
+    async fn send(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        message_id: Option<String>,
+        headers: FieldTable,
+    ) -> Result<lapin::PublisherConfirm, QueueError> {
         let mut props = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into())
@@ -145,25 +202,36 @@ impl Broker {
         if let Some(id) = message_id {
             props = props.with_message_id(id.into());
         }
+        let send = self.publisher.basic_publish(
+            exchange.to_owned().into(),
+            routing_key.to_owned().into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body,
+            props,
+        );
+        tokio::time::timeout(CONFIRM_TIMEOUT, send)
+            .await
+            .map_err(|_| {
+                QueueError::Refused(format!(
+                    "{routing_key}: not sent within {} s",
+                    CONFIRM_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(QueueError::from)
+    }
+
+    /// Waits for a sent message's confirm.
+    async fn confirmed(
+        routing_key: &str,
+        confirm: lapin::PublisherConfirm,
+    ) -> Result<(), QueueError> {
         // A confirm that never comes (the broker went away between the publish and its
         // answer) must not hold the caller forever: the relay keeps its outbox rows
         // locked while it waits, and no other relay may take them.
-        let publish = async {
-            self.publisher
-                .basic_publish(
-                    exchange.to_owned().into(),
-                    routing_key.to_owned().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    body,
-                    props,
-                )
-                .await?
-                .await
-        };
-        let confirm = tokio::time::timeout(CONFIRM_TIMEOUT, publish)
+        let confirm = tokio::time::timeout(CONFIRM_TIMEOUT, confirm)
             .await
             .map_err(|_| {
                 QueueError::Refused(format!(

@@ -20,18 +20,25 @@ pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usi
         .await
         .map_err(takosumi_store::StoreError::from)?;
     let rows = outbox::lock_due(&mut tx, 200).await?;
+    let messages = rows
+        .iter()
+        .map(|row| {
+            let body = serde_json::to_vec(&row.payload).unwrap_or_default();
+            (
+                row.topic.as_str(),
+                body,
+                Some(row.id.to_string()),
+                headers(row),
+            )
+        })
+        .collect();
     let mut sent = Vec::with_capacity(rows.len());
     let mut failure = None;
-    for row in &rows {
-        let body = serde_json::to_vec(&row.payload).unwrap_or_default();
-        match broker
-            .publish(&row.topic, &body, Some(row.id.to_string()), headers(row))
-            .await
-        {
+    for (row, result) in rows.iter().zip(broker.publish_all(messages).await) {
+        match result {
             Ok(()) => sent.push(row.id),
             Err(e) => {
-                failure = Some(e);
-                break;
+                failure.get_or_insert(e);
             }
         }
     }

@@ -433,33 +433,49 @@ pub async fn capsule_drifted<'e, E: sqlx::PgExecutor<'e>>(
     Ok(row.and_then(|r| r.drift))
 }
 
-/// Enqueues a drift check for up to `limit` due Capsules in one statement: due means an
-/// interval is set (the Capsule's, else its Workspace's), it has passed since the last
-/// sweep enqueued one, no check of the Capsule is queued or running, and something was
-/// applied to check against. Returns how many
-/// were enqueued. Read-only towards infrastructure: it only creates drift-check Runs.
-pub async fn sweep_due(tx: &mut Tx, limit: i64) -> Result<i64, StoreError> {
+/// Enqueues a drift check for up to `limit` due Capsules after `after` (in id order) in
+/// one statement: due means an interval is set (the Capsule's, else its Workspace's), it
+/// has passed since the last sweep enqueued one, no check of the Capsule is queued or
+/// running, and something was applied to check against. Returns how many were enqueued
+/// and the last Capsule taken, where the next batch starts. Read-only towards
+/// infrastructure: it only creates drift-check Runs.
+///
+/// Batches walk the Capsules' primary key, so a pass over n Capsules reads each once:
+/// ordered by anything else, every batch sorted every due Capsule again and the pass grew
+/// with n² (20,000 Capsules took 50 s).
+pub async fn sweep_due(
+    tx: &mut Tx,
+    after: Option<CapsuleId>,
+    limit: i64,
+) -> Result<(i64, Option<CapsuleId>), StoreError> {
     let row = sqlx::query!(
         r#"WITH due AS (
-               SELECT c.id, c.workspace_id
+               SELECT c.id
                  FROM capsules c JOIN workspaces w ON w.id = c.workspace_id
-                WHERE COALESCE(c.drift_interval_secs, w.drift_interval_secs) IS NOT NULL
+                WHERE ($1::uuid IS NULL OR c.id > $1)
+                  AND COALESCE(c.drift_interval_secs, w.drift_interval_secs) IS NOT NULL
                   AND (c.last_drift_enqueued_at IS NULL
                        OR c.last_drift_enqueued_at
                           < now() - make_interval(secs => COALESCE(c.drift_interval_secs, w.drift_interval_secs)))
+                  -- `r.capsule_id > $1` repeats `c.id > $1` so the open-check index is
+                  -- read from where the batch starts, not from its beginning
                   AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.capsule_id = c.id AND r.kind = 'drift_check'
-                                     AND r.status IN ('queued', 'held', 'planning'))
+                                     AND r.status IN ('queued', 'held', 'planning')
+                                     AND ($1::uuid IS NULL OR r.capsule_id > $1))
                   -- only what was applied can drift (see `applied_baseline`)
                   AND EXISTS (SELECT 1 FROM state_versions sv JOIN runs a ON a.id = sv.run_id
                                 LEFT JOIN runs p ON p.id = a.plan_run_id
                                WHERE sv.id = c.current_state_version_id AND a.source_commit IS NOT NULL
                                  AND p.kind IS DISTINCT FROM 'destroy')
-                ORDER BY c.last_drift_enqueued_at NULLS FIRST, c.id
-                LIMIT $1
+                ORDER BY c.id
+                LIMIT $2
                   FOR UPDATE OF c SKIP LOCKED),
            marked AS (
-               UPDATE capsules SET last_drift_enqueued_at = now() FROM due
-                WHERE capsules.id = due.id RETURNING capsules.id, capsules.workspace_id),
+               -- `= ANY (ARRAY(…))` looks the batch up by key; a join with `due` was
+               -- planned as a hash join over every Capsule, once per batch
+               UPDATE capsules SET last_drift_enqueued_at = now()
+                WHERE id = ANY (ARRAY(SELECT id FROM due))
+               RETURNING id, workspace_id, pool_id),
            new_runs AS (
                INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id, traceparent)
                SELECT gen_random_uuid(), 'drift_check', workspace_id, id, 'system', 'sweep',
@@ -476,14 +492,16 @@ pub async fn sweep_due(tx: &mut Tx, limit: i64) -> Result<i64, StoreError> {
                SELECT CASE WHEN p.name IS NOT NULL THEN 'run.drift.' || p.name ELSE 'run.drift' END,
                       jsonb_build_object('runId', 'run_' || replace(n.id::text, '-', '')), n.traceparent
                  FROM new_runs n
-                 JOIN capsules c ON c.id = n.capsule_id
-                 LEFT JOIN worker_pools p ON p.id = c.pool_id)
-           SELECT count(*) as "n!" FROM new_runs"#,
+                 JOIN marked m ON m.id = n.capsule_id
+                 LEFT JOIN worker_pools p ON p.id = m.pool_id)
+           SELECT (SELECT count(*) FROM new_runs) as "n!",
+                  (SELECT id FROM marked ORDER BY id DESC LIMIT 1) as "last: CapsuleId""#,
+        after.map(|c| c.as_uuid()),
         limit
     )
     .fetch_one(&mut **tx)
     .await?;
-    Ok(row.n)
+    Ok((row.n, row.last))
 }
 
 /// Sets the drift-check interval of a Capsule (`None`: use the Workspace's).

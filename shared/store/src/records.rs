@@ -200,20 +200,6 @@ pub struct RecordExtras {
     pub resolved_at: Option<DateTime<Utc>>,
 }
 
-/// Reads the extras of a Run.
-pub async fn extras(pool: &sqlx::PgPool, id: RunId) -> Result<RecordExtras, StoreError> {
-    let row = sqlx::query_as!(
-        RecordExtras,
-        r#"SELECT cancel_requested_at, cancel_requested_by, resolution_action, resolution_note,
-                  resolved_by, resolved_at
-             FROM runs WHERE id = $1"#,
-        id.as_uuid()
-    )
-    .fetch_optional(pool)
-    .await?;
-    Ok(row.unwrap_or_default())
-}
-
 /// Filters of a Workspace's Run history.
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {

@@ -8,6 +8,7 @@ use takosumi_core::{
     StateVersionId, WorkspaceId,
 };
 
+use crate::records::RecordExtras;
 use crate::{StoreError, Tx};
 
 /// A Run row, private fields included. Public projections are built from it by the API
@@ -95,9 +96,35 @@ pub struct Run {
     pub created_at: DateTime<Utc>,
     /// Last change.
     pub updated_at: DateTime<Utc>,
+    /// How an apply submission runs (`apply_modes`); `None`: the ordinary paths.
+    pub apply_mode: Option<String>,
+    /// When a cancel was requested of the running step.
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// Who requested it.
+    pub cancel_requested_by: Option<String>,
+    /// How an `unknown_outcome` Run was resolved, by whom and when.
+    pub resolution_action: Option<String>,
+    /// The operator's note on the resolution.
+    pub resolution_note: Option<String>,
+    /// Who resolved it.
+    pub resolved_by: Option<String>,
+    /// When.
+    pub resolved_at: Option<DateTime<Utc>>,
 }
 
 impl Run {
+    /// The parts of the record the public projection adds to the Run's own fields.
+    pub fn extras(&self) -> RecordExtras {
+        RecordExtras {
+            cancel_requested_at: self.cancel_requested_at,
+            cancel_requested_by: self.cancel_requested_by.clone(),
+            resolution_action: self.resolution_action.clone(),
+            resolution_note: self.resolution_note.clone(),
+            resolved_by: self.resolved_by.clone(),
+            resolved_at: self.resolved_at,
+        }
+    }
+
     /// The change counts, if recorded.
     pub fn changes(&self) -> Option<Changes> {
         self.changes
@@ -111,7 +138,17 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     id: RunId,
 ) -> Result<Option<Run>, StoreError> {
-    let run = sqlx::query_as!(
+    Ok(get_many(executor, &[id]).await?.pop())
+}
+
+/// Reads Runs in one round trip, in the order of `ids` (a missing id is left out): a
+/// page of history costs one query, not one per Run.
+pub async fn get_many<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    ids: &[RunId],
+) -> Result<Vec<Run>, StoreError> {
+    let uuids: Vec<uuid::Uuid> = ids.iter().map(RunId::as_uuid).collect();
+    let mut runs = sqlx::query_as!(
         Run,
         r#"SELECT id as "id: RunId", kind as "kind: RunKind", status as "status: RunStatus",
                   workspace_id as "workspace_id: WorkspaceId", capsule_id as "capsule_id: CapsuleId",
@@ -122,13 +159,20 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
                   state_generation, changes, drift, outputs,
                   state_version_id as "state_version_id: StateVersionId", injected_env_names,
                   vars, var_names, provider_bindings, hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
-                  canceled_at, lease_owner, sandbox, attempts, created_at, updated_at
-             FROM runs WHERE id = $1"#,
-        id.as_uuid()
+                  canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode,
+                  cancel_requested_at, cancel_requested_by, resolution_action, resolution_note,
+                  resolved_by, resolved_at
+             FROM runs WHERE id = ANY($1)"#,
+        &uuids
     )
-    .fetch_optional(executor)
+    .fetch_all(executor)
     .await?;
-    Ok(run)
+    if runs.len() > 1 {
+        let at: std::collections::HashMap<RunId, usize> =
+            ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+        runs.sort_by_key(|r| at.get(&r.id).copied().unwrap_or(usize::MAX));
+    }
+    Ok(runs)
 }
 
 /// What a new Run starts with.

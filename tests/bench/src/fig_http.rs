@@ -20,7 +20,7 @@ use crate::report::Report;
 use crate::stats::Summary;
 
 /// Concurrent connections.
-const CONNECTIONS: usize = 32;
+pub const CONNECTIONS: usize = 32;
 /// The most requests the fallback loop sends in one test, whatever the time.
 const MAX_REQUESTS: usize = 500_000;
 
@@ -154,7 +154,8 @@ async fn measure(stack: &Stack, report: &mut Report, secs: u64) -> anyhow::Resul
     Ok(())
 }
 
-fn which_wrk() -> Option<std::path::PathBuf> {
+/// `wrk` on PATH, when installed.
+pub fn which_wrk() -> Option<std::path::PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|p| p.join("wrk"))
@@ -162,7 +163,8 @@ fn which_wrk() -> Option<std::path::PathBuf> {
     })
 }
 
-async fn load(
+/// One load test of `url` for `secs` seconds: `wrk` when there is one, else the fallback loop.
+pub async fn load(
     wrk: &Option<std::path::PathBuf>,
     tmp: &std::path::Path,
     token: &str,

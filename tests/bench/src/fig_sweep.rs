@@ -142,27 +142,10 @@ async fn measure(
     Ok(())
 }
 
-/// Seeds `capsules` due Capsules in a Workspace with an hourly drift interval and times one
-/// `sweep_once` pass over them; checks it enqueued exactly one check per Capsule.
+/// Seeds `capsules` due Capsules (each with an applied StateVersion, as the sweep needs)
+/// and times one `sweep_once` pass over them; checks it enqueued one check per Capsule.
 async fn real_sweep(stack: &Stack, capsules: usize) -> anyhow::Result<f64> {
-    let pool = &stack.ctx.pool;
-    let ws = uuid::Uuid::now_v7();
-    sqlx::query(
-        "INSERT INTO workspaces (id, name, drift_interval_secs) VALUES ($1, 'sweep-real', 3600)",
-    )
-    .bind(ws)
-    .execute(pool)
-    .await?;
-    sqlx::query(
-        "INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool, vars)
-         SELECT gen_random_uuid(), $1, 'due-' || g, 'file:///nonexistent', 'main', 'infra', 'terraform', '{}'::jsonb
-           FROM generate_series(1, $2) g",
-    )
-    .bind(ws)
-    .bind(i32::try_from(capsules)?)
-    .execute(pool)
-    .await?;
-    sqlx::query("ANALYZE").execute(pool).await?;
+    crate::fig_scale::seed_due(stack, "sweep-real", capsules).await?;
     let t = Instant::now();
     let n = takosumi_sweep::sweep_once(&stack.ctx).await?;
     let elapsed = t.elapsed().as_secs_f64() * 1000.0;

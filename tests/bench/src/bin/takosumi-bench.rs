@@ -7,7 +7,8 @@
 //! Options: `--runs N` (figures 1–2, default 30), `--warmup N` (default 2),
 //! `--pipeline-runs N` (figure 3 per configuration, default 100), `--procs 1,2,4`,
 //! `--load-secs S` (figure 6 per endpoint, default 5), `--capsules N` (figure 4, default
-//! 10000), `--only 0,1,3,5` (a subset; 0 is the machine's unit costs), `--out FILE` (also
+//! 10000), `--list-runs N` (figure 9, default 1000000), `--sweep-capsules N` (figure 10,
+//! default 100000), `--only 0,1,3,5` (a subset; 0 is the machine's unit costs), `--out FILE` (also
 //! write the markdown there).
 
 use std::collections::BTreeSet;
@@ -15,8 +16,8 @@ use std::collections::BTreeSet;
 use anyhow::{Context, bail};
 use takosumi_bench::report::Report;
 use takosumi_bench::{
-    fig_http, fig_memory, fig_overhead, fig_queue, fig_seal, fig_sweep, fig_throughput, fig_units,
-    machine,
+    fig_http, fig_memory, fig_overhead, fig_queue, fig_scale, fig_seal, fig_sweep, fig_throughput,
+    fig_units, machine,
 };
 
 struct Args {
@@ -26,6 +27,8 @@ struct Args {
     procs: Vec<usize>,
     load_secs: u64,
     capsules: usize,
+    list_runs: usize,
+    sweep_capsules: usize,
     only: BTreeSet<u32>,
     out: Option<String>,
 }
@@ -38,7 +41,9 @@ fn parse_args() -> anyhow::Result<Args> {
         procs: vec![1, 2, 4],
         load_secs: 5,
         capsules: 10_000,
-        only: (0..=8).collect(),
+        list_runs: 1_000_000,
+        sweep_capsules: 100_000,
+        only: (0..=10).collect(),
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -56,6 +61,8 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "--load-secs" => a.load_secs = value()?.parse()?,
             "--capsules" => a.capsules = value()?.parse()?,
+            "--list-runs" => a.list_runs = value()?.parse()?,
+            "--sweep-capsules" => a.sweep_capsules = value()?.parse()?,
             "--only" => {
                 a.only = value()?
                     .split(',')
@@ -65,7 +72,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--out" => a.out = Some(value()?),
             "-h" | "--help" => {
                 println!(
-                    "takosumi-bench [--runs N] [--warmup N] [--pipeline-runs N] [--procs 1,2,4] [--load-secs S] [--capsules N] [--only 1,2,…] [--out FILE]"
+                    "takosumi-bench [--runs N] [--warmup N] [--pipeline-runs N] [--procs 1,2,4] [--load-secs S] [--capsules N] [--list-runs N] [--sweep-capsules N] [--only 1,2,…] [--out FILE]"
                 );
                 std::process::exit(0);
             }
@@ -125,6 +132,14 @@ async fn main() -> anyhow::Result<()> {
     if want(7) {
         step("figure 7: peak RSS of the step processes");
         fig_memory::run(&mut report).await?;
+    }
+    if want(9) {
+        step("figure 9: the Run history page with many Runs in the table");
+        fig_scale::list_page(&mut report, args.list_runs, args.load_secs).await?;
+    }
+    if want(10) {
+        step("figure 10: one sweep pass over many due Capsules");
+        fig_scale::sweep(&mut report, args.sweep_capsules).await?;
     }
     if want(8) {
         fig_queue::report(&mut report, idle.as_ref(), load.as_ref());
