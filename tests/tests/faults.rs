@@ -330,7 +330,7 @@ async fn workload(
             // An apply whose process vanished keeps the Capsule from other applies until
             // an operator resolves it; do what the operator would, so later rounds apply.
             RunStatus::UnknownOutcome => {
-                let (answer, _) = until_answered(sh, || async {
+                until_answered(sh, || async {
                     match client
                         .resolve(apply, "kill suite: the handler was killed on purpose")
                         .await
@@ -342,7 +342,6 @@ async fn workload(
                     }
                 })
                 .await?;
-                let _ = answer;
             }
             _ => {}
         }
