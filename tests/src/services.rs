@@ -369,3 +369,127 @@ impl Drop for PrivateS3 {
         let _ = self.kill();
     }
 }
+
+/// The processes whose parent is `parent` (from `/proc/*/stat`).
+fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                        // pid (comm) state ppid …; comm may hold spaces: read after the last ')'.
+                        s.rsplit_once(')')
+                            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                            .and_then(|p| p.parse::<u32>().ok())
+                            == Some(parent)
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `pid` still runs (a zombie does not: it has released everything but its slot).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false)
+    })
+}
+
+fn signal(sig: &str, pid: u32) -> anyhow::Result<()> {
+    let out = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "kill -{sig} {pid}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Hard crashes for the restart suite: nothing is flushed, no session is ended politely.
+impl PrivatePostgres {
+    /// SIGKILLs the postmaster and every process it started (backends, checkpointer, WAL
+    /// writer, …), as losing the machine would, and waits until they are gone; returns the
+    /// pids. The postmaster is stopped (SIGSTOP) first, so it cannot start a backend between
+    /// the listing and the kill. [`PrivatePostgres::start_again`] then recovers from the WAL.
+    pub fn kill_hard(&self) -> anyhow::Result<Vec<u32>> {
+        let lock = std::fs::read_to_string(self.data().join("postmaster.pid"))
+            .context("reading postmaster.pid")?;
+        let postmaster: u32 = lock
+            .lines()
+            .next()
+            .context("empty postmaster.pid")?
+            .trim()
+            .parse()?;
+        signal("STOP", postmaster)?;
+        let mut pids = vec![postmaster];
+        pids.extend(children_of(postmaster));
+        for pid in &pids {
+            signal("KILL", *pid)?;
+        }
+        // Gone means reaped, not just dead: a new postmaster refuses to start while the
+        // pid in postmaster.pid still exists, and a zombie's does until its parent (here
+        // init, which adopted it) reaps it.
+        wait_until("the killed Postgres processes to be reaped", 30, || {
+            pids.iter()
+                .all(|p| !Path::new(&format!("/proc/{p}")).exists())
+                && !port_open(self.port)
+        })?;
+        Ok(pids)
+    }
+}
+
+impl PrivateRabbit {
+    /// SIGKILLs the node's Erlang VM (`beam.smp`, its pid from the node's pid file) and
+    /// waits until it is gone and its AMQP port closed. Unlike [`PrivateRabbit::stop_app`]
+    /// nothing is closed politely: queues recover from their logs when the node starts again
+    /// ([`PrivateRabbit::start_node_again`]).
+    pub fn kill_node(&self) -> anyhow::Result<u32> {
+        let pid: u32 = std::fs::read_to_string(self.dir.path().join("pid"))
+            .context("reading the node's pid file")?
+            .trim()
+            .parse()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "beam.smp" {
+            bail!("pid {pid} from the node's pid file is {comm:?}, not beam.smp");
+        }
+        signal("KILL", pid)?;
+        wait_until("the killed RabbitMQ node to be gone", 30, || {
+            !alive(pid) && !port_open(self.port)
+        })?;
+        Ok(pid)
+    }
+
+    /// Starts the killed node again (same name, AMQP port, data and logs; a new
+    /// distribution port) and waits until the broker application accepts connections.
+    pub fn start_node_again(&self) -> anyhow::Result<()> {
+        let d = self.dir.path().display().to_string();
+        let script = format!(
+            "RABBITMQ_NODENAME={node} RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT={port} \
+             RABBITMQ_DIST_PORT={dist} RABBITMQ_MNESIA_BASE={d}/mnesia RABBITMQ_LOG_BASE={d}/log \
+             RABBITMQ_ENABLED_PLUGINS_FILE={d}/enabled_plugins RABBITMQ_PID_FILE={d}/pid \
+             {RABBIT_BIN}/rabbitmq-server -detached",
+            node = self.node,
+            port = self.port,
+            dist = free_port()?,
+        );
+        self.as_rabbitmq(&script, "rabbitmq-server -detached (again)")?;
+        let started = Instant::now();
+        loop {
+            if self.ctl(&["-q", "await_startup"]).is_ok() && port_open(self.port) {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(90) {
+                bail!("the private RabbitMQ node did not start again: see {d}/log");
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}

@@ -1,20 +1,26 @@
-//! Fault suite: handler processes killed at random moments, graceful shutdown, and poison
-//! messages, against the real API, RabbitMQ, Postgres, the S3 server and terraform 1.0.3.
+//! Fault suite: processes killed at aimed moments, graceful shutdown, and poison messages,
+//! against the real API, RabbitMQ, Postgres, the S3 server and terraform 1.0.3.
 //!
-//! The kill test runs a short profile by default (about 20 Runs) and the long one (at
-//! least 100 Runs) with `TAKOSUMI_FAULTS_LONG=1`; `TAKOSUMI_FAULTS_SEED=<n>` replays a
-//! run's random choices (the seed is printed).
+//! The kill test runs every process of a deployment as its own binary (the API with its
+//! outbox relay and reaper, the plan, gate, approve, apply and drift steps, and a relay
+//! worker for one pool) and SIGKILLs each of them mid-step. CI runs the medium profile (the
+//! default: at least 50 Runs and 25 kills); `TAKOSUMI_FAULTS_LONG=1` runs the long one
+//! (more Capsules and rounds, kills until the workload ends); `TAKOSUMI_FAULTS_SEED=<n>`
+//! replays a run's random choices (the seed is printed).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use base64::Engine as _;
 use serde_json::{Value, json};
-use takosumi_client::Capsule;
+use takosumi_client::{Capsule, ClientError};
 use takosumi_core::{RunId, RunMessage, RunStatus, Topic};
+use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::probe::{self, record};
-use takosumi_tests::{GitRepo, Options, Stack, Steps, processes_exactly};
+use takosumi_tests::{GitRepo, Options, Stack, Steps, keys_env, processes_exactly};
 use tokio::process::Child;
 use tokio::time::Instant;
 
@@ -34,6 +40,7 @@ impl Rng {
             })
             | 1;
         record("faults", "seed (TAKOSUMI_FAULTS_SEED)", seed);
+        probe::say(&format!("kill suite: TAKOSUMI_FAULTS_SEED={seed}"));
         Self(seed)
     }
     fn next(&mut self) -> u64 {
@@ -67,66 +74,322 @@ fn network_revision(round: usize) -> String {
     )
 }
 
-/// Waits for a Run to end (terminal); after `secs`, returns what it is then.
+/// Waits until a Run is terminal or `held`, reading Postgres (the API may be down); after
+/// `secs`, returns what it is then.
 async fn settle(stack: &Stack, run: RunId, secs: u64) -> RunStatus {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         if let Ok(Some(r)) = takosumi_store::runs::get(&stack.ctx.pool, run).await {
-            if r.status.is_terminal() || Instant::now() > deadline {
+            if r.status.is_terminal() || r.status == RunStatus::Held || Instant::now() > deadline {
                 return r.status;
             }
         } else if Instant::now() > deadline {
             return RunStatus::Queued;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
     }
 }
 
-/// One Capsule's workload: per round a new revision, a plan, its apply (when planned),
-/// and every third round an extra plan that is never applied.
-async fn workload(stack: &Stack, capsule: &Capsule, repo: &GitRepo, rounds: usize) -> usize {
-    let mut submitted = 0;
-    for round in 0..rounds {
-        if repo
-            .commit(
-                &[("infra/network/main.tf", &network_revision(round))],
-                "revision",
-            )
-            .is_err()
-        {
-            continue;
-        }
-        let Ok(plan) = stack.client.plan(capsule.id, None).await else {
-            continue;
+/// The processes of a deployment, each its own binary, each killed in the suite.
+const KINDS: [&str; 7] = ["api", "plan", "gate", "approve", "apply", "drift", "relay"];
+
+/// Where each kill is aimed: the process, and the phase it should be in when SIGKILL
+/// lands. `any` is a random moment (often idle). Every other phase must be hit at least
+/// once (the test fails otherwise), so the suite cannot pass with kills that miss.
+const AIMS: [(&str, &str); 14] = [
+    ("plan", PLANNING),
+    ("apply", APPLYING),
+    ("relay", APPLYING),
+    ("api", MID_REQUEST),
+    ("gate", DECISION_PENDING),
+    ("apply", AFTER_TOOL_APPLY),
+    ("drift", CHECKING),
+    ("approve", HELD_RUN_WAITING),
+    ("relay", PLANNING),
+    ("plan", ANY),
+    ("apply", AFTER_TOOL_APPLY),
+    ("api", MID_REQUEST),
+    ("gate", ANY),
+    ("drift", ANY),
+];
+
+const PLANNING: &str = "planning";
+const APPLYING: &str = "applying, before the tool's apply";
+const AFTER_TOOL_APPLY: &str = "applying, after the tool's apply started";
+const CHECKING: &str = "drift check running";
+const DECISION_PENDING: &str = "an apply waiting for its gate decision";
+const HELD_RUN_WAITING: &str = "a held apply waiting for its release";
+const MID_REQUEST: &str = "requests in flight";
+const OUTBOX_PENDING: &str = "idle, wake-ups unpublished in the outbox";
+const IDLE: &str = "idle";
+const ANY: &str = "any";
+
+/// What the workload shares with the kill loop and the final checks.
+struct Shared {
+    /// Workload API requests in flight right now (an API kill aims at these).
+    inflight: AtomicUsize,
+    /// Every Run the API accepted (answered with its id), with its kind.
+    accepted: Mutex<Vec<(RunId, &'static str)>>,
+    /// Drift-check submissions retried after a lost answer: each may have created a Run
+    /// the workload never heard of (drift checks take no idempotency key).
+    drift_retries: AtomicUsize,
+    /// Applies that ended `applied`, as the workload saw them.
+    applied: AtomicUsize,
+    /// A token of the approver role (the admin submits, and requesters cannot approve).
+    approver: String,
+    http: reqwest::Client,
+}
+
+impl Shared {
+    fn accept(&self, run: RunId, kind: &'static str) {
+        self.accepted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((run, kind));
+    }
+}
+
+/// Counts a request as in flight while it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        Self(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether an error means the API did not answer (it was killed, or is starting again):
+/// the request is sent again. Anything else is the API's real answer.
+fn unanswered(e: &anyhow::Error) -> bool {
+    if let Some(c) = e.downcast_ref::<ClientError>() {
+        return matches!(c, ClientError::Http { .. });
+    }
+    e.downcast_ref::<reqwest::Error>().is_some()
+}
+
+/// Sends a workload request until the API answers it (at most 120 s: an API restart takes
+/// about a second). Returns the answer and how many sends went unanswered.
+async fn until_answered<T, F, Fut>(sh: &Shared, mut send: F) -> anyhow::Result<(T, usize)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut lost = 0;
+    loop {
+        let result = {
+            let _counted = InFlight::new(&sh.inflight);
+            send().await
         };
-        submitted += 1;
-        if round % 3 == 2
-            && let Ok(extra) = stack.client.plan(capsule.id, None).await
-        {
-            submitted += 1;
-            let _ = extra;
+        match result {
+            Ok(v) => return Ok((v, lost)),
+            Err(e) if unanswered(&e) && Instant::now() < deadline => {
+                lost += 1;
+                // The API is down: try again shortly (its restart is under a second).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
         }
-        if settle(stack, plan.id, 150).await != RunStatus::Planned {
+    }
+}
+
+/// A raw admin or approver request for what the typed client does not send (an apply
+/// with `requireApproval` and an idempotency key): `(status, body)`.
+async fn raw(
+    sh: &Shared,
+    stack: &Stack,
+    path: String,
+    token: &str,
+    key: Option<String>,
+    body: Value,
+) -> anyhow::Result<(u16, Value)> {
+    let mut req = sh
+        .http
+        .post(format!("{}{path}", stack.api_url))
+        .bearer_auth(token)
+        .json(&body);
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k.as_str());
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    Ok((status, resp.json().await.unwrap_or(Value::Null)))
+}
+
+/// How a Capsule's workload runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Flavor {
+    /// Plans, applies, extra plans and drift checks on the control node's handlers.
+    Direct,
+    /// Every apply asks for approval: the gate holds it, the approver releases it.
+    Approval,
+    /// The Capsule is on a pool: its relay worker plans, applies and checks it.
+    Pool,
+}
+
+/// One Capsule's workload: per round a new revision, a plan, its apply (when planned);
+/// every third round an extra plan that is never applied; every second round a drift
+/// check. Each submission carries an idempotency key, so one whose answer was lost to an
+/// API kill is sent again and names the same Run.
+async fn workload(
+    stack: &Stack,
+    sh: &Shared,
+    (index, capsule, repo, flavor): (usize, &Capsule, &GitRepo, Flavor),
+    rounds: usize,
+) -> anyhow::Result<()> {
+    let client = &stack.client;
+    // A drift check needs an applied state to check against.
+    let mut ever_applied = false;
+    for round in 0..rounds {
+        repo.commit(
+            &[("infra/network/main.tf", &network_revision(round))],
+            "revision",
+        )?;
+        let key = format!("kill-{index}-{round}");
+        let (plan, _) = until_answered(sh, || async {
+            Ok(client
+                .plan(capsule.id, Some(&format!("{key}-plan")))
+                .await?)
+        })
+        .await?;
+        sh.accept(plan.id, "plan");
+        if round % 3 == 2 && flavor != Flavor::Approval {
+            let (extra, _) = until_answered(sh, || async {
+                Ok(client
+                    .plan(capsule.id, Some(&format!("{key}-extra")))
+                    .await?)
+            })
+            .await?;
+            sh.accept(extra.id, "plan");
+        }
+        if settle(stack, plan.id, 180).await != RunStatus::Planned {
             continue;
         }
-        if let Ok(apply) = stack.client.apply(plan.id, None).await {
-            submitted += 1;
-            // An apply whose process vanished keeps the Capsule from other applies until
-            // an operator resolves it; do what the operator would, so later rounds apply.
-            if settle(stack, apply.id, 150).await == RunStatus::UnknownOutcome {
-                let _ = stack
-                    .client
-                    .resolve(apply.id, "kill suite: the handler was killed on purpose")
-                    .await;
+        let apply = if flavor == Flavor::Approval {
+            let (answer, _) = until_answered(sh, || {
+                raw(
+                    sh,
+                    stack,
+                    format!("/api/v1/runs/{}/apply", plan.id),
+                    &stack.admin_token,
+                    Some(format!("{key}-apply")),
+                    json!({ "requireApproval": true }),
+                )
+            })
+            .await?;
+            anyhow::ensure!(answer.0 == 202, "apply with approval: {answer:?}");
+            answer.1["id"]
+                .as_str()
+                .unwrap_or_default()
+                .parse::<RunId>()?
+        } else {
+            until_answered(sh, || async {
+                Ok(client.apply(plan.id, Some(&format!("{key}-apply"))).await?)
+            })
+            .await?
+            .0
+            .id
+        };
+        sh.accept(apply, "apply");
+        let mut status = settle(stack, apply, 180).await;
+        if status == RunStatus::Held {
+            // A second send after a lost answer finds the approval already given.
+            let (answer, _) = until_answered(sh, || {
+                raw(
+                    sh,
+                    stack,
+                    format!("/api/v1/runs/{apply}/approve"),
+                    &sh.approver,
+                    None,
+                    json!({}),
+                )
+            })
+            .await?;
+            anyhow::ensure!(
+                answer.0 == 200 || answer.1["code"] == "already_approved",
+                "approve: {answer:?}"
+            );
+            let deadline = Instant::now() + Duration::from_secs(180);
+            while status == RunStatus::Held && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                status = settle(stack, apply, 180).await;
             }
         }
+        match status {
+            RunStatus::Applied => {
+                ever_applied = true;
+                sh.applied.fetch_add(1, Ordering::SeqCst);
+            }
+            // An apply whose process vanished keeps the Capsule from other applies until
+            // an operator resolves it; do what the operator would, so later rounds apply.
+            RunStatus::UnknownOutcome => {
+                until_answered(sh, || async {
+                    match client
+                        .resolve(apply, "kill suite: the handler was killed on purpose")
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        // the first send was applied; its answer was lost
+                        Err(ClientError::Api { code, .. }) if code == "already_resolved" => Ok(()),
+                        Err(e) => Err(e.into()),
+                    }
+                })
+                .await?;
+            }
+            _ => {}
+        }
+        if round % 2 == 1 && flavor != Flavor::Approval && ever_applied {
+            let (check, lost) =
+                until_answered(sh, || async { Ok(client.drift_check(capsule.id).await?) }).await?;
+            sh.drift_retries.fetch_add(lost, Ordering::SeqCst);
+            sh.accept(check.id, "drift_check");
+            settle(stack, check.id, 180).await;
+        }
     }
-    submitted
+    Ok(())
 }
 
-const KINDS: [&str; 3] = ["plan", "gate", "apply"];
+/// A relay worker for the suite's pool: like [`takosumi_tests::spawn_relay`] but quiet
+/// (errors only), since it is restarted many times.
+struct RelayWorker {
+    token: String,
+    keys: String,
+    work: tempfile::TempDir,
+}
 
-fn spawn(stack: &Stack, kind: &str) -> anyhow::Result<Child> {
+fn spawn(stack: &Stack, kind: &str, relay: &RelayWorker) -> anyhow::Result<Child> {
+    if kind == "relay" {
+        let env = stack.env_vars();
+        let mut cmd = tokio::process::Command::new(takosumi_tests::binary("takosumi-relay")?);
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "error")
+            .env("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url)
+            .env("TAKOSUMI_POOL_TOKEN", &relay.token)
+            .env("TAKOSUMI_DELIVERY_KEYS", &relay.keys)
+            .env("TAKOSUMI_WORK_DIR", relay.work.path());
+        for k in [
+            "TAKOSUMI_TERRAFORM_BIN",
+            "TAKOSUMI_TF_CLI_CONFIG",
+            "TAKOSUMI_SANDBOX_RO_PATHS",
+            "TAKOSUMI_SANDBOX_RW_PATHS",
+        ] {
+            cmd.env(k, &env[k]);
+        }
+        return Ok(cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?);
+    }
     // The processes' own reapers re-send a lost wake-up after 4 s (a handler killed
     // between its ack and its claim), instead of the fixture's 20 s.
     stack.spawn_process_with(
@@ -135,82 +398,287 @@ fn spawn(stack: &Stack, kind: &str) -> anyhow::Result<Child> {
     )
 }
 
-/// Applies held by the apply process `pid` right now.
-async fn applying_of(stack: &Stack, pid: u32) -> anyhow::Result<Vec<uuid::Uuid>> {
-    Ok(
-        sqlx::query_scalar("SELECT id FROM runs WHERE status = 'applying' AND lease_owner LIKE $1")
-            .bind(format!("apply-{pid}-%"))
-            .fetch_all(&stack.ctx.pool)
-            .await?,
-    )
+/// Waits until the API process answers.
+async fn api_ready(stack: &Stack) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok((200, _)) = stack
+            .request("GET", "/api/v1/openapi.json", None, None)
+            .await
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the API process never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
-/// Kills handler processes (SIGKILL) at random moments until `done` (or `max_kills`),
-/// restarting each at once; some kills are aimed just after the tool's `apply` or `show`
-/// started, where the tool finishing and the commit fall. Returns kills per kind and the applies whose
-/// process vanished while they were `applying`.
+/// The lease-owner pattern of what process `pid` of `kind` holds (`<step>-<pid>-…`; a
+/// relay worker's claims are `relay:<pool>:…`, and there is one relay worker).
+fn owner_pattern(kind: &str, pid: u32) -> String {
+    if kind == "relay" {
+        "relay:%".to_owned()
+    } else {
+        format!("{kind}-{pid}-%")
+    }
+}
+
+/// The Runs the (dead) process held: `(id, status)`. Read right after the process died:
+/// its leases (2 s; a relay worker's 60 s) have not expired yet, so nothing took them over.
+async fn held_by(stack: &Stack, kind: &str, pid: u32) -> anyhow::Result<Vec<(uuid::Uuid, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT id, status::text FROM runs WHERE status IN ('planning', 'applying') AND lease_owner LIKE $1",
+    )
+    .bind(owner_pattern(kind, pid))
+    .fetch_all(&stack.ctx.pool)
+    .await?)
+}
+
+async fn count(stack: &Stack, sql: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(sql).fetch_one(&stack.ctx.pool).await?)
+}
+
+const DECISIONS_PENDING: &str = "SELECT count(*) FROM runs r WHERE r.kind = 'apply' AND r.status = 'queued' \
+     AND NOT EXISTS (SELECT 1 FROM run_events e WHERE e.run_id = r.id AND e.kind = 'gate_decision')";
+const HELD: &str = "SELECT count(*) FROM runs WHERE status = 'held'";
+
+/// Whether process `pid` of `kind` is in `phase` now (read before the kill, to aim it).
+async fn in_phase(
+    stack: &Stack,
+    sh: &Shared,
+    kind: &str,
+    pid: u32,
+    phase: &str,
+) -> anyhow::Result<bool> {
+    Ok(match phase {
+        MID_REQUEST => sh.inflight.load(Ordering::SeqCst) > 0,
+        DECISION_PENDING => count(stack, DECISIONS_PENDING).await? > 0,
+        HELD_RUN_WAITING => count(stack, HELD).await? > 0,
+        PLANNING | CHECKING | APPLYING | AFTER_TOOL_APPLY => {
+            let tool = stack.tool_count_by_run("apply");
+            held_by(stack, kind, pid).await?.iter().any(|(id, status)| {
+                let applied = tool
+                    .get(&RunId::from_uuid(*id).to_string())
+                    .copied()
+                    .unwrap_or(0);
+                match phase {
+                    PLANNING | CHECKING => status == "planning",
+                    APPLYING => status == "applying" && applied == 0,
+                    _ => status == "applying" && applied > 0,
+                }
+            })
+        }
+        _ => true,
+    })
+}
+
+/// The phase process `pid` of `kind` was in when it died. For the step processes and the
+/// relay worker this is read after the death, from what it still holds, so a Run that
+/// ended just before the kill is not counted; for the gate and approve steps, which hold
+/// no lease, it is the work only they can do that was waiting when they died; for the
+/// API, what was in flight just before the signal (`before`).
+async fn phase_at_death(
+    stack: &Stack,
+    kind: &str,
+    pid: u32,
+    before: &'static str,
+) -> anyhow::Result<&'static str> {
+    Ok(match kind {
+        "api" => before,
+        "gate" if count(stack, DECISIONS_PENDING).await? > 0 => DECISION_PENDING,
+        "approve" if count(stack, HELD).await? > 0 => HELD_RUN_WAITING,
+        "gate" | "approve" => IDLE,
+        _ => {
+            let tool = stack.tool_count_by_run("apply");
+            let held = held_by(stack, kind, pid).await?;
+            let mut phase = IDLE;
+            for (id, status) in &held {
+                let applied = tool
+                    .get(&RunId::from_uuid(*id).to_string())
+                    .copied()
+                    .unwrap_or(0);
+                phase = match (status.as_str(), kind) {
+                    ("planning", "drift") => CHECKING,
+                    ("planning", _) => PLANNING,
+                    (_, _) if applied > 0 => AFTER_TOOL_APPLY,
+                    _ => APPLYING,
+                };
+            }
+            phase
+        }
+    })
+}
+
+/// What the kill loop did.
+#[derive(Default)]
+struct Kills {
+    /// Kills per (process, phase at death).
+    by: BTreeMap<(&'static str, &'static str), usize>,
+    /// Applies held by a process when it died (mid-apply): they must end `unknown_outcome`.
+    vanished: HashSet<uuid::Uuid>,
+    /// Aims whose phase was reached (and the process killed in it).
+    landed: BTreeMap<(&'static str, &'static str), usize>,
+}
+
+impl Kills {
+    fn total(&self) -> usize {
+        self.by.values().sum()
+    }
+}
+
+/// Kills processes (SIGKILL) one at a time, aimed in turn at each of [`AIMS`], until
+/// the workload is `done` (or `max_kills`), restarting each at once. An aim waits (on the
+/// database, the tool's log or the workload's requests) until its process is in the
+/// phase, at most 15 s, then kills it wherever it is. A relay worker that dies holding a
+/// Run keeps it until the relay lease (60 s) expires, so the relay worker is killed only
+/// until both its aims landed.
 async fn kill_loop(
     stack: &Stack,
+    sh: &Shared,
     procs: &mut HashMap<&'static str, Child>,
+    relay: &RelayWorker,
     rng: &mut Rng,
     done: &AtomicBool,
     max_kills: usize,
-) -> anyhow::Result<(BTreeMap<&'static str, usize>, HashSet<uuid::Uuid>)> {
-    let mut kills: BTreeMap<&'static str, usize> = BTreeMap::new();
-    let mut vanished = HashSet::new();
-    while !done.load(Ordering::SeqCst) && kills.values().sum::<usize>() < max_kills {
-        tokio::time::sleep(rng.millis(300, 2200)).await;
-        if done.load(Ordering::SeqCst) {
-            break;
+) -> anyhow::Result<Kills> {
+    let mut kills = Kills::default();
+    let mut next = 0;
+    while !done.load(Ordering::SeqCst) && kills.total() < max_kills {
+        let (kind, aim) = AIMS[next % AIMS.len()];
+        next += 1;
+        if kind == "relay"
+            && (kills.landed.contains_key(&(kind, aim))
+                || kills
+                    .by
+                    .iter()
+                    .filter(|((k, _), _)| *k == "relay")
+                    .map(|(_, n)| n)
+                    .sum::<usize>()
+                    >= 6)
+        {
+            continue;
         }
-        let kind = match rng.below(10) {
-            0..=3 => "plan",
-            4..=5 => "gate",
-            _ => "apply",
-        };
-        if rng.below(2) == 0 && kind != "gate" {
-            // Aim: wait for the tool's next `apply` (or a plan's `show`), then a short delay.
-            let cmd = if kind == "apply" { "apply" } else { "show" };
-            let before = stack.tool_count(cmd);
-            let deadline = Instant::now() + Duration::from_secs(6);
-            while stack.tool_count(cmd) == before && Instant::now() < deadline {
-                if done.load(Ordering::SeqCst) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            tokio::time::sleep(rng.millis(0, 900)).await;
-        }
+        tokio::time::sleep(rng.millis(50, 700)).await;
         let child = procs.get_mut(kind).expect("every kind runs");
         let Some(pid) = child.id() else { continue };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        if aim != ANY {
+            while !done.load(Ordering::SeqCst)
+                && Instant::now() < deadline
+                && !in_phase(stack, sh, kind, pid, aim).await?
+            {
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        }
+        let before = if sh.inflight.load(Ordering::SeqCst) > 0 {
+            MID_REQUEST
+        } else if takosumi_store::outbox::pending_count(&stack.ctx.pool).await? > 0 {
+            OUTBOX_PENDING
+        } else {
+            IDLE
+        };
         child.start_kill()?; // SIGKILL
         child.wait().await?;
-        *kills.entry(kind).or_default() += 1;
-        if kind == "apply" {
-            vanished.extend(applying_of(stack, pid).await?);
+        let phase = phase_at_death(stack, kind, pid, before).await?;
+        *kills.by.entry((kind, phase)).or_default() += 1;
+        // A relay worker's apply is short: before or after the tool started, it is mid-apply.
+        let relay_mid_apply = kind == "relay" && aim == APPLYING && phase == AFTER_TOOL_APPLY;
+        if phase == aim || relay_mid_apply {
+            *kills.landed.entry((kind, aim)).or_default() += 1;
         }
-        tokio::time::sleep(rng.millis(0, 600)).await;
-        procs.insert(kind, spawn(stack, kind)?);
+        if kind == "apply" || kind == "relay" {
+            kills.vanished.extend(
+                held_by(stack, kind, pid)
+                    .await?
+                    .into_iter()
+                    .filter(|(_, s)| s == "applying")
+                    .map(|(id, _)| id),
+            );
+        }
+        tokio::time::sleep(rng.millis(0, 500)).await;
+        procs.insert(kind, spawn(stack, kind, relay)?);
     }
-    Ok((kills, vanished))
+    Ok(kills)
 }
 
-/// The promise: handler processes SIGKILLed at random moments (mid-plan, mid-gate,
-/// mid-apply, and just after the tool's apply, where the tool finishing and the commit
-/// fall) lose no Run and apply nothing twice. Every Run ends terminal; no apply Run has
-/// more than one StateVersion or more than one tool `apply`; each Capsule's generations
-/// form an unbroken chain 1..n ending at its current StateVersion; an apply whose process
-/// vanished while applying ends `unknown_outcome` and is never applied again.
+/// The queues of the stack's vhost with messages in them (ready or unacknowledged), from
+/// the broker's management API.
+async fn busy_queues(stack: &Stack) -> anyhow::Result<Vec<(String, u64)>> {
+    let amqp = &stack.env_vars()["TAKOSUMI_AMQP_URL"];
+    let vhost = amqp.rsplit('/').next().unwrap_or_default();
+    let mgmt = std::env::var("TAKOSUMI_RABBITMQ_MGMT_URL")?;
+    let queues: Value = reqwest::Client::new()
+        .get(format!("{mgmt}/api/queues/{vhost}?columns=name,messages"))
+        .basic_auth(
+            std::env::var("TAKOSUMI_RABBITMQ_MGMT_USER")?,
+            Some(std::env::var("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?),
+        )
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(queues
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| Some((q["name"].as_str()?.to_owned(), q["messages"].as_u64()?)))
+        .filter(|(_, n)| *n > 0)
+        .collect())
+}
+
+/// Waits until nothing can run again: every Run terminal (none queued, held, or holding a
+/// lease), no wake-up unpublished in the outbox, and no message in any queue. Until then a
+/// wrongly re-queued apply could still run; from then on none can, so the counts read
+/// after this are final. Returns what is still open at the deadline.
+async fn quiescent(stack: &Stack, secs: u64) -> anyhow::Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let open: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+            "SELECT id, status::text FROM runs WHERE status NOT IN ('planned', 'applied', 'failed', 'canceled', 'unknown_outcome')",
+        )
+        .fetch_all(&stack.ctx.pool)
+        .await?;
+        let pending = takosumi_store::outbox::pending_count(&stack.ctx.pool).await?;
+        let busy = busy_queues(stack).await?;
+        if open.is_empty() && pending == 0 && busy.is_empty() {
+            return Ok(Vec::new());
+        }
+        if Instant::now() > deadline {
+            let mut left: Vec<String> = open
+                .iter()
+                .map(|(id, s)| format!("{} {s}", RunId::from_uuid(*id)))
+                .collect();
+            left.push(format!("outbox pending {pending}"));
+            left.extend(busy.iter().map(|(q, n)| format!("queue {q}: {n}")));
+            return Ok(left);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The promise: every process of a deployment SIGKILLed mid-step — the plan, gate,
+/// approve, apply and drift steps, the API (with its outbox relay and reaper) and a pool's
+/// relay worker — loses no Run and applies nothing twice. Kills are aimed (mid-plan,
+/// mid-apply before and after the tool's apply, with a gate decision or a release
+/// pending, mid drift check, with API requests in flight) and each aim must land at least
+/// once. Every Run the API accepted exists and ends terminal, with no other Run beside
+/// them but drift checks whose answer was lost; no apply Run has more than one StateVersion
+/// or tool `apply`; each Capsule's generations form an unbroken chain 1..n ending at its
+/// current StateVersion; an apply whose process vanished while applying ends
+/// `unknown_outcome`, claimed once; every other apply ends `applied`; nothing is
+/// dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result<()> {
-    let (capsules, rounds, max_kills) = if long_profile() {
-        (6, 8, usize::MAX)
+    let long = long_profile();
+    let (direct, rounds, max_kills, min_kills, min_runs) = if long {
+        (5, 8, usize::MAX, 40, 100)
     } else {
-        (3, 3, 10)
+        (3, 8, 40, 25, 50)
     };
     let stack = Stack::start_with(Options {
         steps: Steps {
-            api: true,
+            api: false,
             plan: false,
             gate: false,
             apply: false,
@@ -219,57 +687,102 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
     })
     .await?;
     let mut rng = Rng::from_env();
+    let key = DeliveryKeyPair::generate("kill-1")?;
     let mut procs: HashMap<&'static str, Child> = HashMap::new();
-    for kind in KINDS {
-        procs.insert(kind, spawn(&stack, kind)?);
-    }
+    let api = spawn(
+        &stack,
+        "api",
+        &RelayWorker {
+            token: String::new(),
+            keys: String::new(),
+            work: tempfile::tempdir()?,
+        },
+    )?;
+    procs.insert("api", api);
+    api_ready(&stack).await?;
+
     let mut caps = Vec::new();
-    for i in 0..capsules {
+    let flavors =
+        std::iter::repeat_n(Flavor::Direct, direct).chain([Flavor::Approval, Flavor::Pool]);
+    for (i, flavor) in flavors.enumerate() {
         let repo = GitRepo::with_example("network")?;
         let capsule = register(&stack, &repo, json!({ "region": format!("r{i}") })).await?;
-        caps.push((capsule, repo));
+        caps.push((i, capsule, repo, flavor));
     }
+    let pool_cap = &caps.last().expect("a pool Capsule").1;
+    let pool = format!("kill-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{}/pools", pool_cap.workspace_id),
+            json!({ "name": pool, "deliveryKey": { "keyId": key.key_id(),
+                "publicKey": base64::engine::general_purpose::STANDARD.encode(key.public().public) } }),
+        )
+        .await?;
+    anyhow::ensure!(s == 201, "pool: {b}");
+    let relay = RelayWorker {
+        token: b["token"].as_str().unwrap_or_default().to_owned(),
+        keys: keys_env(&[&key]),
+        work: tempfile::tempdir()?,
+    };
+    let (s, b) = stack
+        .call(
+            "PUT",
+            &format!("/api/v1/capsules/{}/pool", pool_cap.id),
+            json!({ "pool": pool }),
+        )
+        .await?;
+    anyhow::ensure!(s == 200, "pool of the Capsule: {b}");
+    for kind in KINDS.into_iter().filter(|k| *k != "api") {
+        procs.insert(kind, spawn(&stack, kind, &relay)?);
+    }
+    let (approver, _) = stack.token("kill-approver", "approver").await?;
+    let sh = Shared {
+        inflight: AtomicUsize::new(0),
+        accepted: Mutex::new(Vec::new()),
+        drift_retries: AtomicUsize::new(0),
+        applied: AtomicUsize::new(0),
+        approver,
+        http: reqwest::Client::new(),
+    };
+
     let started = Instant::now();
     let done = AtomicBool::new(false);
     let work = async {
-        let submitted: usize = futures::future::join_all(
-            caps.iter()
-                .map(|(capsule, repo)| workload(&stack, capsule, repo, rounds)),
-        )
-        .await
-        .into_iter()
-        .sum();
+        let results = futures::future::join_all(caps.iter().map(|(i, capsule, repo, flavor)| {
+            // A pool Capsule's kills cost a relay lease (60 s) each: fewer rounds there.
+            let rounds = if *flavor == Flavor::Pool {
+                rounds.min(3)
+            } else {
+                rounds
+            };
+            workload(&stack, &sh, (*i, capsule, repo, *flavor), rounds)
+        }))
+        .await;
         done.store(true, Ordering::SeqCst);
-        submitted
+        results.into_iter().collect::<anyhow::Result<Vec<()>>>()
     };
-    let (submitted, killed) = tokio::join!(
+    let (worked, killed) = tokio::join!(
         work,
-        kill_loop(&stack, &mut procs, &mut rng, &done, max_kills)
+        kill_loop(&stack, &sh, &mut procs, &relay, &mut rng, &done, max_kills)
     );
-    let (kills, vanished) = killed?;
+    worked?;
+    let kills = killed?;
+    let workload_secs = started.elapsed().as_secs_f64();
 
-    // Let every Run end: leases expire (2 s), lost wake-ups are re-sent (4 s).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let open = loop {
-        let open: Vec<(uuid::Uuid, String)> = sqlx::query_as(
-            "SELECT id, status::text FROM runs WHERE status NOT IN ('planned', 'applied', 'failed', 'canceled', 'unknown_outcome')",
-        )
-        .fetch_all(&stack.ctx.pool)
-        .await?;
-        if open.is_empty() || Instant::now() > deadline {
-            break open;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
-    // Time for anything that would wrongly apply again (a re-queued apply) to show.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Every process is running again; let every Run end (leases expire in 2 s, a relay
+    // lease in 60 s, lost wake-ups are re-sent after 4 s) and nothing be left to run.
+    let open = quiescent(&stack, 150).await?;
 
-    let runs: Vec<(uuid::Uuid, String, String)> =
-        sqlx::query_as("SELECT id, kind::text, status::text FROM runs")
+    let runs: Vec<(uuid::Uuid, String, String, i32)> =
+        sqlx::query_as("SELECT id, kind::text, status::text, attempts FROM runs")
             .fetch_all(&stack.ctx.pool)
             .await?;
-    let apply_runs: Vec<&(uuid::Uuid, String, String)> =
-        runs.iter().filter(|r| r.1 == "apply").collect();
+    let accepted = sh
+        .accepted
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let by_run = stack.tool_count_by_run("apply");
     let tool_applies = stack.tool_count("apply");
     let run_text = |id: &uuid::Uuid| RunId::from_uuid(*id).to_string();
@@ -283,25 +796,103 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
     )
     .fetch_all(&stack.ctx.pool)
     .await?;
-    let double_applies = doubled.len() + sv_doubled.len();
+    let apply_runs: Vec<_> = runs.iter().filter(|r| r.1 == "apply").collect();
+    let applied = apply_runs.iter().filter(|r| r.2 == "applied").count();
     let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
     for r in &runs {
         *statuses.entry(format!("{}:{}", r.1, r.2)).or_default() += 1;
     }
-    let total_kills: usize = kills.values().sum();
+    let mut by_process: BTreeMap<&str, usize> = BTreeMap::new();
+    for ((kind, _), n) in &kills.by {
+        *by_process.entry(kind).or_default() += n;
+    }
+    let dead_collected = count(&stack, "SELECT count(*) FROM dead_letters").await?;
+    let dead_uncollected: u32 = stack
+        .ctx
+        .bus
+        .get()
+        .await?
+        .dead_letter_depths()
+        .await?
+        .iter()
+        .map(|q| q.depth)
+        .sum();
     probe::say(&format!(
-        "kill suite: runs {} (submitted {submitted}), kills {total_kills} {kills:?}, lost {}, double applies {double_applies}, vanished mid-apply {}, tool applies {tool_applies}, {:.0} s; {statuses:?}",
+        "kill suite: runs {} (accepted {}), applies {} of which applied {applied}, kills {} by process {by_process:?}, by phase {:?}, open {}, double applies {}, vanished mid-apply {}, tool applies {tool_applies}, workload {workload_secs:.0} s, total {:.0} s; {statuses:?}",
         runs.len(),
+        accepted.len(),
+        apply_runs.len(),
+        kills.total(),
+        kills.by,
         open.len(),
-        vanished.len(),
+        doubled.len() + sv_doubled.len(),
+        kills.vanished.len(),
         started.elapsed().as_secs_f64()
     ));
-    record("faults", "kill: runs", runs.len());
-    record("faults", "kill: SIGKILLs survived", total_kills);
-    record("faults", "kill: runs lost", open.len());
-    record("faults", "kill: double applies", double_applies);
+    let profile = if long { "long" } else { "medium" };
+    record("faults", &format!("kill ({profile}): runs"), runs.len());
+    record(
+        "faults",
+        &format!("kill ({profile}): applies succeeded"),
+        applied,
+    );
+    record(
+        "faults",
+        &format!("kill ({profile}): SIGKILLs"),
+        kills.total(),
+    );
+    for (kind, n) in &by_process {
+        record(
+            "faults",
+            &format!("kill ({profile}): SIGKILLs of {kind}"),
+            n,
+        );
+    }
+    for ((kind, phase), n) in &kills.by {
+        record(
+            "faults",
+            &format!("kill ({profile}): {kind} killed {phase}"),
+            n,
+        );
+    }
+    record(
+        "faults",
+        &format!("kill ({profile}): runs lost"),
+        open.len(),
+    );
+    record(
+        "faults",
+        &format!("kill ({profile}): double applies"),
+        doubled.len() + sv_doubled.len(),
+    );
 
-    assert!(open.is_empty(), "Runs never ended: {open:?}");
+    assert!(
+        open.is_empty(),
+        "not quiescent 150 s after the workload: {open:?}"
+    );
+    // The kills were real: enough of them, of every process, each aim hit.
+    assert!(
+        kills.total() >= min_kills,
+        "only {} kills (at least {min_kills})",
+        kills.total()
+    );
+    for kind in KINDS {
+        assert!(
+            by_process.contains_key(kind),
+            "{kind} was never killed: {:?}",
+            kills.by
+        );
+    }
+    for (kind, aim) in AIMS.iter().filter(|(_, a)| *a != ANY) {
+        assert!(
+            kills.landed.contains_key(&(*kind, *aim)),
+            "no kill of {kind} landed {aim}: {:?}",
+            kills.by
+        );
+    }
+    assert!(runs.len() >= min_runs, "only {} Runs", runs.len());
+
+    // Nothing applied twice.
     assert!(doubled.is_empty(), "applied twice: {doubled:?}");
     assert!(
         sv_doubled.is_empty(),
@@ -312,14 +903,64 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
         "{tool_applies} tool applies for {} apply Runs",
         apply_runs.len()
     );
-    // Every Run of the workload was recorded (none vanished without a row).
-    assert_eq!(
-        runs.len(),
-        submitted,
-        "submitted Runs missing from the store"
+
+    // No Run lost: every Run the API accepted exists; the only Runs the workload never
+    // heard of are drift checks whose answer an API kill lost (no idempotency key).
+    let ids: HashSet<uuid::Uuid> = runs.iter().map(|r| r.0).collect();
+    let missing: Vec<String> = accepted
+        .iter()
+        .filter(|(id, _)| !ids.contains(&id.as_uuid()))
+        .map(|(id, kind)| format!("{kind} {id}"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "accepted Runs missing from the store: {missing:?}"
     );
+    let known: HashSet<uuid::Uuid> = accepted.iter().map(|(id, _)| id.as_uuid()).collect();
+    let unknown: Vec<&(uuid::Uuid, String, String, i32)> =
+        runs.iter().filter(|r| !known.contains(&r.0)).collect();
+    assert!(
+        unknown.iter().all(|r| r.1 == "drift_check")
+            && unknown.len() <= sh.drift_retries.load(Ordering::SeqCst),
+        "Runs nobody submitted: {unknown:?} (drift checks sent again: {})",
+        sh.drift_retries.load(Ordering::SeqCst)
+    );
+
+    // Applies: those whose process died holding them are unknown_outcome and were not
+    // claimed again; every other apply was applied. The workload saw the same.
+    for id in &kills.vanished {
+        let (status, attempts): (String, i32) =
+            sqlx::query_as("SELECT status::text, attempts FROM runs WHERE id = $1")
+                .bind(id)
+                .fetch_one(&stack.ctx.pool)
+                .await?;
+        assert_eq!(status, "unknown_outcome", "{}", run_text(id));
+        assert_eq!(attempts, 1, "{} was claimed again", run_text(id));
+        assert!(by_run.get(&run_text(id)).copied().unwrap_or(0) <= 1);
+    }
+    let not_applied: Vec<String> = apply_runs
+        .iter()
+        .filter(|r| r.2 != "applied" && !kills.vanished.contains(&r.0))
+        .map(|r| format!("{} {} (attempts {})", run_text(&r.0), r.2, r.3))
+        .collect();
+    assert!(
+        not_applied.is_empty(),
+        "applies that no kill explains did not apply: {not_applied:?}"
+    );
+    assert_eq!(applied, sh.applied.load(Ordering::SeqCst));
+    assert!(
+        applied >= apply_runs.len() / 2 && applied > 0,
+        "{applied} of {} applies succeeded",
+        apply_runs.len()
+    );
+    assert_eq!(
+        (dead_collected, dead_uncollected),
+        (0, 0),
+        "dead-lettered under the kills"
+    );
+
     // Each Capsule's generations: an unbroken chain 1..n, at its current StateVersion.
-    for (capsule, _) in &caps {
+    for (_, capsule, _, _) in &caps {
         let svs: Vec<(uuid::Uuid, i64, uuid::Uuid)> = sqlx::query_as(
             "SELECT id, generation, run_id FROM state_versions WHERE capsule_id = $1 ORDER BY generation",
         )
@@ -329,6 +970,7 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
         let gens: Vec<i64> = svs.iter().map(|s| s.1).collect();
         let chain: Vec<i64> = (1..=i64::try_from(svs.len())?).collect();
         assert_eq!(gens, chain, "{}: generations are not 1..n", capsule.id);
+        assert!(!svs.is_empty(), "{}: nothing was ever applied", capsule.id);
         let now = stack.client.get_capsule(capsule.id).await?;
         assert_eq!(now.state_generation, i64::try_from(svs.len())?);
         assert_eq!(
@@ -348,21 +990,9 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
             );
         }
     }
-    // An apply whose process vanished mid-apply is unknown_outcome and was not re-applied.
-    for id in &vanished {
-        let (status, attempts): (String, i32) =
-            sqlx::query_as("SELECT status::text, attempts FROM runs WHERE id = $1")
-                .bind(id)
-                .fetch_one(&stack.ctx.pool)
-                .await?;
-        assert_eq!(status, "unknown_outcome", "{}", run_text(id));
-        assert_eq!(attempts, 1, "{} was claimed again", run_text(id));
-        assert!(by_run.get(&run_text(id)).copied().unwrap_or(0) <= 1);
-    }
-    for (kind, mut child) in procs {
+    for (_, mut child) in procs {
         child.start_kill()?;
         child.wait().await?;
-        let _ = kind;
     }
     stack.stop().await
 }
