@@ -18,6 +18,7 @@ use takosumi_seal::delivery::DeliveryKeyPair;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub mod canary;
 pub mod probe;
 pub mod services;
 
