@@ -15,7 +15,11 @@ use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
 /// base64 patterns are the part of the encoding that depends on the canary alone, for
 /// each of the three alignments it can have in a longer encoded blob.
 pub fn patterns(value: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
-    const B64: [&str; 3] = ["base64 (offset 0)", "base64 (offset 1)", "base64 (offset 2)"];
+    const B64: [&str; 3] = [
+        "base64 (offset 0)",
+        "base64 (offset 1)",
+        "base64 (offset 2)",
+    ];
     const B64URL: [&str; 3] = [
         "base64url (offset 0)",
         "base64url (offset 1)",
@@ -32,7 +36,10 @@ pub fn patterns(value: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         }
         let whole = (value.len() - start) / 3 * 3;
         let middle = &value[start..start + whole];
-        let (b64, url) = (STANDARD_NO_PAD.encode(middle), URL_SAFE_NO_PAD.encode(middle));
+        let (b64, url) = (
+            STANDARD_NO_PAD.encode(middle),
+            URL_SAFE_NO_PAD.encode(middle),
+        );
         // the same text when the canary's encoding has no `+` or `/`: one check
         if url != b64 {
             out.push((B64URL[offset], url.into_bytes()));
@@ -74,16 +81,14 @@ fn percent_decode(s: &[u8], form: bool) -> Vec<u8> {
     let mut i = 0;
     while i < s.len() {
         match s[i] {
-            b'%' if i + 2 < s.len() => {
-                match (hex_val(s[i + 1]), hex_val(s[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(h << 4 | l);
-                        i += 3;
-                        continue;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < s.len() => match (hex_val(s[i + 1]), hex_val(s[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 3;
+                    continue;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b'+' if form => out.push(b' '),
             b => out.push(b),
         }
@@ -182,11 +187,14 @@ pub fn assert_absent<C: AsRef<[u8]>>(place: &str, haystack: &[u8], canaries: &[C
     }
 }
 
+/// One canary of a sweep: its name, its value and its [`patterns`].
+type Entry = (String, Vec<u8>, Vec<(&'static str, Vec<u8>)>);
+
 /// A sweep: named canaries searched in every place a test hands it; it counts the places
 /// by kind and collects every leak rather than stopping at the first.
 #[derive(Debug, Default)]
 pub struct Sweep {
-    canaries: Vec<(String, Vec<u8>, Vec<(&'static str, Vec<u8>)>)>,
+    canaries: Vec<Entry>,
     places: BTreeMap<String, usize>,
     bytes: usize,
     leaks: Vec<String>,
@@ -366,7 +374,11 @@ mod tests {
                     "{enc}: the planted text holds the raw canary, the case proves nothing"
                 );
             }
-            assert_eq!(find(&hay, CANARY.as_bytes()).as_deref(), Some(want), "{enc}");
+            assert_eq!(
+                find(&hay, CANARY.as_bytes()).as_deref(),
+                Some(want),
+                "{enc}"
+            );
             let mut sweep = Sweep::new();
             sweep.add("c", CANARY);
             sweep.check("place", enc, &hay);
@@ -409,7 +421,11 @@ mod tests {
             data.extend_from_slice(CANARY.as_bytes());
             let hay = STANDARD.encode(&data).into_bytes();
             for (i, p) in b64.iter().enumerate() {
-                assert_eq!(contains(&hay, p), i == offset, "offset {offset}, pattern {i}");
+                assert_eq!(
+                    contains(&hay, p),
+                    i == offset,
+                    "offset {offset}, pattern {i}"
+                );
             }
         }
         // and every pattern differs from every other one
@@ -443,7 +459,9 @@ mod tests {
 
     #[test]
     fn binary_canaries_are_found_too() {
-        let key: Vec<u8> = (0u8..32).map(|i| i.wrapping_mul(97).wrapping_add(13)).collect();
+        let key: Vec<u8> = (0u8..32)
+            .map(|i| i.wrapping_mul(97).wrapping_add(13))
+            .collect();
         let mut sealed = b"TKS1\x06test-1".to_vec();
         sealed.extend_from_slice(&key);
         assert_eq!(find(&sealed, &key).as_deref(), Some("raw"));

@@ -315,12 +315,9 @@ async fn hostile_run_in(
         served.push_str(&serde_json::to_string(&stack.client.get_run(run).await?)?);
     }
     for (what, value) in canaries {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(value);
-        assert!(!served.contains(value.as_str()), "the {what} is served");
-        assert!(
-            !served.contains(&b64),
-            "the {what} is served base64-encoded"
-        );
+        if let Some(how) = takosumi_tests::canary::find(served.as_bytes(), value.as_bytes()) {
+            panic!("the {what} is served ({how})");
+        }
     }
     if let Host::Relay { pool } = host {
         let claimer = stack

@@ -7,7 +7,6 @@
 //! sandbox (only the environment it was given, no checkout escapes, the tool's process
 //! group killed) in `shared/runner/tests/sandbox.rs`.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -16,8 +15,10 @@ use takosumi_api::{Access, Action, Scope};
 use takosumi_client::{Capsule, NewCapsule, PlanRequest, Source};
 use takosumi_core::{Outcome, RunId, RunMessage, RunStatus};
 use takosumi_seal::Purpose;
+use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::probe::{self, record};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
+use takosumi_tests::{canary, keys_env};
 
 async fn register(
     stack: &Stack,
@@ -917,9 +918,11 @@ async fn tampered_plans_and_states_are_refused_with_their_codes() -> anyhow::Res
     stack.stop().await
 }
 
-/// A Capsule whose plan carries a sensitive variable, a sensitive output, and a
-/// ProviderBinding credential that a provisioner prints; `fail` makes the apply fail
-/// after printing both.
+/// A Capsule whose plan carries a sensitive variable, a sensitive output whose value is
+/// no input (`minted`: only the plan's sensitive marker names it), and whose provisioner
+/// prints every credential kind and the sensitive variable; `fail` makes the apply fail
+/// after printing them. The defaults let a drift check (which gets no sensitive variables)
+/// plan it too.
 fn canary_config(fail: bool) -> String {
     let tail = if fail { "; exit 3" } else { "" };
     format!(
@@ -927,9 +930,19 @@ fn canary_config(fail: bool) -> String {
   type = string
 }}
 
+variable "seed" {{
+  type    = string
+  default = "none"
+}}
+
 variable "db_password" {{
   type      = string
   sensitive = true
+  default   = "unset"
+}}
+
+locals {{
+  minted = "CanaryOut${{substr(sha256(var.seed), 0, 20)}}&<>"
 }}
 
 resource "null_resource" "echo" {{
@@ -937,7 +950,8 @@ resource "null_resource" "echo" {{
     region = var.region
   }}
   provisioner "local-exec" {{
-    command = "echo token=$CANARY_CLOUD_TOKEN; echo pw=${{nonsensitive(var.db_password)}}{tail}"
+    command     = "echo token=$CANARY_CLOUD_TOKEN tk=$TAKOSUMI_TOKEN cmd=$CMD_CRED pw=$PW{tail}"
+    environment = {{ PW = nonsensitive(var.db_password) }}
   }}
 }}
 
@@ -949,28 +963,255 @@ output "conn" {{
   value     = "postgres://app:${{var.db_password}}@db"
   sensitive = true
 }}
+
+output "minted" {{
+  value     = local.minted
+  sensitive = true
+}}
 "#
     )
 }
 
-fn encodings(secret: &str) -> Vec<String> {
-    vec![
-        secret.to_owned(),
-        base64::engine::general_purpose::STANDARD.encode(secret),
-        hex_of(secret.as_bytes()),
-    ]
+/// The value `canary_config`'s `minted` output takes for `seed`.
+fn minted(seed: &str) -> String {
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(seed.as_bytes()));
+    format!("CanaryOut{}&<>", &digest[..20])
 }
 
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A Capsule of `repo` in `ws` with `vars`.
+async fn register_with(
+    stack: &Stack,
+    ws: takosumi_core::WorkspaceId,
+    repo: &GitRepo,
+    vars: Value,
+) -> anyhow::Result<Capsule> {
+    let req = NewCapsule {
+        name: format!("c-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+        source: Source {
+            repo: repo.url(),
+            branch: "main".into(),
+        },
+        dir: "infra/canary".into(),
+        tool: "terraform".into(),
+        vars: vars.as_object().cloned().unwrap_or_default(),
+    };
+    Ok(stack.client.create_capsule(ws, &req).await?)
 }
 
-/// The promise: no credential, sensitive variable or sensitive output value is ever
-/// stored, logged or answered in clear. After a successful and a failed plan + apply
-/// whose tool prints a credential and a sensitive variable, every row of every table,
-/// every object's raw bytes, every API response and every log line of the API, plan,
-/// gate and apply processes is searched for each canary (as text, base64 and hex): zero
-/// hits. Each Run's private directory is gone afterwards, on success and on failure.
+/// The password in a `scheme://user:password@host/…` URL.
+fn url_password(url: &str) -> String {
+    url.split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, p)| p.to_owned())
+        .unwrap_or_else(|| panic!("no password in a settings URL"))
+}
+
+/// The services' log files the local stack writes (Postgres, RabbitMQ, the S3 server) and
+/// their current lengths: the sweep reads what was appended after this.
+fn service_logs() -> Vec<(std::path::PathBuf, u64)> {
+    let stack_dir =
+        std::env::var("TAKOSUMI_STACK").unwrap_or_else(|_| "/var/tmp/takosumi-stack".into());
+    let mut out = Vec::new();
+    for dir in [
+        "/var/log/postgresql".to_owned(),
+        "/var/log/rabbitmq".to_owned(),
+        format!("{stack_dir}/logs"),
+    ] {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.extension().is_some_and(|x| x == "log")
+                && let Ok(meta) = std::fs::metadata(&path)
+            {
+                out.push((path, meta.len()));
+            }
+        }
+    }
+    out
+}
+
+/// What `path` got after its first `from` bytes (`None`: unreadable).
+fn appended(path: &std::path::Path, from: u64) -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    f.seek(SeekFrom::Start(from)).ok()?;
+    let mut out = Vec::new();
+    f.read_to_end(&mut out).ok()?;
+    Some(out)
+}
+
+/// A relay worker process of a pool, logging at debug level to `log`.
+fn spawn_relay_logged(
+    stack: &Stack,
+    token: &str,
+    keys: &str,
+    work: &std::path::Path,
+    log: &std::path::Path,
+) -> anyhow::Result<tokio::process::Child> {
+    let env = stack.env_vars();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    Ok(
+        tokio::process::Command::new(takosumi_tests::binary("takosumi-relay")?)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", DEBUG_LOG)
+            .env("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url)
+            .env("TAKOSUMI_POOL_TOKEN", token)
+            .env("TAKOSUMI_DELIVERY_KEYS", keys)
+            .env("TAKOSUMI_TERRAFORM_BIN", &env["TAKOSUMI_TERRAFORM_BIN"])
+            .env("TAKOSUMI_TF_CLI_CONFIG", &env["TAKOSUMI_TF_CLI_CONFIG"])
+            .env(
+                "TAKOSUMI_SANDBOX_RO_PATHS",
+                &env["TAKOSUMI_SANDBOX_RO_PATHS"],
+            )
+            .env(
+                "TAKOSUMI_SANDBOX_RW_PATHS",
+                &env["TAKOSUMI_SANDBOX_RW_PATHS"],
+            )
+            .env("TAKOSUMI_WORK_DIR", work)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::from(file.try_clone()?))
+            .stderr(std::process::Stdio::from(file))
+            .kill_on_drop(true)
+            .spawn()?,
+    )
+}
+
+/// Every process at debug level, less the libraries' own chatter.
+const DEBUG_LOG: &str = "debug,sqlx=warn,lapin=info,aws_smithy_runtime=info,aws_smithy_runtime_api=info,aws_config=info,aws_sdk_s3=info,hyper=info,hyper_util=info,h2=info,rustls=info,tower=info,reqwest=info";
+
+/// Every message published in the stack's vhost, through RabbitMQ's firehose: tracing is
+/// turned on for the vhost and a queue bound to `amq.rabbitmq.trace` gets a copy of each
+/// publish, whatever its exchange or routing key (step queues, pool queues, dead letters).
+struct Tap {
+    conn: lapin::Connection,
+    channel: lapin::Channel,
+}
+
+const TAP_QUEUE: &str = "canary.tap";
+
+impl Tap {
+    async fn start(stack: &Stack) -> anyhow::Result<Self> {
+        let amqp = stack.env_vars()["TAKOSUMI_AMQP_URL"].clone();
+        let vhost = amqp
+            .rsplit_once('/')
+            .map(|(_, v)| v.to_owned())
+            .unwrap_or_default();
+        let mgmt = std::env::var("TAKOSUMI_RABBITMQ_MGMT_URL")?;
+        reqwest::Client::new()
+            .put(format!("{mgmt}/api/vhosts/{vhost}"))
+            .basic_auth(
+                std::env::var("TAKOSUMI_RABBITMQ_MGMT_USER")?,
+                Some(std::env::var("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?),
+            )
+            .json(&json!({ "tracing": true }))
+            .send()
+            .await?
+            .error_for_status()?;
+        let conn =
+            lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await?;
+        let channel = conn.create_channel().await?;
+        channel
+            .queue_declare(
+                TAP_QUEUE.into(),
+                lapin::options::QueueDeclareOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                TAP_QUEUE.into(),
+                "amq.rabbitmq.trace".into(),
+                "publish.#".into(),
+                lapin::options::QueueBindOptions::default(),
+                lapin::types::FieldTable::default(),
+            )
+            .await?;
+        Ok(Self { conn, channel })
+    }
+
+    /// Closes the tap's connection (before the vhost goes).
+    async fn close(self) -> anyhow::Result<()> {
+        self.conn.close(200, "done".into()).await?;
+        Ok(())
+    }
+
+    /// Every copy so far: `(routing key of the copy, properties and headers, body)`.
+    async fn drain(&self) -> anyhow::Result<Vec<(String, String, Vec<u8>)>> {
+        let mut out = Vec::new();
+        while let Some(m) = self
+            .channel
+            .basic_get(
+                TAP_QUEUE.into(),
+                lapin::options::BasicGetOptions { no_ack: true },
+            )
+            .await?
+        {
+            let d = m.delivery;
+            out.push((
+                d.routing_key.to_string(),
+                format!("{:?}", d.properties),
+                d.data,
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// Waits until every Run of `ws` of `kind` is terminal and there are at least `n`.
+async fn wait_runs_of(
+    stack: &Stack,
+    ws: takosumi_core::WorkspaceId,
+    kind: takosumi_core::RunKind,
+    n: usize,
+) -> anyhow::Result<Vec<takosumi_client::Run>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let page = stack
+            .client
+            .list_runs(
+                ws,
+                &takosumi_client::RunQuery {
+                    kind: Some(kind),
+                    limit: Some(100),
+                    ..takosumi_client::RunQuery::default()
+                },
+            )
+            .await?;
+        if page.runs.len() >= n {
+            let mut done = Vec::new();
+            for r in &page.runs {
+                done.push(stack.wait(r.id).await?);
+            }
+            return Ok(done);
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{} {kind:?} Runs of {ws}, want {n}",
+            page.runs.len()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The promise: no credential (of every kind: env, token, command), sensitive variable,
+/// sensitive output or secret of the server's own (seal key, evidence key, admin token,
+/// database, broker and S3 passwords, a pool's token and delivery key) is ever stored,
+/// logged, published or answered in clear or in any common encoding. Runs go through
+/// every process kind, each its own logged process at debug level — the API (with its
+/// outbox relay and reaper), plan, gate, approve, apply, drift, a sweep pass and a pool's
+/// relay worker — a successful apply held for approval, a failed one, a pool's plan and
+/// apply, and the sweep's drift checks on the control node and on the pool. Then every
+/// canary is searched ([`takosumi_tests::canary`]: raw, base64/base64url at all three
+/// alignments, hex, URL- and JSON-escaped) in every process's log, the services' logs
+/// (Postgres logging every statement of the test's database with its parameters,
+/// RabbitMQ, the S3 server), every message published in the vhost (RabbitMQ's firehose),
+/// every row of every table, every stored object's raw bytes (each must be sealed) and
+/// every API response: zero hits. Each Run's private directory is gone afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
     let stack = Stack::start_with(Options {
@@ -983,12 +1224,29 @@ async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
         ..Options::default()
     })
     .await?;
+    // Postgres logs every statement of this database, with its parameters, from here on
+    // (the step processes connect after this): what the processes send it is swept too.
+    let db: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{db}\" SET log_statement = 'all'"
+    ))
+    .execute(&stack.ctx.pool)
+    .await?;
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{db}\" SET log_parameter_max_length = -1"
+    ))
+    .execute(&stack.ctx.pool)
+    .await?;
+    let services = service_logs();
+    let tap = Tap::start(&stack).await?;
+
     let logs = tempfile::tempdir()?;
-    let log = logs.path().join("processes.log");
-    let debug = "debug,sqlx=warn,lapin=info,aws_smithy_runtime=info,aws_smithy_runtime_api=info,aws_config=info,aws_sdk_s3=info,hyper=info,hyper_util=info,h2=info,rustls=info,tower=info,reqwest=info";
+    let log_of = |p: &str| logs.path().join(format!("{p}.log"));
     let mut procs = Vec::new();
-    for step in ["api", "plan", "gate", "apply"] {
-        procs.push(stack.spawn_process_logged(step, &[("RUST_LOG", debug)], &log)?);
+    for step in ["api", "plan", "gate", "approve", "apply", "drift"] {
+        procs.push(stack.spawn_process_logged(step, &[("RUST_LOG", DEBUG_LOG)], &log_of(step))?);
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while probe::call(&stack, "GET", "/healthz", None, &[], None)
@@ -999,69 +1257,244 @@ async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
     {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the API process never answered"
+            "the API process never answered: {}",
+            std::fs::read_to_string(log_of("api")).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let cred = format!("CanaryCred{}", &id[..16]);
-    let var = format!("CanaryVar{}", &id[16..]);
-    let canaries = [cred.clone(), var.clone()];
+    // Characters that URL and JSON encoders escape, so those encodings are searched for
+    // something that differs from the raw value.
+    let cred = format!("CanaryCred{}+/=", &id[..16]);
+    let token = format!("CanaryTok{}+/=", &id[16..]);
+    let cmd = format!("CanaryCmd{}+/=", &id[..16]);
+    let var = format!("CanaryVar{}&+/=", &id[16..]);
+    let seed = format!("seed-{id}");
+    let out = minted(&seed);
+    let relay_cred = format!("CanaryRelayCred{}+/=", &id[..12]);
+    let relay_var = format!("CanaryRelayVar{}&+/=", &id[12..24]);
+    let relay_seed = format!("relay-seed-{id}");
+    let relay_out = minted(&relay_seed);
+
+    let mut sweep = canary::Sweep::new();
+    sweep.add("env credential", &cred);
+    sweep.add("token credential", &token);
+    sweep.add("command credential", &cmd);
+    sweep.add("sensitive variable", &var);
+    sweep.add("sensitive output", &out);
+    sweep.add("pool env credential", &relay_cred);
+    sweep.add("pool sensitive variable", &relay_var);
+    sweep.add("pool sensitive output", &relay_out);
+    let vars = stack.env_vars().clone();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    sweep.add("seal key", &vars["TAKOSUMI_SEAL_KEY"]);
+    sweep.add("seal key (bytes)", b64.decode(&vars["TAKOSUMI_SEAL_KEY"])?);
+    sweep.add("evidence key", &vars["TAKOSUMI_EVIDENCE_KEY"]);
+    if let Ok(seed) = b64.decode(&vars["TAKOSUMI_EVIDENCE_KEY"]) {
+        sweep.add("evidence key (bytes)", seed);
+    }
+    sweep.add("admin token", &stack.admin_token);
+    sweep.add(
+        "database password",
+        url_password(&vars["TAKOSUMI_DATABASE_URL"]),
+    );
+    sweep.add("broker password", url_password(&vars["TAKOSUMI_AMQP_URL"]));
+    sweep.add("S3 secret key", &vars["TAKOSUMI_S3_SECRET_KEY"]);
+
     let mut responses: Vec<String> = Vec::new();
     let admin = stack.admin_token.clone();
-
     let ws = workspace(&stack).await?;
     let good = GitRepo::new(&[("infra/canary/main.tf", &canary_config(false))])?;
     let bad = GitRepo::new(&[("infra/canary/main.tf", &canary_config(true))])?;
-    let binding_body =
-        json!({"name": "cloud", "kind": "env", "env": {"CANARY_CLOUD_TOKEN": cred}}).to_string();
-    let r = probe::call(
-        &stack,
-        "POST",
-        &format!("/api/v1/workspaces/{ws}/provider-bindings"),
-        Some(&admin),
-        &[],
-        Some(binding_body.as_bytes()),
-    )
-    .await?;
-    assert_eq!(r.status, 201, "{}", r.text);
-    responses.push(r.text.clone());
-    let pb = r.json["id"].as_str().unwrap().to_owned();
-    let mut applies = Vec::new();
-    let mut all_runs = Vec::new();
-    let mut capsules = Vec::new();
-    for repo in [&good, &bad] {
-        let capsule = register(&stack, ws, repo, "infra/canary").await?;
-        capsules.push(capsule.id);
-        let body = format!(r#"{{"bindingId":"{pb}"}}"#);
+    let fixtures = takosumi_tests::fixture_dir()?;
+    let cmd_file = fixtures.path().join("cmd-cred");
+    std::fs::write(&cmd_file, format!("{cmd}\n"))?;
+    let mut bindings = Vec::new();
+    for body in [
+        json!({"name": "cloud", "kind": "env", "env": {"CANARY_CLOUD_TOKEN": cred}}),
+        json!({"name": "ci", "kind": "token", "token": token}),
+        json!({"name": "vault", "kind": "command", "command": ["/bin/cat", cmd_file.display().to_string()], "envName": "CMD_CRED"}),
+    ] {
+        let text = body.to_string();
         let r = probe::call(
             &stack,
             "POST",
-            &format!("/api/v1/capsules/{}/provider-bindings", capsule.id),
+            &format!("/api/v1/workspaces/{ws}/provider-bindings"),
             Some(&admin),
             &[],
-            Some(body.as_bytes()),
+            Some(text.as_bytes()),
         )
         .await?;
-        assert!(r.status < 300, "{}", r.text);
-        responses.push(r.text);
+        assert_eq!(r.status, 201, "{}", r.text);
+        responses.push(r.text.clone());
+        bindings.push(r.json["id"].as_str().unwrap().to_owned());
+    }
+    let (approver, _) = stack.token("canary-approver", "approver").await?;
+    let mut applies = Vec::new();
+    let mut all_runs = Vec::new();
+    let mut capsules = Vec::new();
+    for (repo, held) in [(&good, true), (&bad, false)] {
+        let capsule =
+            register_with(&stack, ws, repo, json!({ "region": "eu", "seed": seed })).await?;
+        capsules.push(capsule.id);
+        for pb in &bindings {
+            let body = format!(r#"{{"bindingId":"{pb}"}}"#);
+            let r = probe::call(
+                &stack,
+                "POST",
+                &format!("/api/v1/capsules/{}/provider-bindings", capsule.id),
+                Some(&admin),
+                &[],
+                Some(body.as_bytes()),
+            )
+            .await?;
+            assert!(r.status < 300, "{}", r.text);
+            responses.push(r.text);
+        }
         let mut req = PlanRequest::default();
         req.sensitive_vars
             .insert("db_password".into(), Value::String(var.clone()));
         let plan = stack.client.plan_with(capsule.id, None, &req).await?;
         let plan = stack.wait(plan.id).await?;
         assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
-        let apply = stack
-            .wait(stack.client.apply(plan.id, None).await?.id)
-            .await?;
+        let apply = if held {
+            // Held for approval: the approve process releases it.
+            let (s, v) = stack
+                .call(
+                    "POST",
+                    &format!("/api/v1/runs/{}/apply", plan.id),
+                    json!({ "requireApproval": true }),
+                )
+                .await?;
+            assert_eq!(s, 202, "{v}");
+            let run: RunId = v["id"].as_str().unwrap_or_default().parse()?;
+            let run = stack.wait(run).await?;
+            assert_eq!(run.status, RunStatus::Held, "{run:?}");
+            let (s, v) = stack.approve_as(run.id, &approver, json!({})).await?;
+            assert_eq!(s, 200, "{v}");
+            stack.wait_released(run.id).await?
+        } else {
+            stack
+                .wait(stack.client.apply(plan.id, None).await?.id)
+                .await?
+        };
         all_runs.extend([plan.id, apply.id]);
         applies.push(apply);
     }
     assert_eq!(applies[0].status, RunStatus::Applied, "{:?}", applies[0]);
     assert_eq!(applies[1].status, RunStatus::Failed, "{:?}", applies[1]);
-    // The tool did print them: the logs show the masked lines.
+    // The Runs really had every canary: the tool printed them all (masked), and the
+    // sensitive outputs exist.
     let printed = stack.client.logs(applies[0].id).await?;
-    assert!(printed.contains("token="), "{printed}");
+    assert!(
+        printed.contains("token=*** tk=*** cmd=*** pw=***"),
+        "{printed}"
+    );
+    let outputs = applies[0].outputs.clone().unwrap_or_default();
+    assert_eq!(outputs["minted"], json!({ "sensitive": true }), "{outputs}");
+    assert_eq!(outputs["conn"], json!({ "sensitive": true }), "{outputs}");
+
+    // A pool's Capsule, planned and applied by its relay worker process.
+    let pool_ws = workspace(&stack).await?;
+    let pool = format!("canary-{}", &id[..8]);
+    let key = DeliveryKeyPair::generate("k1")?;
+    let (s, created) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{pool_ws}/pools"),
+            json!({ "name": pool, "deliveryKey": { "keyId": key.key_id(), "publicKey": b64.encode(key.public().public) } }),
+        )
+        .await?;
+    assert_eq!(s, 201, "{created}");
+    let pool_token = created["token"].as_str().unwrap().to_owned();
+    let keys = keys_env(&[&key]);
+    sweep.add("pool token", &pool_token);
+    sweep.add("delivery key", keys.split_once('=').unwrap().1);
+    sweep.add("delivery key (bytes)", &key.private_bytes()[..]);
+    let relay_work = tempfile::tempdir()?;
+    procs.push(spawn_relay_logged(
+        &stack,
+        &pool_token,
+        &keys,
+        relay_work.path(),
+        &log_of("relay"),
+    )?);
+    let pool_cap = register_with(
+        &stack,
+        pool_ws,
+        &good,
+        json!({ "region": "eu", "seed": relay_seed }),
+    )
+    .await?;
+    capsules.push(pool_cap.id);
+    let (s, v) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{pool_ws}/provider-bindings"),
+            json!({"name": "cloud", "kind": "env", "env": {"CANARY_CLOUD_TOKEN": relay_cred}}),
+        )
+        .await?;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/capsules/{}/provider-bindings", pool_cap.id),
+            json!({ "bindingId": v["id"] }),
+        )
+        .await?;
+    assert!(s < 300, "{v}");
+    let (s, v) = stack
+        .call(
+            "PUT",
+            &format!("/api/v1/capsules/{}/pool", pool_cap.id),
+            json!({ "pool": pool }),
+        )
+        .await?;
+    assert_eq!(s, 200, "{v}");
+    let mut req = PlanRequest::default();
+    req.sensitive_vars
+        .insert("db_password".into(), Value::String(relay_var.clone()));
+    let plan = stack
+        .wait(stack.client.plan_with(pool_cap.id, None, &req).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    let printed = stack.client.logs(apply.id).await?;
+    assert!(printed.contains("token=*** "), "{printed}");
+    assert!(printed.contains("pw=***"), "{printed}");
+    all_runs.extend([plan.id, apply.id]);
+
+    // The sweep process enqueues both workspaces' drift checks; the drift process and the
+    // relay worker run them.
+    for w in [ws, pool_ws] {
+        let (s, b) = stack
+            .call(
+                "PATCH",
+                &format!("/api/v1/workspaces/{w}/settings"),
+                json!({ "driftIntervalSecs": 3600 }),
+            )
+            .await?;
+        assert_eq!(s, 200, "{b}");
+    }
+    let status = stack
+        .spawn_step(
+            "sweep",
+            &["--once"],
+            &[("RUST_LOG", DEBUG_LOG)],
+            Some(&log_of("sweep")),
+        )?
+        .wait()
+        .await?;
+    assert!(status.success(), "the sweep pass failed: {status}");
+    for (w, n) in [(ws, 1), (pool_ws, 1)] {
+        for run in wait_runs_of(&stack, w, takosumi_core::RunKind::DriftCheck, n).await? {
+            assert_eq!(run.status, RunStatus::Planned, "{run:?}");
+            all_runs.push(run.id);
+        }
+    }
 
     // Every API response about what happened.
     for run in &all_runs {
@@ -1132,43 +1565,95 @@ async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
         p.wait().await?;
     }
 
-    let mut places: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut leaks: Vec<String> = Vec::new();
-    let mut check = |place: &'static str, what: &str, text: &str| {
-        *places.entry(place).or_default() += 1;
-        for c in &canaries {
-            for enc in encodings(c) {
-                if text.contains(&enc) {
-                    leaks.push(format!("{place} {what}"));
-                }
-            }
-        }
-    };
-    for (table, row) in probe::dump_tables(&stack.ctx.pool).await? {
-        check("table row", &table, &row);
+    // Every process's log.
+    let mut process_logs = 0;
+    for step in [
+        "api", "plan", "gate", "approve", "apply", "drift", "sweep", "relay",
+    ] {
+        let text = std::fs::read(log_of(step))?;
+        assert!(!text.is_empty(), "the {step} process logged nothing");
+        sweep.check("process log", step, &text);
+        process_logs += 1;
     }
-    for (key, bytes) in probe::dump_objects(&stack).await? {
-        check("object", &key, &String::from_utf8_lossy(&bytes));
+    // Every message published in the vhost.
+    let messages = tap.drain().await?;
+    tap.close().await?;
+    assert!(
+        messages.len() >= all_runs.len(),
+        "the firehose saw {} publishes for {} Runs",
+        messages.len(),
+        all_runs.len()
+    );
+    for (key, props, body) in &messages {
+        sweep.check("message", key, body);
+        sweep.check("message properties", key, props.as_bytes());
+    }
+    // Every row of every table: a token is stored as its digest, a credential and a
+    // sensitive variable sealed, so no canary is exempt anywhere.
+    let rows = probe::dump_tables(&stack.ctx.pool).await?;
+    let tables: std::collections::BTreeSet<&str> = rows.iter().map(|(t, _)| t.as_str()).collect();
+    for (table, row) in &rows {
+        sweep.check("table row", table, row.as_bytes());
+    }
+    // Every object: sealed, and no canary in its raw bytes.
+    let objects = probe::dump_objects(&stack).await?;
+    assert!(objects.len() >= 4, "plans and applies store objects");
+    for (key, bytes) in &objects {
+        assert!(
+            bytes.starts_with(takosumi_seal::MAGIC) || bytes.starts_with(takosumi_seal::MAGIC_V2),
+            "object {key} is not sealed"
+        );
+        sweep.check("object", key, bytes);
     }
     for r in &responses {
-        check("API response", "", r);
+        sweep.check("API response", "", r.as_bytes());
     }
-    let log_text = std::fs::read_to_string(&log)?;
-    assert!(log_text.contains("handled"), "the processes logged nothing");
-    for line in log_text.lines() {
-        check("log line", "", line);
+    // The services' logs: what they appended while the test ran. Postgres logged this
+    // database's statements with their parameters (so a value sent unsealed is caught).
+    let mut service_logs_read = 0;
+    for (path, from) in &services {
+        let Some(text) = appended(path, *from) else {
+            probe::say(&format!("canary sweep: {} is unreadable", path.display()));
+            continue;
+        };
+        if path.starts_with("/var/log/postgresql") {
+            let t = String::from_utf8_lossy(&text);
+            assert!(
+                t.contains(&format!("@{db} LOG:  statement:"))
+                    || t.contains(&format!("@{db} LOG:  execute")),
+                "Postgres logged no statement of {db} in {}",
+                path.display()
+            );
+        }
+        sweep.check("service log", &path.display().to_string(), &text);
+        service_logs_read += 1;
     }
-    let leaked = leaks.len();
+    let places = sweep.places().clone();
+    let leaks = sweep.leaks().to_vec();
     probe::say(&format!(
-        "canary sweep: searched {places:?}; leaks {leaked}"
+        "canary sweep: {} canaries ({:?}) in {places:?} ({} bytes, {} tables, {} messages, {} objects, {service_logs_read} service logs); leaks {}",
+        sweep.len(),
+        sweep.names(),
+        sweep.bytes(),
+        tables.len(),
+        messages.len(),
+        objects.len(),
+        leaks.len()
     ));
+    record("security", "canary sweep: canaries", sweep.len());
+    record("security", "canary sweep: process logs", process_logs);
+    record("security", "canary sweep: service logs", service_logs_read);
+    record("security", "canary sweep: tables", tables.len());
+    record("security", "canary sweep: table rows", rows.len());
+    record("security", "canary sweep: objects", objects.len());
+    record("security", "canary sweep: messages", messages.len());
     record(
         "security",
-        "canary sweep: places searched",
-        places.values().sum::<usize>(),
+        "canary sweep: canaries x places",
+        sweep.len() * places.values().sum::<usize>(),
     );
-    record("security", "canary sweep: leaks found", leaked);
-    assert!(leaks.is_empty(), "canary found in: {leaks:?}");
+    record("security", "canary sweep: leaks found", leaks.len());
+    assert!(leaks.is_empty(), "canary found in: {leaks:#?}");
 
     // The private directories are gone, after success and after failure.
     let work = std::path::PathBuf::from(&stack.env_vars()["TAKOSUMI_WORK_DIR"]);
