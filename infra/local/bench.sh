@@ -34,7 +34,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/takosumi-target}
 log "cargo build --release (the step binaries, the bench binary, the no-op tool, the Criterion benches)"
 # One command for bins and benches: the benches' dev-dependencies change some crates' features,
 # and building both together lets `cargo bench` below reuse every artifact.
-cargo build --release --bins --benches -p takosumi-api -p takosumi-plan -p takosumi-gate -p takosumi-apply -p takosumi-bench
+cargo build --release --bins --benches -p takosumi-api -p takosumi-plan -p takosumi-gate -p takosumi-apply -p takosumi-sweep -p takosumi-bench
 log "cargo bench -p takosumi-bench (Criterion: seal/unseal)"
 cargo bench -p takosumi-bench
 log "takosumi-bench $*"

@@ -12,7 +12,7 @@ echo "== Fault and security suite =="
 sort -s -t$'\t' -k1,1 "$FILE" | awk -F'\t' '
     NF < 3 { next }
     { printf "  %-10s %-45s %s\n", $1, $2, $3 }
-    $2 ~ /SIGKILLs survived|restarts survived|SIGTERMs survived|poison messages|tampered artifacts refused/ { faults += $3 }
+    $2 ~ /SIGKILLs survived|restarts survived|hard crashes survived|SIGTERMs survived|poison messages|tampered artifacts refused/ { faults += $3 }
     $2 ~ /inputs tried|role matrix: calls/ { inputs += $3 }
     $2 ~ /leaks found/ { leaks += $3; swept = 1 }
     $2 ~ /runs lost|double applies|5xx or changed-on-4xx found/ { broken += $3 }

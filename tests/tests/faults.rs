@@ -838,7 +838,7 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
     );
     record(
         "faults",
-        &format!("kill ({profile}): SIGKILLs"),
+        &format!("kill ({profile}): SIGKILLs survived"),
         kills.total(),
     );
     for (kind, n) in &by_process {

@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::cost::{Catalogue, PlanResources, estimate};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, WorkspaceId};
-use takosumi_store::records::{self, RecordExtras, RunCursor, RunFilter};
+use takosumi_store::records::{self, RunCursor, RunFilter};
 use takosumi_store::{activity, events, runs, workspaces};
 
 use crate::auth::{Action, Caller};
@@ -187,14 +187,15 @@ fn note_text(raw: &str, field: &'static str) -> Result<String, ApiError> {
 /// A Run as the API shows it, with the record's extras: a pending cancel request and the
 /// resolution of an `unknown_outcome` apply.
 pub(crate) fn run_view(run: &runs::Run) -> Value {
-    let mut view = with_extras(views::run(run), &run.extras());
+    let mut view = with_extras(views::run(run), run);
     // How an apply submission ran: `one_step` (apply -auto-approve, no saved plan) or a
     // plan it proposed its apply from; null for the ordinary paths.
     view["applyMode"] = json!(run.apply_mode);
     view
 }
 
-fn with_extras(mut view: Value, x: &RecordExtras) -> Value {
+/// The record's cancel request and resolution, beside the Run's own fields.
+fn with_extras(mut view: Value, x: &runs::Run) -> Value {
     if let Value::Object(m) = &mut view {
         m.insert("cancelRequestedAt".into(), json!(x.cancel_requested_at));
         m.insert("cancelRequestedBy".into(), json!(x.cancel_requested_by));

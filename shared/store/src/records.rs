@@ -182,24 +182,6 @@ pub async fn resolve_unknown(
     Ok(done.rows_affected() == 1)
 }
 
-/// The parts of the record the public projection adds to the Run row.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecordExtras {
-    /// When a cancel was requested of the running step.
-    pub cancel_requested_at: Option<DateTime<Utc>>,
-    /// Who requested it.
-    pub cancel_requested_by: Option<String>,
-    /// `mark_resolved`, `restore_held_state` or `attach_state`, for a resolved
-    /// `unknown_outcome` Run.
-    pub resolution_action: Option<String>,
-    /// The operator's note.
-    pub resolution_note: Option<String>,
-    /// Who resolved it.
-    pub resolved_by: Option<String>,
-    /// When.
-    pub resolved_at: Option<DateTime<Utc>>,
-}
-
 /// Filters of a Workspace's Run history.
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {

@@ -8,7 +8,6 @@ use takosumi_core::{
     StateVersionId, WorkspaceId,
 };
 
-use crate::records::RecordExtras;
 use crate::{StoreError, Tx};
 
 /// A Run row, private fields included. Public projections are built from it by the API
@@ -113,18 +112,6 @@ pub struct Run {
 }
 
 impl Run {
-    /// The parts of the record the public projection adds to the Run's own fields.
-    pub fn extras(&self) -> RecordExtras {
-        RecordExtras {
-            cancel_requested_at: self.cancel_requested_at,
-            cancel_requested_by: self.cancel_requested_by.clone(),
-            resolution_action: self.resolution_action.clone(),
-            resolution_note: self.resolution_note.clone(),
-            resolved_by: self.resolved_by.clone(),
-            resolved_at: self.resolved_at,
-        }
-    }
-
     /// The change counts, if recorded.
     pub fn changes(&self) -> Option<Changes> {
         self.changes

@@ -44,6 +44,10 @@ async fn measure_list(
     let t = Instant::now();
     let wss: Vec<uuid::Uuid> = (0..WORKSPACES).map(|_| uuid::Uuid::now_v7()).collect();
     let mut tx = pool.begin().await?;
+    // Generating a million rows takes longer than the stack's statement timeout.
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query(
         "INSERT INTO workspaces (id, name) SELECT w, 'list-' || ord FROM UNNEST($1::uuid[]) WITH ORDINALITY AS t(w, ord)",
     )
@@ -96,7 +100,7 @@ async fn measure_list(
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    sqlx::query("VACUUM ANALYZE runs").execute(pool).await?;
+    vacuum(pool).await?;
     let seed_s = t.elapsed().as_secs_f64();
 
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
@@ -205,16 +209,7 @@ async fn deep_cursor(
 
 /// Runs figure 10 over `capsules` due Capsules.
 pub async fn sweep(report: &mut Report, capsules: usize) -> anyhow::Result<()> {
-    let stack = Stack::start_with(Options {
-        steps: Steps {
-            api: false,
-            plan: false,
-            gate: false,
-            apply: false,
-        },
-        lease_secs: 60,
-    })
-    .await?;
+    let stack = crate::harness::quiet_stack().await?;
     let result = measure_sweep(&stack, report, capsules).await;
     stack.stop().await?;
     result
@@ -226,6 +221,9 @@ pub(crate) async fn seed_due(stack: &Stack, name: &str, n: usize) -> anyhow::Res
     let pool = &stack.ctx.pool;
     let ws = uuid::Uuid::now_v7();
     let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query("INSERT INTO workspaces (id, name, drift_interval_secs) VALUES ($1, $2, 3600)")
         .bind(ws)
         .bind(name)
@@ -270,8 +268,22 @@ pub(crate) async fn seed_due(stack: &Stack, name: &str, n: usize) -> anyhow::Res
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    sqlx::query("VACUUM ANALYZE").execute(pool).await?;
+    vacuum(pool).await?;
     Ok(ws)
+}
+
+/// `VACUUM ANALYZE` on a connection without the stack's statement timeout (a million
+/// rows take longer), as autovacuum would have done on an instance this size.
+async fn vacuum(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("VACUUM ANALYZE").execute(&mut *conn).await?;
+    sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// Checks enqueued for the Workspace's Capsules.

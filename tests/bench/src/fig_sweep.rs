@@ -11,22 +11,13 @@
 use std::time::Instant;
 
 use takosumi_core::{RunId, RunMessage};
-use takosumi_tests::{Options, Stack, Steps};
+use takosumi_tests::Stack;
 
 use crate::report::Report;
 
 /// Runs figure 4 with `capsules` Capsules in batches of `batch`.
 pub async fn run(report: &mut Report, capsules: usize, batch: usize) -> anyhow::Result<()> {
-    let stack = Stack::start_with(Options {
-        steps: Steps {
-            api: false,
-            plan: false,
-            gate: false,
-            apply: false,
-        },
-        lease_secs: 60,
-    })
-    .await?;
+    let stack = crate::harness::quiet_stack().await?;
     let result = measure(&stack, report, capsules, batch).await;
     stack.stop().await?;
     result

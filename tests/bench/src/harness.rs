@@ -12,6 +12,21 @@ use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, WorkspaceId};
 use takosumi_tests::{GitRepo, Stack};
 
+/// A stack of the figure's own (database, vhost, bucket) with no API and no step
+/// running: the figure calls what it measures itself.
+pub async fn quiet_stack() -> anyhow::Result<Stack> {
+    Stack::start_with(takosumi_tests::Options {
+        steps: takosumi_tests::Steps {
+            api: false,
+            plan: false,
+            gate: false,
+            apply: false,
+        },
+        lease_secs: 60,
+    })
+    .await
+}
+
 /// A new Workspace with a unique name.
 pub async fn workspace(stack: &Stack) -> anyhow::Result<WorkspaceId> {
     let name = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);

@@ -137,6 +137,25 @@ pub fn loadavg() -> String {
         .unwrap_or_default()
 }
 
+/// Waits for `child` (process `pid`) to exit, sampling its `VmHWM` every 5 ms meanwhile;
+/// returns its exit status and the last peak read, in KiB (the peak only grows, so the
+/// last sample before exit is at most 5 ms of growth short).
+pub async fn wait_with_peak(
+    mut child: tokio::process::Child,
+    pid: u32,
+) -> anyhow::Result<(std::process::ExitStatus, u64)> {
+    let mut peak = 0;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok((status, peak));
+        }
+        if let Ok(m) = memory(pid) {
+            peak = peak.max(m.peak_kib);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,24 +188,5 @@ mod tests {
         assert!(sums[0] >= 0.0);
         assert_eq!(sums[1], 0.0);
         assert_eq!(loadavg().split(' ').count(), 3);
-    }
-}
-
-/// Waits for `child` (process `pid`) to exit, sampling its `VmHWM` every 5 ms meanwhile;
-/// returns its exit status and the last peak read, in KiB (the peak only grows, so the
-/// last sample before exit is at most 5 ms of growth short).
-pub async fn wait_with_peak(
-    mut child: tokio::process::Child,
-    pid: u32,
-) -> anyhow::Result<(std::process::ExitStatus, u64)> {
-    let mut peak = 0;
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok((status, peak));
-        }
-        if let Ok(m) = memory(pid) {
-            peak = peak.max(m.peak_kib);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
