@@ -775,6 +775,57 @@ async fn runs_list_filters_and_pages() -> anyhow::Result<()> {
     .await?;
     assert_eq!(queued_plans.len(), 4);
 
+    // Each filter shape is its own statement: walked a page of 1 at a time, each lists
+    // exactly what its unpaged listing does, newest first.
+    let shapes = [
+        RunQuery {
+            capsule: Some(a.id),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            capsule: Some(a.id),
+            status: Some(RunStatus::Queued),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            status: Some(RunStatus::Queued),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            status: Some(RunStatus::Queued),
+            kind: Some(RunKind::Plan),
+            ..RunQuery::default()
+        },
+        RunQuery {
+            kind: Some(RunKind::Plan),
+            ..RunQuery::default()
+        },
+    ];
+    for shape in shapes {
+        let unpaged: Vec<_> = count(shape.clone()).await?.iter().map(|r| r.id).collect();
+        assert!(unpaged.len() >= 2, "{shape:?} lists several Runs");
+        let expected: Vec<_> = newest_first
+            .iter()
+            .filter(|id| unpaged.contains(id))
+            .copied()
+            .collect();
+        assert_eq!(unpaged, expected, "{shape:?} lists newest first");
+        let mut q = RunQuery {
+            limit: Some(1),
+            ..shape.clone()
+        };
+        let mut walked = Vec::new();
+        loop {
+            let page = stack.client.list_runs(ws, &q).await?;
+            walked.extend(page.runs.iter().map(|r| r.id));
+            match page.next_cursor {
+                Some(c) => q.cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(walked, unpaged, "{shape:?} pages skip or repeat nothing");
+    }
+
     let base = format!("/api/v1/workspaces/{ws}/runs");
     for (query, status, code) in [
         ("?kind=nope", 422, "invalid_filter"),

@@ -452,7 +452,9 @@ pub async fn sweep_due(
         r#"WITH due AS (
                SELECT c.id
                  FROM capsules c JOIN workspaces w ON w.id = c.workspace_id
-                WHERE ($1::uuid IS NULL OR c.id > $1)
+                -- `COALESCE` rather than `$1 IS NULL OR …`: the statement's generic plan
+                -- can then start both index scans at the batch's first key
+                WHERE c.id > COALESCE($1::uuid, '00000000-0000-0000-0000-000000000000')
                   AND COALESCE(c.drift_interval_secs, w.drift_interval_secs) IS NOT NULL
                   AND (c.last_drift_enqueued_at IS NULL
                        OR c.last_drift_enqueued_at
@@ -461,7 +463,7 @@ pub async fn sweep_due(
                   -- read from where the batch starts, not from its beginning
                   AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.capsule_id = c.id AND r.kind = 'drift_check'
                                      AND r.status IN ('queued', 'held', 'planning')
-                                     AND ($1::uuid IS NULL OR r.capsule_id > $1))
+                                     AND r.capsule_id > COALESCE($1::uuid, '00000000-0000-0000-0000-000000000000'))
                   -- only what was applied can drift (see `applied_baseline`)
                   AND EXISTS (SELECT 1 FROM state_versions sv JOIN runs a ON a.id = sv.run_id
                                 LEFT JOIN runs p ON p.id = a.plan_run_id
