@@ -246,7 +246,7 @@ pub async fn set_run_source(
     Ok(())
 }
 
-/// What a plan step checks out (DESIGN §5, issue 14).
+/// What a plan step checks out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunSource {
     /// The branch (or pull request ref) to clone; `None`: the Capsule's branch.

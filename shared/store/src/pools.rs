@@ -1,4 +1,4 @@
-//! Worker pools (issue 8): named sets of relay workers that execute a Capsule's plans,
+//! Worker pools: named sets of relay workers that execute a Capsule's plans,
 //! drift checks and applies away from the control node. A pool authenticates with its own
 //! token (only the SHA-256 is stored, like API tokens) and receives secrets sealed to its
 //! delivery key; the previous key stays deliverable until its grace ends.

@@ -64,8 +64,8 @@ pub struct Run {
     pub state_version_id: Option<StateVersionId>,
     /// Names of injected environment variables.
     pub injected_env_names: Vec<String>,
-    /// Plain variable values of a Run recorded before they were sealed (issue 14): read by
-    /// the pipeline for such a Run, never shown. New Runs keep theirs sealed.
+    /// Plain variable values of a Run recorded before values were kept sealed: read by the
+    /// pipeline for such a Run, never shown. New Runs keep theirs sealed.
     pub vars: Option<serde_json::Value>,
     /// The names of the Run's plain variables (`None`: the Capsule's, read at execution).
     pub var_names: Option<Vec<String>>,
