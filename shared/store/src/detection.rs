@@ -448,6 +448,11 @@ pub async fn sweep_due(
     after: Option<CapsuleId>,
     limit: i64,
 ) -> Result<(i64, Option<CapsuleId>), StoreError> {
+    // The new rows take the column's default status, which is where the lifecycle starts.
+    const _: () = assert!(matches!(
+        takosumi_core::RunStatus::INITIAL,
+        takosumi_core::RunStatus::Queued
+    ));
     let row = sqlx::query!(
         r#"WITH due AS (
                SELECT c.id
