@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmarks (issue 9): installs (when missing) and starts the local stack, installs wrk
+# The benchmarks: installs (when missing) and starts the local stack, installs wrk
 # from apt when missing (figure 6 falls back to a built-in load loop without it), builds the
 # release binaries, runs the Criterion benches (`cargo bench -p takosumi-bench`), then the
 # end-to-end bench binary, which prints every figure beside its reference as markdown and

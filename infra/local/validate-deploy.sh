@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Validates deploy/ (issue 19), offline but for the package registries:
+# Validates deploy/, offline but for the package registries:
 #   1. renders every kustomization (overlays/dev, overlays/production, examples/relay-pool,
 #      jobs/migrate) with kustomize's Go library from PyPI's `pykustomize` wheel;
 #   2. validates every rendered object against the Kubernetes schemas (kubernetes-validate,

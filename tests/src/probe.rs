@@ -37,9 +37,9 @@ pub async fn row_counts(pool: &takosumi_store::Pool) -> anyhow::Result<BTreeMap<
 const VOLATILE: [&str; 2] = ["sent_at", "publish_attempts"];
 
 /// Tables written on their own, not by the request being checked: the evidence writer's,
-/// after a Run ended (issue 20: a request that ended a Run moments before another one is
-/// checked would otherwise look as if the second had changed them), and the dead-letter
-/// collector's, whenever a step dead-letters a message (issue 15). Only those write them.
+/// after a Run ended (a request that ended a Run moments before another one is checked
+/// would otherwise look as if the second had changed them), and the dead-letter
+/// collector's, whenever a step dead-letters a message. Only those write them.
 const WRITTEN_IN_BACKGROUND: [&str; 4] = [
     "evidence_pending",
     "evidence_statements",

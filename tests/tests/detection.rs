@@ -947,7 +947,7 @@ async fn agent_drift_checks_and_plan_updates_are_held_before_planning() -> anyho
     stack.stop().await
 }
 
-/// Drift is reality against what was applied (issue 14), exactly as a user meets it: apply
+/// Drift is reality against what was applied, exactly as a user meets it: apply
 /// at commit A, push commit B (the Capsule goes `stale`), check: the check plans A, not B,
 /// finds no drift and records that it checked A; the Capsule is stale and not drifted.
 /// Reality then moves out of band: the check, still at A, reports only that; the reconcile

@@ -1,4 +1,4 @@
-//! End-to-end: signed audit evidence (issue 20) against the real API, RabbitMQ, Postgres,
+//! End-to-end: signed audit evidence against the real API, RabbitMQ, Postgres,
 //! the S3 server and terraform 1.0.3. Every Run that ends gets one signed statement,
 //! chained per Workspace; `takosumi verify` checks them with nothing but the statements
 //! and the public keys, and names the link that broke when the database was tampered with.

@@ -1,5 +1,5 @@
 //! End-to-end (real terraform 1.0.3, the offline null provider, the real API, broker,
-//! database and object store): the rest of issue 5's gates. An apply no rule covers runs in
+//! database and object store): the gates beyond holds and approvals. An apply no rule covers runs in
 //! one step (`apply -auto-approve`, nothing saved in between) and its record says so; one a
 //! rule covers is planned first and carries out exactly its saved plan. The cost check
 //! (`maxMonthlyIncrease`) holds an apply over its limit naming the figures and lists what it
@@ -542,7 +542,7 @@ async fn exclude_dry_run_exempts_plans_only_when_the_scan_is_clean() -> anyhow::
     stack.stop().await
 }
 
-/// A held dry run binds its modules (issue 14): the scan report and the hold carry the
+/// A held dry run binds its modules: the scan report and the hold carry the
 /// digest of the module tree the scan read, and the release names it. A module source that
 /// moves while the plan is held is fetched again after the release, digests differently and
 /// is refused (`dependency_changed`) before `init` runs anything: never modules nobody

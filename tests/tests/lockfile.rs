@@ -1,5 +1,5 @@
-//! End-to-end: provider lockfile continuity and dependency snapshots (issue 4), through
-//! the real API, RabbitMQ, Postgres, the S3 server and terraform 1.0.3 with the offline
+//! End-to-end: provider lockfile continuity and dependency snapshots, through the real
+//! API, RabbitMQ, Postgres, the S3 server and terraform 1.0.3 with the offline
 //! null-provider mirror (the tests use `terraform`; OpenTofu cannot be installed here).
 
 use serde_json::{Value, json};

@@ -1,4 +1,4 @@
-//! Metrics and traces (issue 19), against the real API, RabbitMQ, Postgres, the S3 server
+//! Metrics and traces, against the real API, RabbitMQ, Postgres, the S3 server
 //! and terraform 1.0.3:
 //! - `/metrics` figures move by exactly what a plan and its apply did (HTTP requests by
 //!   route template, step durations, queue lag, Runs by kind and status from Postgres),

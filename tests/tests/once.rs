@@ -1,4 +1,4 @@
-//! `--once` handlers (issue 19): each step binary run as a process that takes one Run's
+//! `--once` handlers: each step binary run as a process that takes one Run's
 //! worth of work, finishes it, publishes its wake-ups and exits 0 — the shape of a
 //! Kubernetes Job started per queued message — against the real API, RabbitMQ, Postgres,
 //! the S3 server and terraform 1.0.3. Nothing but the API runs in the test process.

@@ -1,4 +1,4 @@
-//! The OpenAPI 3.1 document at `GET /api/v1/openapi.json` (issue 19): it lists every route
+//! The OpenAPI 3.1 document at `GET /api/v1/openapi.json`: it lists every route
 //! of the API's table with its method and nothing else (a route mounted without a doc
 //! fails here), every error `code`, and is a well-formed 3.1 document whose `$ref`s all
 //! resolve; and the API keeps it: schemathesis, run against a real stack with it, finds no

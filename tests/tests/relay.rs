@@ -1,4 +1,4 @@
-//! End-to-end: worker pools and relay workers (issue 8), through the real API, RabbitMQ,
+//! End-to-end: worker pools and relay workers, through the real API, RabbitMQ,
 //! Postgres, the S3 server and terraform 1.0.3. The relay worker is the real
 //! `takosumi-relay` binary, started as a process whose environment holds no database URL,
 //! no S3 setting and no server key: only the API's URL, its pool token and its delivery
@@ -1229,7 +1229,7 @@ async fn an_unopenable_credential_fails_the_same_on_a_pool_as_on_the_control_nod
     stack.stop().await
 }
 
-/// Command credentials work on relay workers too (issue 14): the command runs on the
+/// Command credentials work on relay workers too: the command runs on the
 /// worker, inside the sandbox, for every run — resolved afresh for the apply — and its
 /// value reaches the tool masked, as on the control node; the Run records its name only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1314,7 +1314,7 @@ resource "null_resource" "probe" {
     stack.stop().await
 }
 
-/// The one-step apply runs on relay workers too (issue 14): an apply no rule covers, of a
+/// The one-step apply runs on relay workers too: an apply no rule covers, of a
 /// pool's Capsule, is one Apply Run with no plan Run that the worker carries out with
 /// `apply -auto-approve` through the same pipeline as the control node (no `plan` run, the
 /// record saying `applyMode: "one_step"` with what was applied); its state is handed back,

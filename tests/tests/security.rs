@@ -535,14 +535,14 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
                 r#"{"commit":"a","treeDigest":"b","toolVersion":{},"providerLockDigest":null,"injectedEnvNames":[]}"#,
             ),
         ),
-        // Signed evidence (issue 20): read like the Run and Workspace records; the public
+        // Signed evidence: read like the Run and Workspace records; the public
         // keys are public, a verifier must be able to fetch them from anywhere.
         e("GET", format!("/api/v1/runs/{planned}/evidence"), None),
         e("GET", format!("/api/v1/workspaces/{ws}/evidence"), None),
         e("GET", "/api/v1/evidence/keys".into(), None),
         e("GET", "/api/v1/openapi.json".into(), None),
         e("GET", "/api/v1/workspaces".into(), None),
-        // Token management (issue 19): instance admins only.
+        // Token management: instance admins only.
         e(
             "POST",
             "/api/v1/tokens".into(),
@@ -550,7 +550,7 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         ),
         e("GET", "/api/v1/tokens".into(), None),
         e("DELETE", format!("/api/v1/tokens/{made_token}"), None),
-        // What a reviewer reads (issue 18), like the Run record.
+        // What a reviewer reads, like the Run record.
         e("GET", format!("/api/v1/runs/{planned}/plan"), None),
         e("GET", format!("/api/v1/runs/{planned}/approvals"), None),
         e("GET", format!("/api/v1/runs/{planned}/stream"), None),

@@ -1,5 +1,5 @@
 //! End-to-end (real API, Postgres, RabbitMQ, the S3 server and terraform): the seed's
-//! sentences that issue 14 found the product not keeping, each tested as written.
+//! sentences the product once did not keep, each tested as written.
 
 use serde_json::{Value, json};
 use takosumi_client::{NewCapsule, PlanRequest, Source};

@@ -1,4 +1,4 @@
-//! Schema upgrades (issue 15): a database made by the previous release's migrations and
+//! Schema upgrades: a database made by the previous release's migrations and
 //! holding the previous release's data is migrated to this release, and the pipeline works
 //! on it.
 //!

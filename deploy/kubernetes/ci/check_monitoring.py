@@ -5,7 +5,7 @@
 
 - alerts.yaml is a Prometheus rule file: groups of rules, each an alert (or record) with an
   `expr` that parses as PromQL (`promql-parser`, PyPI), `for` a duration, a severity label and a
-  summary; the alerts issue 19 asks for are there;
+  summary; every alert in REQUIRED_ALERTS is there;
 - the dashboard is Grafana JSON with a title, uid and panels whose queries parse as PromQL
   (Grafana's `$__rate_interval` and `$namespace` substituted first);
 - both use only the metric names Takosumi exports (below), histograms through `_bucket`,

@@ -18,9 +18,10 @@ For every object of every RENDERED_DIR/*.yaml:
     files, and every key used must be there), every TAKOSUMI_*_FILE pointing into a mounted
     Secret item, and every RabbitMQ queue being one infra/rabbitmq/topology.json declares (or a
     worker pool's `<queue>.<pool>`);
-  - Takosumi's rules for the ScaledJobs (issue 19) and every container (requests, limits,
-    no privilege escalation, all capabilities dropped, non-root), and activeDeadlineSeconds
-    above the step time limits the render's ConfigMap sets.
+  - Takosumi's rules for the ScaledJobs (one Job per message, each run once to its end) and
+    every container (requests, limits, no privilege escalation, all capabilities dropped,
+    non-root), and activeDeadlineSeconds above the step time limits the render's ConfigMap
+    sets.
 It also writes RENDERED_DIR/scaledjob-pods/<render>.yaml: each ScaledJob's Job, so the
 misconfiguration scanner (which does not read KEDA's kinds) scans those pods too.
 Exits 1 after listing every problem."""
@@ -236,7 +237,9 @@ def check_render(render: str, docs: list[dict], queues: set[str],
             except kubernetes_validate.ValidationError as e:
                 path = "/".join(str(p) for p in e.path)
                 problem(where, f"jobTargetRef as a Kubernetes {K8S_VERSION} Job: {path}: {e.message}")
-            # issue 19's rules for these Jobs
+            # One Job per queued message, run once to its end: what happens to a Run whose pod
+            # died is the lease reaper's decision, not Kubernetes's, and neither an upgrade nor a
+            # node consolidation may cut an apply off.
             if (spec.get("scalingStrategy") or {}).get("strategy") != "accurate":
                 problem(where, "scalingStrategy.strategy must be accurate")
             if (spec.get("rollout") or {}).get("strategy") != "gradual":

@@ -200,8 +200,8 @@ struct Start<'a> {
     actor_id: String,
     actor: String,
     auto_apply: bool,
-    /// The agent whose Run this is, when it must be held before anything plans (DESIGN
-    /// §4: planning runs provider code with the server's credentials).
+    /// The agent whose Run this is, when it must be held before anything plans: planning
+    /// runs provider code with the server's credentials, so a person looks first.
     hold_for: Option<&'a Caller>,
 }
 

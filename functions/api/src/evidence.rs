@@ -1,4 +1,4 @@
-//! Signed audit evidence (issue 20): the endpoints that serve each Run's signed statement,
+//! Signed audit evidence: the endpoints that serve each Run's signed statement,
 //! a Workspace's chain and the public keys, and the writer loop that signs statements as
 //! Runs end.
 //!

@@ -54,7 +54,7 @@ pub struct AppState {
     pub sealer: takosumi_seal::Sealer,
     /// The broker (reconnecting): operators read the dead-letter queues through it.
     pub bus: Arc<takosumi_queue::Bus>,
-    /// Object storage: relay workers hand plan files and state through the API (issue 8).
+    /// Object storage: relay workers hand plan files and state through the API.
     pub objects: takosumi_objects::ObjectStore,
     /// The control node's context: relay endpoints commit a relayed Run through the same
     /// functions the step handlers call (the plan commit, the dry-run hold).

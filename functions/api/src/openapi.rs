@@ -1,4 +1,4 @@
-//! The API's OpenAPI 3.1 description, served at `GET /api/v1/openapi.json` (issue 19).
+//! The API's OpenAPI 3.1 description, served at `GET /api/v1/openapi.json`.
 //!
 //! It is built from the route table ([`crate::access::Api`]), not written beside it: every
 //! route is mounted with a [`Doc`] (operation id, summary, request and response schemas),

@@ -1,4 +1,4 @@
-//! Worker pools (issue 8), the administration side: create a pool (admin; its token is
+//! Worker pools, the administration side: create a pool (admin; its token is
 //! shown once, only its SHA-256 is stored), rotate its delivery key (the previous key
 //! stays deliverable for a grace period), and set the pool a Capsule runs on. With no
 //! pool a Capsule runs on the control node's own queues, as before.

@@ -1,4 +1,4 @@
-//! The relay protocol (issue 8): what a relay worker, authenticated with its pool's token,
+//! The relay protocol: what a relay worker, authenticated with its pool's token,
 //! may do — and nothing else. A relay worker has no database URL and no object-store
 //! credentials; every row and object it needs goes through here.
 //!
@@ -59,7 +59,7 @@ use zeroize::Zeroize;
 use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
-/// The largest plan file that crosses the relay (DESIGN §3).
+/// The largest plan file that crosses the relay: the limit the plan commit holds an upload to.
 pub const MAX_RELAY_PLAN_BYTES: u64 = takosumi_runtime::plan_commit::MAX_RELAY_PLAN_BYTES;
 /// Claims of a plan-like Run by relay workers before it fails `attempts_exhausted`.
 pub const RELAY_MAX_ATTEMPTS: i32 = 3;

@@ -347,7 +347,7 @@ async fn create_capsule(
             "source.branch must be a branch name",
         ));
     }
-    // 400, not 422: a directory that escapes the checkout is a malformed request (issue 3).
+    // 400, not 422: a directory that escapes the checkout is a malformed request.
     Runner::validate_dir(&req.dir).map_err(|e| {
         ApiError::client(
             StatusCode::BAD_REQUEST,
@@ -450,7 +450,7 @@ async fn get_capsule(
     let drift = takosumi_store::detection::capsule_drifted(&st.pool, capsule.id).await?;
     body["drift"] = json!(drift);
     body["drifted"] = json!(drift == Some(true));
-    // The worker pool it runs on (issue 8); `null`: the control node's own queues.
+    // The worker pool it runs on; `null`: the control node's own queues.
     let pool = takosumi_store::pools::of_capsule(&st.pool, capsule.id).await?;
     body["pool"] = json!(pool.map(|p| p.name));
     if drift == Some(true) && body["status"] == json!("ok") {
@@ -803,7 +803,7 @@ pub(crate) async fn propose_apply(
         takosumi_store::gates::set_require_approval(&mut tx, id).await?;
     }
     // A pool with no delivery key can never receive the saved plan: the apply fails at
-    // once, with a code that says so (issue 8).
+    // once, with a code that says so.
     if !crate::relay::fail_if_pool_has_no_key(&mut tx, id, plan.capsule_id).await? {
         outbox::enqueue(&mut tx, Topic::Gate, id).await?;
     }

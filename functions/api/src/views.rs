@@ -4,7 +4,7 @@ use serde_json::{Map, Value, json};
 use takosumi_store::capsules::Capsule;
 use takosumi_store::runs::Run;
 
-/// A Run as the API shows it (DESIGN §5).
+/// A Run as the API shows it.
 pub fn run(r: &Run) -> Value {
     let mut m = Map::new();
     m.insert("id".into(), json!(r.id));

@@ -40,7 +40,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         None => return Err(StepError::Poison(format!("{run_id} has no plan"))),
     };
 
-    // A Capsule that names a worker pool applies on that pool's relay workers (issue 8).
+    // A Capsule that names a worker pool applies on that pool's relay workers, never here.
     if takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id)
         .await
         .map_err(store_err)?

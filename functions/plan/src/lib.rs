@@ -40,7 +40,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             "not queued: claimed elsewhere or already planned",
         ));
     }
-    // A Capsule that names a worker pool plans on that pool's relay workers (issue 8).
+    // A Capsule that names a worker pool plans on that pool's relay workers, never here.
     if takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id)
         .await
         .map_err(store_err)?

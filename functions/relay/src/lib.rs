@@ -1,4 +1,4 @@
-//! The relay worker (issue 8): runs a worker pool's plans, drift checks and gated applies
+//! The relay worker: runs a worker pool's plans, drift checks and gated applies
 //! on the team's own machine, next to its clouds, and reaches the control plane **only**
 //! through the API, authenticated with the pool token. It has no database URL and no
 //! object-store credentials: it claims its pool's next job over HTTP, checks the source

@@ -1,4 +1,4 @@
-//! The client side of the evidence endpoints (issue 20): a Run's signed statement, a
+//! The client side of the evidence endpoints: a Run's signed statement, a
 //! Workspace's whole chain, the published keys, and an exported bundle of both. What they
 //! mean and how they verify is `takosumi_evidence`, re-exported here.
 

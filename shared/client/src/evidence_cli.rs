@@ -1,5 +1,5 @@
-//! `takosumi evidence …` and `takosumi verify`: signed audit evidence (issue 20) from the
-//! command line. `evidence export` writes a Workspace's chain and the public keys as one
+//! `takosumi evidence …` and `takosumi verify`: signed audit evidence from the command
+//! line. `evidence export` writes a Workspace's chain and the public keys as one
 //! bundle; `verify` checks signatures, the chain's links and every apply's plan link,
 //! either fetching the chain from the API or, with `--bundle`, offline from an exported
 //! bundle (no URL, no token). What is checked is `takosumi_evidence::verify_chain`; this

@@ -1,4 +1,4 @@
-//! The typed HTTP client for the Takosumi API (DESIGN §5), used by the `takosumi` CLI,
+//! The typed HTTP client for the Takosumi API, used by the `takosumi` CLI,
 //! the end-to-end tests and users' scripts.
 //!
 //! This crate owns the client side of the API contract: the JSON shapes of Workspaces,

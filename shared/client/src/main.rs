@@ -1,4 +1,4 @@
-//! `takosumi`: the command-line client of the Takosumi API. It mirrors the API (DESIGN §5):
+//! `takosumi`: the command-line client of the Takosumi API. It mirrors the API:
 //! every command is one call (or a call plus a wait), prints the result in a compact human
 //! form or, with `--json`, as JSON, and exits 0 on success, 1 when the API returned an error
 //! or a waited-for (watched, followed) Run ended `failed`/`canceled`/`unknown_outcome`, 2 on

@@ -1,4 +1,4 @@
-//! The client side of worker pools (issue 8): create a pool, rotate its delivery key, and
+//! The client side of worker pools: create a pool, rotate its delivery key, and
 //! move a Capsule onto a pool or back to the control node.
 //!
 //! A pool's token is answered once, at creation (the API keeps only its SHA-256), so

@@ -1,5 +1,5 @@
-//! `takosumi pool …` and `takosumi capsule set-pool`: worker pools (issue 8) from the
-//! command line. A pool's token is printed once, at creation, because the API keeps only
+//! `takosumi pool …` and `takosumi capsule set-pool`: worker pools from the command
+//! line. A pool's token is printed once, at creation, because the API keeps only
 //! its hash; every refusal prints the API's message and code and then what to do about it.
 
 use clap::{Args, Subcommand};

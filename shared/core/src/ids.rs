@@ -80,7 +80,7 @@ macro_rules! typed_id {
             }
         }
 
-        // OpenAPI (issue 19): a prefixed string; the pattern is what `FromStr` accepts.
+        // Its OpenAPI schema: a prefixed string; the pattern is what `FromStr` accepts.
         impl utoipa::PartialSchema for $name {
             fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
                 utoipa::openapi::schema::ObjectBuilder::new()

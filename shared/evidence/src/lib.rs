@@ -1,4 +1,4 @@
-//! Signed audit evidence (issue 20): the record of a Run that can be checked by someone who
+//! Signed audit evidence: the record of a Run that can be checked by someone who
 //! trusts nothing but a public key.
 //!
 //! This crate owns, in one place for the server that signs and the client that verifies:

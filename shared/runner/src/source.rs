@@ -69,7 +69,7 @@ pub(crate) fn validate_repo(repo: &str) -> Result<(), RunnerError> {
     Ok(())
 }
 
-/// Why a repository URL is refused as a Capsule's source (issue 14): the message says
+/// Why a repository URL is refused as a Capsule's source: the message says
 /// which forms are accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

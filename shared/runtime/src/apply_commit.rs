@@ -1,4 +1,4 @@
-//! The apply commit, written once (issue 13): what an apply's tool run becomes on the
+//! The apply commit, written once so an apply ends the same way whoever executed it: what an apply's tool run becomes on the
 //! control node, in one transaction — a new StateVersion with the generation
 //! compare-and-set when the tool changed the state (even if it failed), the plan's sealed
 //! plan and sensitive variables forgotten, the Run `applied`, `failed` or `canceled` with

@@ -1,5 +1,5 @@
-//! Provider lockfile continuity and the dependency snapshot (DESIGN §3), shared by the plan
-//! step (which reads its own lockfile artifact back before the plan may succeed) and the
+//! Provider lockfile continuity (an apply installs exactly the providers its plan locked)
+//! and the dependency snapshot, shared by the plan step (which reads its own lockfile artifact back before the plan may succeed) and the
 //! apply step (which installs the plan Run's lockfile before `init`).
 //!
 //! A Run's lockfile artifact is trusted only when all of these hold: the Run has a

@@ -120,8 +120,8 @@ pub fn sensitive_vars_subject(run_id: RunId) -> String {
     format!("{run_id}/sensitive-vars")
 }
 
-/// The sealing subject of a Run's plain variables (issue 14: values are not stored on
-/// the record; they stay sealed where the pipeline reads them).
+/// The sealing subject of a Run's plain variables: their values are not stored on the
+/// record, they stay sealed where the pipeline reads them.
 pub fn run_vars_subject(run_id: RunId) -> String {
     format!("{run_id}/vars")
 }

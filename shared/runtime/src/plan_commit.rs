@@ -1,4 +1,4 @@
-//! The plan commit, written once (issue 13): what a finished plan, destroy plan or drift
+//! The plan commit, written once so a plan ends the same way whoever executed it: what a finished plan, destroy plan or drift
 //! check becomes on the control node — the lockfile sealed, stored and read back, the
 //! plan JSON sealed, the cost summary masked, and the Run's record with its `planned`
 //! event, the gate's wake-up and a drift check's kept plan in one transaction. The plan
@@ -17,8 +17,9 @@ use crate::dependencies::{LockfileError, dependency_snapshot};
 use crate::inputs::EnvError;
 use crate::step::{lockfile_key, object_err, plan_key, store_err};
 
-/// The largest plan file that crosses the relay (DESIGN §3); a plan the control node
-/// executes has no such limit (it is sealed and stored from its file, in chunks).
+/// The largest plan file that crosses the relay: a relay worker uploads it as one request
+/// body, which the API holds in memory to seal. A plan the control node executes has no
+/// such limit (it is sealed and stored from its file, in chunks).
 pub const MAX_RELAY_PLAN_BYTES: u64 = 19 * 1024 * 1024;
 
 /// A plan file sealed and stored under the Run's claim.

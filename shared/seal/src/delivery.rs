@@ -1,4 +1,4 @@
-//! Delivery keys: sealing to a worker pool (issue 8).
+//! Delivery keys: sealing to a worker pool.
 //!
 //! A relay worker runs on the team's own machines and never holds the server key. What it
 //! must receive secretly (a saved plan file, the state, credentials) is sealed to its

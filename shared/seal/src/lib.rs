@@ -25,7 +25,7 @@
 //! the implementation (a unit test opens `ring`'s output with RustCrypto `aes-gcm` and the
 //! reverse), but `ring` uses the CPU's wide AES/carry-less-multiply paths and seals into one
 //! buffer sized for the whole envelope. With RustCrypto's `aes-gcm` and the copies
-//! `Aead::encrypt` makes, a 19 MiB plan sealed at ~0.1× `openssl speed` (BENCHMARKS.md §5).
+//! `Aead::encrypt` makes, a 19 MiB plan sealed at ~0.1× `openssl speed` (the bench's figure 5).
 #![deny(missing_docs)]
 
 use std::fmt;

@@ -1,4 +1,4 @@
-//! The pipelines, written once (issue 13): what a plan, a destroy plan and a drift check
+//! The pipelines, written once so both executors keep the same rules: what a plan, a destroy plan and a drift check
 //! do with the tool, from the checkout to the saved plan, whether the control node or a
 //! relay worker executes them. Only where inputs come from and where progress and
 //! results go differ; that is the [`PlanHost`] each side implements (the control node:

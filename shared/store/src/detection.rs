@@ -246,7 +246,7 @@ pub async fn set_run_source(
     Ok(())
 }
 
-/// What a plan step checks out (DESIGN §5, issue 14).
+/// What a plan step checks out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunSource {
     /// The branch (or pull request ref) to clone; `None`: the Capsule's branch.
@@ -448,6 +448,11 @@ pub async fn sweep_due(
     after: Option<CapsuleId>,
     limit: i64,
 ) -> Result<(i64, Option<CapsuleId>), StoreError> {
+    // The new rows take the column's default status, which is where the lifecycle starts.
+    const _: () = assert!(matches!(
+        takosumi_core::RunStatus::INITIAL,
+        takosumi_core::RunStatus::Queued
+    ));
     let row = sqlx::query!(
         r#"WITH due AS (
                SELECT c.id

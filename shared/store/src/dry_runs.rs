@@ -18,6 +18,7 @@ pub async fn hold_claimed(
     approvals_required: i32,
     approver_roles: &[String],
 ) -> Result<bool, StoreError> {
+    crate::transitions!(Planning => Held);
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'held', hold_reason = $3, hold_details = $4, gate_decision = 'held',
                   approvals_required = $5, approver_roles = $6, lease_owner = NULL, lease_until = NULL,

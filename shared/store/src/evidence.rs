@@ -1,4 +1,4 @@
-//! The evidence chain's rows (issue 20): which ended Runs still need a statement, the
+//! The evidence chain's rows: which ended Runs still need a statement, the
 //! statements themselves and each Workspace's chain head, and the one writer that turns
 //! the first into the second ([`write_pending`]).
 //!

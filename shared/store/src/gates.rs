@@ -82,6 +82,7 @@ pub async fn hold(
     approvals_required: i32,
     approver_roles: &[String],
 ) -> Result<bool, StoreError> {
+    crate::transitions!(Queued => Held);
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'held', hold_reason = $2, hold_details = $3, gate_decision = 'held',
                   approvals_required = $4, approver_roles = $5, updated_at = now()
@@ -99,6 +100,7 @@ pub async fn hold(
 
 /// Releases a held Run back to `queued` with the gate decision `released`.
 pub async fn release(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
+    crate::transitions!(Held => Queued);
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'queued', gate_decision = 'released', updated_at = now()
             WHERE id = $1 AND status = 'held'"#,

@@ -32,6 +32,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use takosumi_core::RunStatus;
 
 pub use sqlx::{PgPool as Pool, Postgres};
 
@@ -59,6 +60,47 @@ pub enum StoreError {
     /// An evidence statement could not be encoded (a bug: statements hold no fractions).
     #[error("evidence statement: {0}")]
     Evidence(String),
+    /// A caller asked for a status change the Run lifecycle does not have
+    /// ([`RunStatus::TRANSITIONS`]): a bug, refused before the database is asked.
+    #[error("a Run cannot go from {} to {}", from.as_str(), to.as_str())]
+    Transition {
+        /// The status the Run was to leave.
+        from: RunStatus,
+        /// The status it was to take.
+        to: RunStatus,
+    },
+}
+
+/// Checks, when the crate compiles, that each `from => to` a transition function writes
+/// into its SQL is in the Run lifecycle ([`RunStatus::TRANSITIONS`]): a function that
+/// makes a change the lifecycle does not have does not build. Written at the top of every
+/// function whose `UPDATE` changes `runs.status` with the statuses fixed in its SQL.
+macro_rules! transitions {
+    ($($from:ident => $to:ident),+ $(,)?) => {
+        $(
+            const _: () = assert!(
+                takosumi_core::RunStatus::$from.can_become(takosumi_core::RunStatus::$to),
+                concat!(
+                    "the Run lifecycle has no ",
+                    stringify!($from),
+                    " -> ",
+                    stringify!($to)
+                )
+            );
+        )+
+    };
+}
+pub(crate) use transitions;
+
+/// A status change given by a caller, checked against the Run lifecycle
+/// ([`RunStatus::TRANSITIONS`]) before any SQL runs: [`StoreError::Transition`] for a pair
+/// it does not have.
+pub(crate) fn check_transition(from: RunStatus, to: RunStatus) -> Result<(), StoreError> {
+    if from.can_become(to) {
+        Ok(())
+    } else {
+        Err(StoreError::Transition { from, to })
+    }
 }
 
 impl StoreError {
@@ -192,4 +234,34 @@ pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caller_given_transition_outside_the_lifecycle_is_refused() {
+        for from in RunStatus::ALL {
+            for to in RunStatus::ALL {
+                match check_transition(from, to) {
+                    Ok(()) => assert!(from.can_become(to), "{from:?} -> {to:?}"),
+                    Err(e) => {
+                        assert!(!from.can_become(to), "{from:?} -> {to:?}");
+                        assert!(matches!(e, StoreError::Transition { .. }));
+                        assert!(!e.retryable());
+                        assert_eq!(
+                            e.to_string(),
+                            format!("a Run cannot go from {} to {}", from.as_str(), to.as_str())
+                        );
+                    }
+                }
+            }
+        }
+        // What the steps claim with.
+        assert!(check_transition(RunStatus::Queued, RunStatus::Planning).is_ok());
+        assert!(check_transition(RunStatus::Queued, RunStatus::Applying).is_ok());
+        assert!(check_transition(RunStatus::Planned, RunStatus::Planning).is_err());
+        assert!(check_transition(RunStatus::Applying, RunStatus::Queued).is_err());
+    }
 }

@@ -36,7 +36,7 @@ pub async fn enqueue_after(
 ) -> Result<(), StoreError> {
     // A Run of a Capsule that names a worker pool wakes the pool's queue
     // (`run.plan.<pool>`, `run.apply.<pool>`, `run.drift.<pool>`), which the control
-    // node's own handlers never consume (issue 8); gate and approve stay on the control node.
+    // node's own handlers never consume; gate and approve stay on the control node.
     sqlx::query!(
         r#"INSERT INTO outbox (topic, payload, available_at, traceparent)
            SELECT CASE WHEN $1 IN ('run.plan', 'run.apply', 'run.drift') AND p.name IS NOT NULL

@@ -1,4 +1,4 @@
-//! Worker pools (issue 8): named sets of relay workers that execute a Capsule's plans,
+//! Worker pools: named sets of relay workers that execute a Capsule's plans,
 //! drift checks and applies away from the control node. A pool authenticates with its own
 //! token (only the SHA-256 is stored, like API tokens) and receives secrets sealed to its
 //! delivery key; the previous key stays deliverable until its grace ends.
@@ -191,6 +191,7 @@ pub async fn claim_next_plan(
     owner: &str,
     lease_secs: i64,
 ) -> Result<Option<RunId>, StoreError> {
+    crate::transitions!(Queued => Planning);
     let row = sqlx::query(
         "UPDATE runs SET status = 'planning', lease_owner = $2,
                 lease_until = now() + make_interval(secs => $3::bigint::double precision),
@@ -243,6 +244,8 @@ pub async fn fail_with_code(
     code: &str,
     message: &str,
 ) -> Result<bool, StoreError> {
+    // Without an owner: a Run no step holds; with one: the lease holder's running Run.
+    crate::transitions!(Queued => Failed, Held => Failed, Planning => Failed, Applying => Failed);
     let done = sqlx::query(
         "UPDATE runs SET status = 'failed', error_code = $3, error_message = $4,
                 lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()

@@ -18,6 +18,7 @@ pub async fn cancel_waiting(
     id: RunId,
     by: &str,
 ) -> Result<Option<RunStatus>, StoreError> {
+    crate::transitions!(Queued => Canceled, Held => Canceled);
     let row = sqlx::query!(
         r#"UPDATE runs r SET status = 'canceled', canceled_by = $2, canceled_at = now(),
                   updated_at = now(), finished_at = now()
@@ -29,6 +30,11 @@ pub async fn cancel_waiting(
     )
     .fetch_optional(&mut **tx)
     .await?;
+    debug_assert!(
+        row.as_ref()
+            .is_none_or(|r| r.old.can_become(RunStatus::Canceled)),
+        "canceled a Run from a status the Run lifecycle cannot cancel"
+    );
     Ok(row.map(|r| r.old))
 }
 
@@ -82,6 +88,7 @@ pub async fn cancel_claimed(
     id: RunId,
     owner: &str,
 ) -> Result<Option<Canceled>, StoreError> {
+    crate::transitions!(Planning => Canceled, Applying => Canceled);
     let row = sqlx::query!(
         r#"UPDATE runs SET status = 'canceled', canceled_by = cancel_requested_by, canceled_at = now(),
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()

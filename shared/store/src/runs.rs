@@ -1,6 +1,7 @@
 //! Runs and their transitions. Every transition is an `UPDATE … WHERE status = expected`
 //! (and, while a step runs, `AND lease_owner = me`): zero rows means "already done, or not
-//! yours", which callers treat as an answer, not an error.
+//! yours", which callers treat as an answer, not an error. Which transitions exist at all
+//! is `takosumi_core::RunStatus::TRANSITIONS`; each function here checks its own against it.
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{
@@ -64,8 +65,8 @@ pub struct Run {
     pub state_version_id: Option<StateVersionId>,
     /// Names of injected environment variables.
     pub injected_env_names: Vec<String>,
-    /// Plain variable values of a Run recorded before they were sealed (issue 14): read by
-    /// the pipeline for such a Run, never shown. New Runs keep theirs sealed.
+    /// Plain variable values of a Run recorded before values were kept sealed: read by the
+    /// pipeline for such a Run, never shown. New Runs keep theirs sealed.
     pub vars: Option<serde_json::Value>,
     /// The names of the Run's plain variables (`None`: the Capsule's, read at execution).
     pub var_names: Option<Vec<String>>,
@@ -191,6 +192,8 @@ pub struct NewRun {
 /// Inserts a queued Run. An Apply Run copies its plan's pins so the record shows what it
 /// is bound to from the start.
 pub async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
+    // The row takes the column's default status, which is where the lifecycle starts.
+    const _: () = assert!(matches!(RunStatus::INITIAL, RunStatus::Queued));
     let id = RunId::new();
     sqlx::query!(
         r#"INSERT INTO runs (id, kind, workspace_id, capsule_id, run_group_id, plan_run_id, actor_kind,
@@ -265,8 +268,9 @@ pub async fn lost_claims<'e>(
     Ok(n.unwrap_or(0))
 }
 
-/// Claims a Run for a step: `from` → `to`, with a lease. `None`: someone else has it or
-/// the step is done.
+/// Claims a Run for a step: `from` → `to`, with a lease. `false`: someone else has it or
+/// the step is done. A pair the Run lifecycle does not have is refused
+/// ([`StoreError::Transition`]) before the database is asked.
 pub async fn claim(
     tx: &mut Tx,
     id: RunId,
@@ -275,6 +279,11 @@ pub async fn claim(
     owner: &str,
     lease_secs: i64,
 ) -> Result<bool, StoreError> {
+    debug_assert!(
+        from.can_become(to),
+        "claim {from:?} -> {to:?} is not in the Run lifecycle"
+    );
+    crate::check_transition(from, to)?;
     let done = sqlx::query!(
         r#"UPDATE runs SET status = $3, lease_owner = $4,
                   lease_until = now() + make_interval(secs => $5::bigint::double precision),
@@ -299,6 +308,7 @@ pub async fn hand_back<'e, E: sqlx::PgExecutor<'e>>(
     id: RunId,
     owner: &str,
 ) -> Result<bool, StoreError> {
+    crate::transitions!(Planning => Queued);
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'queued', lease_owner = NULL, lease_until = NULL,
                   handbacks = handbacks + 1, updated_at = now()
@@ -388,6 +398,7 @@ pub async fn record_plan(
     owner: &str,
     rec: &PlanRecord,
 ) -> Result<bool, StoreError> {
+    crate::transitions!(Planning => Planned);
     let changes = serde_json::to_value(rec.changes).unwrap_or_default();
     let lock_state = if rec.provider_lock_digest.is_some() {
         "present"
@@ -431,6 +442,8 @@ pub async fn fail(
     code: FailureCode,
     message: &str,
 ) -> Result<bool, StoreError> {
+    // Without an owner: a Run no step holds; with one: the lease holder's running Run.
+    crate::transitions!(Queued => Failed, Held => Failed, Planning => Failed, Applying => Failed);
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'failed', error_code = $3, error_message = $4,
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
@@ -554,6 +567,7 @@ pub async fn record_apply(
     state_version_id: Option<StateVersionId>,
     generation: i64,
 ) -> Result<bool, StoreError> {
+    crate::transitions!(Applying => Applied);
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'applied', outputs = $3, state_version_id = $4, state_generation = $5,
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
@@ -613,6 +627,7 @@ pub struct Reaped {
 /// a transient fault do not count); an apply becomes `unknown_outcome` and is
 /// never re-applied automatically. Safe to run from many processes at once.
 pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>, StoreError> {
+    crate::transitions!(Planning => Queued, Planning => Failed, Applying => UnknownOutcome);
     let rows = sqlx::query!(
         r#"SELECT id, kind as "kind: RunKind", status as "status: RunStatus",
                   attempts - handbacks as "attempts!", capsule_id
@@ -634,6 +649,11 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
         } else {
             RunStatus::Queued
         };
+        debug_assert!(
+            r.status.can_become(status),
+            "the reaper would move {id} {:?} -> {status:?}, which the Run lifecycle does not allow",
+            r.status
+        );
         let (code, message): (Option<&str>, Option<String>) = match status {
             RunStatus::UnknownOutcome => (
                 Some("unknown_outcome"),

@@ -101,6 +101,7 @@ pub async fn mark_unknown_outcome(
     owner: &str,
     message: &str,
 ) -> Result<bool, StoreError> {
+    crate::transitions!(Applying => UnknownOutcome);
     let row: Option<(uuid::Uuid,)> = sqlx::query_as(
         r#"UPDATE runs SET status = 'unknown_outcome', error_code = 'unknown_outcome', error_message = $3,
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()

@@ -161,7 +161,7 @@ pub struct Actor {
     pub id: String,
 }
 
-/// A Run as the API serves it (DESIGN §3, §5).
+/// A Run as the API serves it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Run {

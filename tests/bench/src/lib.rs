@@ -1,4 +1,4 @@
-//! Takosumi's benchmarks (issue 9). The Criterion benches (`benches/`) time in-process
+//! Takosumi's benchmarks. The Criterion benches (`benches/`) time in-process
 //! work; the `takosumi-bench` binary drives the real API, RabbitMQ, Postgres, the S3
 //! server and terraform through the e2e fixture (`takosumi_tests::Stack`) and prints each
 //! figure beside its reference from the same run; `noop-terraform` is an

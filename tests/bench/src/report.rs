@@ -1,10 +1,10 @@
 //! The figures table: each figure beside its reference from the same run, the ratio, and
-//! the goal from issue 9. A figure that misses its goal is reported, never failed on.
+//! the goal it is held to. A figure that misses its goal is reported, never failed on.
 
 /// One figure.
 #[derive(Debug, Clone)]
 pub struct Row {
-    /// The figure's number in issue 9 and a short name.
+    /// The figure's number and a short name.
     pub figure: String,
     /// What Takosumi measured.
     pub value: String,
@@ -12,7 +12,7 @@ pub struct Row {
     pub reference: String,
     /// Value relative to the reference, as the goal states it.
     pub ratio: String,
-    /// The goal from the issue.
+    /// The goal the figure is held to.
     pub goal: String,
     /// Whether the goal was met (`None` where there is no goal or it cannot be judged).
     pub met: Option<bool>,

@@ -1,4 +1,4 @@
-//! `takosumi-bench`: the end-to-end figures of issue 9, each beside its reference measured
+//! `takosumi-bench`: the end-to-end figures, each beside its reference measured
 //! in the same run, as markdown on stdout (progress on stderr). Needs the local stack
 //! (`infra/local/start.sh`, then source its env.sh) and the release binaries beside this
 //! one; `infra/local/bench.sh` does all of it. Exits 0 whatever the figures are: only a
