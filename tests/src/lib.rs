@@ -153,6 +153,22 @@ pub struct Endpoints {
 }
 
 impl Stack {
+    /// Messages waiting in the broker's dead-letter queues (every step queue's and every
+    /// worker pool's), not yet collected into Postgres.
+    pub async fn uncollected_dead_letters(&self) -> anyhow::Result<u32> {
+        let queues =
+            takosumi_queue::collected_queues(&self.ctx.pool, &takosumi_queue::Topology::load())
+                .await?;
+        let depths = self
+            .ctx
+            .bus
+            .get()
+            .await?
+            .dead_letter_depths(&queues)
+            .await?;
+        Ok(depths.iter().map(|q| q.depth).sum())
+    }
+
     /// Starts a stack with all steps in-process.
     pub async fn start() -> anyhow::Result<Self> {
         Self::start_with(Options::default()).await

@@ -807,16 +807,7 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
         *by_process.entry(kind).or_default() += n;
     }
     let dead_collected = count(&stack, "SELECT count(*) FROM dead_letters").await?;
-    let dead_uncollected: u32 = stack
-        .ctx
-        .bus
-        .get()
-        .await?
-        .dead_letter_depths()
-        .await?
-        .iter()
-        .map(|q| q.depth)
-        .sum();
+    let dead_uncollected: u32 = stack.uncollected_dead_letters().await?;
     probe::say(&format!(
         "kill suite: runs {} (accepted {}), applies {} of which applied {applied}, kills {} by process {by_process:?}, by phase {:?}, open {}, double applies {}, vanished mid-apply {}, tool applies {tool_applies}, workload {workload_secs:.0} s, total {:.0} s; {statuses:?}",
         runs.len(),
@@ -1225,12 +1216,7 @@ async fn poison_messages_are_dead_lettered_and_visible() -> anyhow::Result<()> {
     // the CLI) left exactly those: nothing taken from the broker and handed back.
     let mut after = probe::row_counts(&stack.ctx.pool).await?;
     assert_eq!(after["dead_letters"], 4, "{after:?}");
-    let uncollected: u32 = broker
-        .dead_letter_depths()
-        .await?
-        .iter()
-        .map(|q| q.depth)
-        .sum();
+    let uncollected: u32 = stack.uncollected_dead_letters().await?;
     assert_eq!(uncollected, 0, "left in the broker");
     for t in ["workspaces", "api_tokens", "activity", "dead_letters"] {
         after.insert(t.to_owned(), before[t]);
@@ -1412,12 +1398,7 @@ async fn operators_requeue_and_purge_dead_letters() -> anyhow::Result<()> {
     assert_eq!(msg.run_id, run);
     takosumi_plan::handle(&stack.ctx, msg).await?;
     assert_eq!(stack.client.get_run(run).await?.status, RunStatus::Planned);
-    let depth = broker
-        .dead_letter_depths()
-        .await?
-        .iter()
-        .map(|q| q.depth)
-        .sum::<u32>();
+    let depth = stack.uncollected_dead_letters().await?;
     assert_eq!(depth, 0);
 
     // The CLI purges the poison body; a second requeue finds nothing to move.

@@ -471,6 +471,11 @@ async fn exclude_dry_run_exempts_plans_only_when_the_scan_is_clean() -> anyhow::
         .wait(stack.client.plan(acting.id, None).await?.id)
         .await?;
     assert_eq!(held.status, RunStatus::Held, "{held:?}");
+    assert_eq!(
+        takosumi_store::runs::lost_claims(&stack.ctx.pool, held.id).await?,
+        0,
+        "a dry-run hold ends its claim cleanly: it costs the Run none of its attempts"
+    );
     let hold = held.hold.clone().expect("hold");
     assert_eq!(hold.reason, "dry_run_scan");
     assert_eq!(hold.details["stage"], json!("before_plan"));

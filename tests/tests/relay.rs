@@ -1409,3 +1409,59 @@ async fn a_relay_worker_refuses_control_plane_secrets_in_any_form() -> anyhow::R
     }
     Ok(())
 }
+
+/// A worker pool's queues have dead-letter queues of their own (`run.plan.<pool>.dead`):
+/// what lands there is collected into Postgres and listed under the pool's queue like a
+/// step queue's, for a pool created after the API started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pools_dead_letters_are_collected_and_listed() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let pool = uniq("dead");
+    admin.pool(&cap.workspace_id.to_string(), &pool, None).await;
+    let queue = format!("run.plan.{pool}");
+    stack
+        .ctx
+        .bus
+        .get()
+        .await?
+        .publish_dead(&queue, br#"{"poison": true}"#, "refused by the test")
+        .await?;
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let listed = loop {
+        let (status, listing) = admin
+            .call(
+                reqwest::Method::GET,
+                "/api/v1/dead-letters?limit=5",
+                Value::Null,
+            )
+            .await;
+        assert_eq!(status, 200, "{listing}");
+        let of_pool = listing["queues"]
+            .as_array()
+            .and_then(|qs| qs.iter().find(|q| q["queue"] == queue.as_str()))
+            .cloned()
+            .unwrap_or(Value::Null);
+        if of_pool["depth"] == 1 || std::time::Instant::now() > deadline {
+            break of_pool;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(listed["depth"], 1, "collected into Postgres: {listed}");
+    assert_eq!(
+        listed["deadLetterQueue"],
+        format!("{queue}.dead"),
+        "{listed}"
+    );
+    assert_eq!(
+        listed["uncollected"], 0,
+        "nothing left in the broker: {listed}"
+    );
+    let message = &listed["messages"][0];
+    assert_eq!(message["body"], r#"{"poison": true}"#, "{listed}");
+    assert_eq!(message["error"], "refused by the test", "{listed}");
+    assert_eq!(stack.uncollected_dead_letters().await?, 0);
+    stack.stop().await
+}

@@ -121,8 +121,10 @@ async fn list(
     let stored: BTreeMap<String, i64> = dead_letters::counts(&st.pool).await?.into_iter().collect();
     // What the broker still holds, read without taking anything; unknown (null) while the
     // broker is away — the stored dead letters are shown all the same.
+    let collected =
+        takosumi_queue::collected_queues(&st.pool, &takosumi_queue::Topology::load()).await?;
     let uncollected: Option<BTreeMap<String, u32>> = match st.bus.get().await {
-        Ok(broker) => match broker.dead_letter_depths().await {
+        Ok(broker) => match broker.dead_letter_depths(&collected).await {
             Ok(depths) => Some(depths.into_iter().map(|d| (d.queue, d.depth)).collect()),
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the dead-letter queues' depth");
@@ -136,7 +138,7 @@ async fn list(
     };
     let mut queues = Vec::new();
     let mut total: i64 = 0;
-    for queue in takosumi_queue::Topology::load().queues {
+    for queue in collected {
         let depth = stored.get(&queue).copied().unwrap_or(0);
         total += depth;
         let mut messages = Vec::new();
@@ -153,7 +155,7 @@ async fn list(
             "messages": messages,
         }));
     }
-    // Rows of a queue the topology no longer has (renamed since): still shown, never lost.
+    // Rows of a queue no longer collected (renamed since): still shown, never lost.
     for (queue, depth) in &stored {
         if !queues.iter().any(|q| q["queue"] == *queue) {
             total += depth;

@@ -22,9 +22,6 @@ use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
 use crate::{ApiError, AppState, views};
 
-/// The steps whose wake-ups a pool's queues carry.
-pub const POOL_STEPS: [&str; 3] = ["run.plan", "run.apply", "run.drift"];
-
 /// How long a rotated-out delivery key is still delivered to, unless the rotation says.
 pub const DEFAULT_GRACE_SECS: i64 = 24 * 3600;
 
@@ -80,7 +77,7 @@ pub fn view(p: &WorkerPool) -> Value {
         "deliveryKeyId": p.delivery_key_id,
         "previousKeyId": p.previous_key_id,
         "previousKeyUntil": p.previous_key_until,
-        "queues": POOL_STEPS.iter().map(|s| format!("{s}.{}", p.name)).collect::<Vec<_>>(),
+        "queues": takosumi_queue::Topology::pool_queues(&p.name),
         "createdAt": p.created_at,
     })
 }
@@ -122,10 +119,10 @@ async fn declare_queues(st: &AppState, name: &str) -> Result<(), ApiError> {
     };
     let broker = st.bus.get().await.map_err(unavailable)?;
     let ch = broker.channel().await.map_err(unavailable)?;
-    for step in POOL_STEPS {
+    for queue in takosumi_queue::Topology::pool_queues(name) {
         broker
             .topology()
-            .declare_queue(&ch, &format!("{step}.{name}"))
+            .declare_queue(&ch, &queue)
             .await
             .map_err(|e| unavailable(e.into()))?;
     }

@@ -293,8 +293,7 @@ async fn drain_wakeups(st: &AppState, pool: &WorkerPool) {
     let Ok(ch) = broker.channel().await else {
         return;
     };
-    for step in crate::pools::POOL_STEPS {
-        let queue = format!("{step}.{}", pool.name);
+    for queue in takosumi_queue::Topology::pool_queues(&pool.name) {
         for _ in 0..100 {
             let got = ch
                 .basic_get(

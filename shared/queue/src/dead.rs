@@ -49,12 +49,31 @@ pub struct DeadQueueDepth {
     pub depth: u32,
 }
 
+/// How often a collector looks for worker pools created since it started.
+const POOL_RESCAN: Duration = Duration::from_secs(15);
+
+/// The queues whose dead letters are collected: every step queue, then every worker
+/// pool's (`run.plan.<pool>`, …).
+pub async fn collected_queues(
+    pool: &takosumi_store::Pool,
+    topology: &Topology,
+) -> Result<Vec<String>, takosumi_store::StoreError> {
+    let mut queues = topology.queues.clone();
+    for name in takosumi_store::pools::names(pool).await? {
+        queues.extend(Topology::pool_queues(&name));
+    }
+    Ok(queues)
+}
+
 impl Broker {
-    /// How many messages wait in each step queue's dead-letter queue (a passive declare
+    /// How many messages wait in each of `queues`' dead-letter queues (a passive declare
     /// per queue: nothing is taken, returned or reordered).
-    pub async fn dead_letter_depths(&self) -> Result<Vec<DeadQueueDepth>, QueueError> {
+    pub async fn dead_letter_depths(
+        &self,
+        queues: &[String],
+    ) -> Result<Vec<DeadQueueDepth>, QueueError> {
         let mut out = Vec::new();
-        for queue in &self.topology().queues {
+        for queue in queues {
             let dead = Topology::dead_queue_name(queue);
             // A channel per queue: a failed passive declare closes its channel.
             let ch = self.channel().await?;
@@ -115,7 +134,8 @@ pub async fn run_dead_letter_collector(
 }
 
 /// One session: consume every dead-letter queue on one channel until `shutdown` (`Ok`) or
-/// the connection fails (`Err`).
+/// the connection fails (`Err`). A worker pool created meanwhile is picked up within
+/// [`POOL_RESCAN`].
 async fn collect(
     pool: &takosumi_store::Pool,
     bus: &Bus,
@@ -124,24 +144,46 @@ async fn collect(
     let broker = bus.get().await?;
     let ch = broker.channel().await?;
     ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
-    let mut consumers = Vec::new();
-    for queue in &broker.topology().queues {
-        let dead = Topology::dead_queue_name(queue);
-        let consumer = ch
-            .basic_consume(
-                dead.clone().into(),
-                format!("collector-{dead}-{}", std::process::id()).into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        let queue = queue.clone();
-        consumers.push(consumer.map(move |d| (queue.clone(), d)).boxed());
-    }
-    let mut all = futures::stream::select_all(consumers);
+    let mut watched = std::collections::BTreeSet::new();
+    let mut all = futures::stream::SelectAll::new();
+    // The step queues first: a pool listing that fails (Postgres away) must not keep
+    // their dead letters in the broker.
+    let mut wanted = broker.topology().queues.clone();
+    let mut rescan = tokio::time::interval(POOL_RESCAN);
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
+        for queue in std::mem::take(&mut wanted) {
+            if watched.contains(&queue) {
+                continue;
+            }
+            if !broker.topology().queues.contains(&queue) {
+                // A pool's queues are declared when it is created; declaring again (the
+                // same arguments, so a no-op) covers a broker that lost them since,
+                // where consuming a missing queue would close the channel.
+                broker.topology().declare_queue(&ch, &queue).await?;
+            }
+            let dead = Topology::dead_queue_name(&queue);
+            let consumer = ch
+                .basic_consume(
+                    dead.clone().into(),
+                    format!("collector-{dead}-{}", std::process::id()).into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            let name = queue.clone();
+            all.push(consumer.map(move |d| (name.clone(), d)).boxed());
+            watched.insert(queue);
+        }
         let next = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
+            _ = rescan.tick() => {
+                match collected_queues(pool, broker.topology()).await {
+                    Ok(queues) => wanted = queues,
+                    Err(e) => tracing::warn!(error = %e, "could not list the worker pools' queues; will look again"),
+                }
+                continue;
+            }
             next = all.next() => next,
         };
         let (queue, delivery) = match next {

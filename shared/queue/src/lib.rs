@@ -20,7 +20,7 @@ mod bus;
 pub use bus::{Bus, CONNECT_TIMEOUT, WAIT_TIMEOUT};
 
 mod dead;
-pub use dead::{DeadQueueDepth, run_dead_letter_collector};
+pub use dead::{DeadQueueDepth, collected_queues, run_dead_letter_collector};
 
 /// How long a publish waits for the broker's confirm before it counts as failed.
 const CONFIRM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -32,6 +32,18 @@ impl Topology {
             .unwrap_or_else(|e| panic!("infra/rabbitmq/topology.json: {e}"))
     }
 
+    /// The step queues each worker pool has its own of (`run.plan.<pool>`): the steps a
+    /// pool's relay worker runs.
+    pub const POOL_STEPS: [&'static str; 3] = ["run.plan", "run.apply", "run.drift"];
+
+    /// A pool's queues (`run.plan.<pool>`, …).
+    pub fn pool_queues(pool: &str) -> Vec<String> {
+        Self::POOL_STEPS
+            .iter()
+            .map(|step| format!("{step}.{pool}"))
+            .collect()
+    }
+
     /// The dead-letter queue of a queue.
     pub fn dead_queue_name(queue: &str) -> String {
         format!("{queue}.dead")

@@ -19,10 +19,12 @@ pub async fn hold_claimed(
     approver_roles: &[String],
 ) -> Result<bool, StoreError> {
     crate::transitions!(Planning => Held);
+    // The claim ended cleanly (held for a person, not lost): counted as handed back, so a
+    // released plan keeps every attempt `max_attempts` allows.
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'held', hold_reason = $3, hold_details = $4, gate_decision = 'held',
                   approvals_required = $5, approver_roles = $6, lease_owner = NULL, lease_until = NULL,
-                  updated_at = now()
+                  handbacks = handbacks + 1, updated_at = now()
             WHERE id = $1 AND status = 'planning' AND lease_owner = $2 AND gate_decision IS NULL"#,
         id.as_uuid(),
         owner,

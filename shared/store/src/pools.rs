@@ -107,6 +107,15 @@ pub async fn by_name<'e, E: sqlx::PgExecutor<'e>>(
     Ok(row.as_ref().map(from_row).transpose()?)
 }
 
+/// Every pool's name, in name order (the queues a pool has are named after it).
+pub async fn names<'e, E: sqlx::PgExecutor<'e>>(executor: E) -> Result<Vec<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar!("SELECT name FROM worker_pools ORDER BY name")
+            .fetch_all(executor)
+            .await?,
+    )
+}
+
 /// The pool a Capsule names, if any.
 pub async fn of_capsule<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
