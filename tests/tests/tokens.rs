@@ -111,6 +111,37 @@ async fn admins_make_list_and_revoke_tokens() -> anyhow::Result<()> {
         "{kinds:?}"
     );
 
+    // A token revoked by another API process: this one cached its grant a moment ago and
+    // drops it when the revocation's notification arrives, well before the cache's TTL.
+    let elsewhere = stack
+        .client
+        .create_token(&NewToken {
+            name: "elsewhere".into(),
+            role: "viewer".into(),
+            workspace_id: None,
+            expires_in_days: None,
+        })
+        .await?;
+    let by_elsewhere = Client::new(&stack.api_url, &elsewhere.token)?;
+    by_elsewhere.list_workspaces().await?;
+    let mut tx = stack.ctx.pool.begin().await?;
+    takosumi_store::tokens::revoke(&mut tx, elsewhere.info.id, "user:another-api").await?;
+    tx.commit().await?;
+    let revoked_at = std::time::Instant::now();
+    let refused_after = loop {
+        match by_elsewhere.list_workspaces().await {
+            Err(e) if e.status() == Some(401) => break revoked_at.elapsed(),
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
+        assert!(
+            revoked_at.elapsed() < std::time::Duration::from_secs(3),
+            "served for 3 s after another process revoked it (the cache keeps a grant 5 s)"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    println!("refused {refused_after:?} after another process revoked it");
+
     // An expired token is refused.
     let short = stack
         .client

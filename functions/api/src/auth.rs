@@ -6,7 +6,7 @@ use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use takosumi_core::WorkspaceId;
-use takosumi_store::tokens::{self, TokenGrant};
+use takosumi_store::tokens::TokenGrant;
 
 use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
@@ -110,7 +110,9 @@ impl FromRequestParts<AppState> for Caller {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
-        let grant = tokens::find(&state.pool, token)
+        let grant = state
+            .tokens
+            .find(&state.pool, token)
             .await?
             .ok_or_else(|| unauthorized("the token is not valid"))?;
         Ok(Caller(grant))

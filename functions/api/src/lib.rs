@@ -26,6 +26,7 @@ mod relay;
 mod resolve_state;
 mod review;
 mod routes;
+mod token_cache;
 mod tokens;
 mod views;
 
@@ -63,6 +64,8 @@ pub struct AppState {
     pub allow_file_repos: bool,
     /// The evidence public keys, current and rotated out (`GET /api/v1/evidence/keys`).
     pub evidence_keys: Arc<takosumi_evidence::PublishedKeys>,
+    /// Token lookups of the last few seconds, dropped on any revocation.
+    pub tokens: Arc<token_cache::TokenCache>,
 }
 
 /// The API's routes.
@@ -137,6 +140,12 @@ pub async fn serve(
         signer,
         background.clone(),
     ));
+    let token_cache = Arc::new(token_cache::TokenCache::default());
+    let revocations = tokio::spawn(token_cache::listen_for_revocations(
+        ctx.pool.clone(),
+        token_cache.clone(),
+        background.clone(),
+    ));
     let app = router(AppState {
         pool: ctx.pool.clone(),
         relay_wake: ctx.relay_wake.clone(),
@@ -146,6 +155,7 @@ pub async fn serve(
         ctx: ctx.clone(),
         allow_file_repos: settings.allow_file_repos,
         evidence_keys,
+        tokens: token_cache,
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening");
@@ -167,6 +177,7 @@ pub async fn serve(
         let _ = metrics.await;
     }
     let _ = dead_letters.await;
+    let _ = revocations.await;
     ctx.bus.close().await;
     Ok(())
 }

@@ -180,6 +180,9 @@ async fn revoke(
     };
     record(&mut tx, &info, "token_revoked", &actor).await?;
     tx.commit().await?;
+    // This process refuses it from the next request on; the others when the commit's
+    // notification reaches them.
+    st.tokens.clear();
     tracing::info!(token = %id, by = %actor, "token revoked");
     Ok(Json(view(info)))
 }

@@ -54,17 +54,47 @@ pub async fn upsert(
 
 /// Finds the live grant for a presented token.
 pub async fn find(pool: &sqlx::PgPool, token: &str) -> Result<Option<TokenGrant>, StoreError> {
-    let hash = hash_token(token);
-    let row = sqlx::query_as!(
-        GrantRow,
-        "SELECT id, name, role, workspace_id FROM api_tokens
+    Ok(find_by_hash(pool, &hash_token(token))
+        .await?
+        .map(|live| live.grant))
+}
+
+/// A live token's grant and until when it stays live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveGrant {
+    /// What it may do.
+    pub grant: TokenGrant,
+    /// When it expires; `None`: never (it may still be revoked).
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Finds the live grant of a token by its hash ([`hash_token`]).
+pub async fn find_by_hash(
+    pool: &sqlx::PgPool,
+    hash: &[u8],
+) -> Result<Option<LiveGrant>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT id, name, role, workspace_id, expires_at FROM api_tokens
           WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
         hash
     )
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(Into::into))
+    Ok(row.map(|r| LiveGrant {
+        grant: GrantRow {
+            id: r.id,
+            name: r.name,
+            role: r.role,
+            workspace_id: r.workspace_id,
+        }
+        .into(),
+        expires_at: r.expires_at,
+    }))
 }
+
+/// The channel a revocation is announced on (`NOTIFY`, delivered at commit), so every
+/// API process drops what it cached of the token's grant.
+pub const REVOKED_CHANNEL: &str = "takosumi_token_revoked";
 
 /// A live token's grant as read from its row (the token lookup and a session's).
 pub(crate) struct GrantRow {
@@ -192,6 +222,12 @@ pub async fn revoke(
     )
     .fetch_optional(&mut **tx)
     .await?;
+    if row.is_some() {
+        // Sent when the revocation commits, never before; not at all if it rolls back.
+        sqlx::query!("SELECT pg_notify($1, $2)", REVOKED_CHANNEL, id.to_string())
+            .execute(&mut **tx)
+            .await?;
+    }
     Ok(row.map(Into::into))
 }
 
