@@ -1020,10 +1020,25 @@ async fn sigterm_finishes_the_run_in_flight_and_exits_cleanly() -> anyhow::Resul
         .stderr(Stdio::null())
         .status()?;
     assert!(term.success());
-    // The stopping process takes nothing new.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The stopping process takes nothing new: its consumer leaves the plan queue (the
+    // broker says so), and the next plan's wake-up then waits there, unconsumed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while plan_queue(&stack).await?.1 > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the stopping process still consumes the plan queue"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let second = stack.client.plan(capsule.id, None).await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while plan_queue(&stack).await?.0 == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the second plan's wake-up never reached the plan queue"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(
         stack.client.get_run(second.id).await?.status,
         RunStatus::Queued,
@@ -1502,4 +1517,23 @@ async fn a_handler_killed_mid_apply_leaves_no_tool_and_no_run_directory() -> any
     next.kill().await?;
     record("faults", "handlers SIGKILLed mid-apply, nothing left", 1);
     stack.stop().await
+}
+
+/// The plan queue's (messages ready, consumers), read with a passive declare (which
+/// takes nothing).
+async fn plan_queue(stack: &Stack) -> anyhow::Result<(u32, u32)> {
+    let broker = stack.ctx.bus.get().await?;
+    let ch = broker.channel().await?;
+    let q = ch
+        .queue_declare(
+            Topic::Plan.queue_name().into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    let _ = ch.close(200, "counted".into()).await;
+    Ok((q.message_count(), q.consumer_count()))
 }
