@@ -8,6 +8,8 @@ set -euo pipefail
 FILE=${TAKOSUMI_SUITE_SUMMARY:-${CARGO_TARGET_DIR:-/var/tmp/takosumi-target}/takosumi-suite-summary.tsv}
 [ -s "$FILE" ] || { echo "suite summary: no figures recorded ($FILE)"; exit 0; }
 
+# A breakdown of a figure (the fuzz's `inputs: <caller>`, `routes hit`) is shown but not
+# summed: only the figures the totals name are.
 echo "== Fault and security suite =="
 sort -s -t$'\t' -k1,1 "$FILE" | awk -F'\t' '
     NF < 3 { next }
