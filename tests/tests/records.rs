@@ -493,6 +493,80 @@ async fn canceling_a_running_plan_interrupts_the_tool() -> anyhow::Result<()> {
     stack.stop().await
 }
 
+/// A cancel requested for a plan whose handler then vanished: when the reaper takes the
+/// expired claim back, the Run ends `canceled` as asked (by the person who asked), not
+/// queued again for a new handler to start and only then cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_whose_handler_vanished_after_a_cancel_request_is_canceled_by_the_reaper()
+-> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("null")?;
+    let capsule = register(&stack, &repo, "infra/null", json!({})).await?;
+    let plan = stack.client.plan(capsule.id, None).await?;
+    // A handler claims it, then vanishes (no plan step runs in this stack).
+    let mut tx = stack.ctx.pool.begin().await?;
+    assert!(
+        takosumi_store::runs::claim(
+            &mut tx,
+            plan.id,
+            RunStatus::Queued,
+            RunStatus::Planning,
+            "ghost",
+            60
+        )
+        .await?
+    );
+    tx.commit().await?;
+    let (status, body) = call(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/api/v1/runs/{}/cancel", plan.id),
+        &stack.admin_token,
+        None,
+    )
+    .await?;
+    assert_eq!(status, 202, "{body}");
+    sqlx::query("UPDATE runs SET lease_until = now() - interval '1 second' WHERE id = $1")
+        .bind(plan.id.as_uuid())
+        .execute(&stack.ctx.pool)
+        .await?;
+
+    // The API's own reaper takes it back.
+    let done = stack.wait(plan.id).await?;
+    assert_eq!(done.status, RunStatus::Canceled, "{done:?}");
+    assert!(
+        done.extra["canceledBy"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("user:tok_")),
+        "{done:?}"
+    );
+    assert!(done.extra["canceledAt"].is_string(), "{done:?}");
+    let k: Vec<String> = stack
+        .client
+        .events(plan.id)
+        .await?
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(k.iter().any(|k| k == "lease_expired_canceled"), "{k:?}");
+    let wakeups: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE payload->>'runId' = $1")
+            .bind(plan.id.to_string())
+            .fetch_one(&stack.ctx.pool)
+            .await?;
+    assert_eq!(
+        wakeups, 1,
+        "the submission's wake-up only, none after the cancel"
+    );
+    // Reaping again finds nothing: the pass is safe to run twice.
+    assert_eq!(takosumi_runtime::reap_once(&stack.ctx, 3600).await?, 0);
+    stack.stop().await
+}
+
 /// An apply canceled while the tool applies: terraform is interrupted (SIGINT first), the
 /// resource it already created is kept in a new StateVersion the Run points to, the
 /// Capsule's generation moves on and the Capsule is free again; the Run ends `canceled`.

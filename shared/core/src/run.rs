@@ -329,6 +329,7 @@ mod tests {
             ("pools::fail_with_code (lease holder)", Applying, Failed),
             ("runs::reap_expired", Planning, Queued),
             ("runs::reap_expired", Planning, Failed),
+            ("runs::reap_expired", Planning, Canceled),
             ("runs::reap_expired", Applying, UnknownOutcome),
             ("gates::hold", Queued, Held),
             ("gates::release", Held, Queued),

@@ -36,6 +36,7 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
                 "lease_expired_requeued"
             }
             RunStatus::UnknownOutcome => "lease_expired_unknown_outcome",
+            RunStatus::Canceled => "lease_expired_canceled",
             _ => "lease_expired_failed",
         };
         actions.push(kind);

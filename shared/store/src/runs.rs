@@ -617,8 +617,8 @@ pub struct Reaped {
     pub id: RunId,
     /// Its kind.
     pub kind: RunKind,
-    /// Its status now: `queued` (will be retried), `failed` (attempts exhausted) or
-    /// `unknown_outcome` (an apply).
+    /// Its status now: `queued` (will be retried), `failed` (attempts exhausted),
+    /// `canceled` (a plan someone asked to cancel) or `unknown_outcome` (an apply).
     pub status: RunStatus,
 }
 
@@ -627,10 +627,16 @@ pub struct Reaped {
 /// a transient fault do not count); an apply becomes `unknown_outcome` and is
 /// never re-applied automatically. Safe to run from many processes at once.
 pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>, StoreError> {
-    crate::transitions!(Planning => Queued, Planning => Failed, Applying => UnknownOutcome);
+    crate::transitions!(
+        Planning => Queued,
+        Planning => Failed,
+        Planning => Canceled,
+        Applying => UnknownOutcome
+    );
     let rows = sqlx::query!(
         r#"SELECT id, kind as "kind: RunKind", status as "status: RunStatus",
-                  attempts - handbacks as "attempts!", capsule_id
+                  attempts - handbacks as "attempts!", capsule_id,
+                  cancel_requested_at IS NOT NULL as "cancel_requested!"
              FROM runs
             WHERE status IN ('planning', 'applying') AND lease_until < now()
             ORDER BY lease_until
@@ -643,7 +649,12 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
     for r in rows {
         let id = RunId::from_uuid(r.id);
         let status = if r.status == RunStatus::Applying {
+            // Even with a cancel requested: the tool may have changed infrastructure.
             RunStatus::UnknownOutcome
+        } else if r.cancel_requested {
+            // Someone asked to cancel the plan its vanished handler held: it ends as
+            // asked, rather than being queued again for a handler to cancel once it starts.
+            RunStatus::Canceled
         } else if r.attempts >= max_attempts {
             RunStatus::Failed
         } else {
@@ -672,6 +683,8 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
         sqlx::query!(
             r#"UPDATE runs SET status = $2, lease_owner = NULL, lease_until = NULL, error_code = $3,
                       error_message = $4, updated_at = now(),
+                      canceled_by = CASE WHEN $2 = 'canceled'::run_status THEN cancel_requested_by ELSE canceled_by END,
+                      canceled_at = CASE WHEN $2 = 'canceled'::run_status THEN now() ELSE canceled_at END,
                       finished_at = CASE WHEN $2 IN ('queued'::run_status) THEN NULL ELSE now() END
                 WHERE id = $1"#,
             id.as_uuid(),
