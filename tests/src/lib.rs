@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod canary;
 pub mod probe;
+pub mod seed;
 pub mod services;
 
 /// Which steps run inside the test process.

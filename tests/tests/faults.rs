@@ -1537,3 +1537,95 @@ async fn plan_queue(stack: &Stack) -> anyhow::Result<(u32, u32)> {
     let _ = ch.close(200, "counted".into()).await;
     Ok((q.message_count(), q.consumer_count()))
 }
+
+/// The sweep SIGKILLed mid-pass: the batches it committed stand (each with its Run, its
+/// event and its wake-up, in one statement), the batch it was in rolls back, and the next
+/// pass enqueues exactly the rest: every due Capsule checked once, none twice, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sweep_killed_mid_pass_leaves_every_capsule_checked_exactly_once() -> anyhow::Result<()> {
+    const CAPSULES: usize = 40_000;
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let pool = stack.ctx.pool.clone();
+    let ws = takosumi_tests::seed::due_capsules(&pool, "sweep-kill", CAPSULES).await?;
+    let checks = || {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT count(*), count(DISTINCT capsule_id) FROM runs
+                  WHERE workspace_id = $1 AND kind = 'drift_check'",
+            )
+            .bind(ws)
+            .fetch_one(&pool)
+            .await
+        }
+    };
+
+    let mut sweep = stack.spawn_step("sweep", &["--once"], &[("RUST_LOG", "warn")], None)?;
+    // Killed as soon as its first batch is committed (seen in Postgres, not guessed).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let at_kill = loop {
+        let (n, _) = checks().await?;
+        if n > 0 {
+            sweep.start_kill()?;
+            break n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sweep committed nothing in 60 s"
+        );
+        if let Some(status) = sweep.try_wait()? {
+            anyhow::bail!("the sweep exited ({status}) before anything was seen committed");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    sweep.wait().await?;
+    let (after_kill, distinct) = checks().await?;
+    println!("killed with {at_kill} checks seen, {after_kill} committed of {CAPSULES}");
+    assert_eq!(
+        after_kill, distinct,
+        "a Capsule got two checks before the kill"
+    );
+    assert!(
+        (after_kill as usize) < CAPSULES,
+        "the kill landed after the pass had finished: nothing was tested"
+    );
+    record("faults", "sweep SIGKILLed mid-pass", 1);
+
+    let status = stack
+        .spawn_step("sweep", &["--once"], &[("RUST_LOG", "warn")], None)?
+        .wait()
+        .await?;
+    assert!(status.success(), "{status}");
+    let (total, distinct) = checks().await?;
+    assert_eq!(
+        (total, distinct),
+        (CAPSULES as i64, CAPSULES as i64),
+        "every due Capsule checked once after the restart"
+    );
+    let (events, wakeups): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM run_events e JOIN runs r ON r.id = e.run_id
+                  WHERE r.workspace_id = $1 AND r.kind = 'drift_check' AND e.kind = 'queued'),
+                (SELECT count(*) FROM outbox o JOIN runs r ON o.payload->>'runId' = 'run_' || replace(r.id::text, '-', '')
+                  WHERE r.workspace_id = $1 AND r.kind = 'drift_check')",
+    )
+    .bind(ws)
+    .fetch_one(&pool)
+    .await?;
+    assert_eq!(
+        (events, wakeups),
+        (CAPSULES as i64, CAPSULES as i64),
+        "each check has its queued event and its wake-up"
+    );
+    // Nothing is due any more: a third pass enqueues nothing.
+    let status = stack
+        .spawn_step("sweep", &["--once"], &[("RUST_LOG", "warn")], None)?
+        .wait()
+        .await?;
+    assert!(status.success(), "{status}");
+    assert_eq!(checks().await?.0, CAPSULES as i64);
+    stack.stop().await
+}

@@ -1,0 +1,72 @@
+//! Data generated in SQL for tests and benchmarks that need more of it than the API could
+//! make in the time (tens of thousands of due Capsules).
+
+/// Adds `n` Capsules to a Workspace with an hourly drift interval, each with an applied
+/// StateVersion (what the sweep checks drift against), so every one is due.
+pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::Result<uuid::Uuid> {
+    let ws = uuid::Uuid::now_v7();
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO workspaces (id, name, drift_interval_secs) VALUES ($1, $2, 3600)")
+        .bind(ws)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool, vars)
+         SELECT gen_random_uuid(), $1, 'due-' || g, 'file:///nonexistent', 'main', 'infra', 'terraform', '{}'::jsonb
+           FROM generate_series(1, $2) g",
+    )
+    .bind(ws)
+    .bind(i32::try_from(n)?)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("ALTER TABLE runs DISABLE TRIGGER runs_evidence_on_insert")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO runs (id, kind, status, workspace_id, capsule_id, actor_kind, actor_id, source_commit)
+         SELECT gen_random_uuid(), 'apply', 'applied', workspace_id, id, 'user', 'bench', repeat('a', 40)
+           FROM capsules WHERE workspace_id = $1",
+    )
+    .bind(ws)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("ALTER TABLE runs ENABLE TRIGGER runs_evidence_on_insert")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO state_versions (id, capsule_id, generation, run_id, object_key, digest, size_bytes)
+         SELECT gen_random_uuid(), capsule_id, 1, id, 'bench/none', 'none', 0
+           FROM runs WHERE workspace_id = $1",
+    )
+    .bind(ws)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE capsules c SET current_state_version_id = sv.id, state_generation = 1
+           FROM state_versions sv WHERE sv.capsule_id = c.id AND c.workspace_id = $1",
+    )
+    .bind(ws)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    vacuum(pool).await?;
+    Ok(ws)
+}
+
+/// `VACUUM ANALYZE` on a connection without the stack's statement timeout (a million
+/// rows take longer), as autovacuum would have done on an instance this size.
+pub async fn vacuum(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("VACUUM ANALYZE").execute(&mut *conn).await?;
+    sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
