@@ -99,13 +99,16 @@ const KINDS: [&str; 7] = ["api", "plan", "gate", "approve", "apply", "drift", "r
 const AIMS: [(&str, &str); 14] = [
     ("plan", PLANNING),
     ("apply", APPLYING),
-    ("relay", APPLYING),
+    // The relay worker's planning first: a killed relay worker's Run keeps its 60 s lease,
+    // and until it expires the pool Capsule plans nothing new, so a planning kill aimed
+    // after an apply kill would mostly find the dead worker's stranded apply.
+    ("relay", PLANNING),
     ("api", MID_REQUEST),
     ("gate", DECISION_PENDING),
     ("apply", AFTER_TOOL_APPLY),
     ("drift", CHECKING),
     ("approve", HELD_RUN_WAITING),
-    ("relay", PLANNING),
+    ("relay", APPLYING),
     ("plan", ANY),
     ("apply", AFTER_TOOL_APPLY),
     ("api", MID_REQUEST),
@@ -243,11 +246,20 @@ async fn workload(
     sh: &Shared,
     (index, capsule, repo, flavor): (usize, &Capsule, &GitRepo, Flavor),
     rounds: usize,
+    extend_until: Option<&AtomicBool>,
 ) -> anyhow::Result<()> {
     let client = &stack.client;
     // A drift check needs an applied state to check against.
     let mut ever_applied = false;
-    for round in 0..rounds {
+    // Past `rounds`, rounds go on (up to three times as many) until `extend_until` is set:
+    // the kill loop sets it once its kills meet what the test asserts (the minimum, every
+    // aim landed), so a fast machine cannot end the workload before the kills do.
+    let more = |round: usize| {
+        round < rounds
+            || extend_until
+                .is_some_and(|enough| !enough.load(Ordering::SeqCst) && round < rounds * 3)
+    };
+    for round in (0..).take_while(|r| more(*r)) {
         repo.commit(
             &[("infra/network/main.tf", &network_revision(round))],
             "revision",
@@ -539,7 +551,8 @@ async fn kill_loop(
     relay: &RelayWorker,
     rng: &mut Rng,
     done: &AtomicBool,
-    max_kills: usize,
+    (min_kills, max_kills): (usize, usize),
+    enough: &AtomicBool,
 ) -> anyhow::Result<Kills> {
     let mut kills = Kills::default();
     let mut next = 0;
@@ -594,6 +607,14 @@ async fn kill_loop(
                     .filter(|(_, s)| s == "applying")
                     .map(|(id, _)| id),
             );
+        }
+        // What the test will assert: the minimum of kills, and every aim landed at least
+        // once. Once that holds (or no more kills will come), the workload may end.
+        let every_aim = AIMS
+            .iter()
+            .all(|(k, a)| *a == ANY || kills.landed.contains_key(&(*k, *a)));
+        if (kills.total() >= min_kills && every_aim) || kills.total() >= max_kills {
+            enough.store(true, Ordering::SeqCst);
         }
         tokio::time::sleep(rng.millis(0, 500)).await;
         procs.insert(kind, spawn(stack, kind, relay)?);
@@ -748,6 +769,7 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
 
     let started = Instant::now();
     let done = AtomicBool::new(false);
+    let enough = AtomicBool::new(false);
     let work = async {
         let results = futures::future::join_all(caps.iter().map(|(i, capsule, repo, flavor)| {
             // A pool Capsule's kills cost a relay lease (60 s) each: fewer rounds there.
@@ -756,7 +778,13 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
             } else {
                 rounds
             };
-            workload(&stack, &sh, (*i, capsule, repo, *flavor), rounds)
+            workload(
+                &stack,
+                &sh,
+                (*i, capsule, repo, *flavor),
+                rounds,
+                Some(&enough),
+            )
         }))
         .await;
         done.store(true, Ordering::SeqCst);
@@ -764,7 +792,16 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
     };
     let (worked, killed) = tokio::join!(
         work,
-        kill_loop(&stack, &sh, &mut procs, &relay, &mut rng, &done, max_kills)
+        kill_loop(
+            &stack,
+            &sh,
+            &mut procs,
+            &relay,
+            &mut rng,
+            &done,
+            (min_kills, max_kills),
+            &enough
+        )
     );
     worked?;
     let kills = killed?;

@@ -243,8 +243,20 @@ async fn state_store_is_retried_until_storage_is_back() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The tool has run; its state cannot be stored for a few seconds.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // The tool has run; storing its state is refused and retried (the Run says so).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = stack.client.events(apply).await?;
+        if let Some(e) = events.iter().find(|e| e.kind == "state_store_retrying") {
+            assert!(e.data["error"].is_string(), "{e:?}");
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no state_store_retrying event: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(status_of(&stack, apply).await?, RunStatus::Applying);
     std::fs::remove_file(&blocker)?;
 

@@ -72,7 +72,27 @@ pub(crate) async fn seal_and_store_state(
     };
     // The key is new (a fresh StateVersion id), so an object already there is this put's
     // own earlier attempt whose answer was lost.
-    let put = || async { ctx.objects.put_if_absent(&key, sealed.clone()).await };
+    // The first refusal is also a Run event: whoever watches the Run sees why it stays
+    // `applying` (best effort; the retry does not wait on it).
+    let announced = std::sync::atomic::AtomicBool::new(false);
+    let put = || async {
+        let put = ctx.objects.put_if_absent(&key, sealed.clone()).await;
+        if let Err(e) = &put
+            && e.retryable()
+            && !announced.swap(true, std::sync::atomic::Ordering::Relaxed)
+            && let Err(store) = events::append(
+                &ctx.pool,
+                run_id,
+                "state_store_retrying",
+                &format!("handler:{}", ctx.owner),
+                serde_json::json!({ "error": e.to_string() }),
+            )
+            .await
+        {
+            tracing::warn!(%run_id, error = %store, "could not record the state store's retry");
+        }
+        put
+    };
     let stored = put
         .retry(backoff(STATE_STORE_RETRY))
         .sleep(tokio::time::sleep)
