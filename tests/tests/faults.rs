@@ -550,9 +550,9 @@ async fn kill_loop(
     procs: &mut HashMap<&'static str, Child>,
     relay: &RelayWorker,
     rng: &mut Rng,
-    done: &AtomicBool,
+    // Set when the workload ended; set here when the kills meet what the test asserts.
+    (done, enough): (&AtomicBool, &AtomicBool),
     (min_kills, max_kills): (usize, usize),
-    enough: &AtomicBool,
 ) -> anyhow::Result<Kills> {
     let mut kills = Kills::default();
     let mut next = 0;
@@ -798,9 +798,8 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
             &mut procs,
             &relay,
             &mut rng,
-            &done,
-            (min_kills, max_kills),
-            &enough
+            (&done, &enough),
+            (min_kills, max_kills)
         )
     );
     worked?;
