@@ -5,7 +5,7 @@
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use takosumi_core::WorkspaceId;
+use takosumi_core::{Role, WorkspaceId};
 use takosumi_store::tokens::TokenGrant;
 
 use crate::error::ErrorCode;
@@ -36,7 +36,7 @@ impl Caller {
     pub fn actor(&self) -> String {
         format!(
             "{}:{}",
-            if self.0.role == "agent" {
+            if self.0.role == Role::Agent {
                 "agent"
             } else {
                 "user"
@@ -67,9 +67,9 @@ impl Caller {
         }
         let allowed = match action {
             Action::Read | Action::Approve => true,
-            Action::Operate => matches!(g.role.as_str(), "admin" | "operator"),
-            Action::Submit => matches!(g.role.as_str(), "admin" | "operator" | "agent"),
-            Action::Administer => g.role == "admin",
+            Action::Operate => matches!(g.role, Role::Admin | Role::Operator),
+            Action::Submit => matches!(g.role, Role::Admin | Role::Operator | Role::Agent),
+            Action::Administer => g.role == Role::Admin,
         };
         if allowed {
             Ok(())

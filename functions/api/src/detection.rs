@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Sha256;
 use takosumi_core::{
-    ActorKind, CapsuleId, RunGroupId, RunId, RunKind, RunStatus, Topic, WorkspaceId,
+    ActorKind, CapsuleId, Role, RunGroupId, RunId, RunKind, RunStatus, Topic, WorkspaceId,
 };
 use takosumi_seal::Purpose;
 use takosumi_store::{Tx, activity, capsules, detection, events, outbox, runs, workspaces};
@@ -258,7 +258,9 @@ async fn agent_to_hold<'a>(
     caller: &'a Caller,
     capsule: &capsules::Capsule,
 ) -> Result<Option<&'a Caller>, ApiError> {
-    if caller.0.role == "agent" && !crate::gates::agent_exempt(st, capsule, &caller.0.name).await? {
+    if caller.0.role == Role::Agent
+        && !crate::gates::agent_exempt(st, capsule, &caller.0.name).await?
+    {
         Ok(Some(caller))
     } else {
         Ok(None)
@@ -266,7 +268,7 @@ async fn agent_to_hold<'a>(
 }
 
 fn actor_kind(caller: &Caller) -> ActorKind {
-    if caller.0.role == "agent" {
+    if caller.0.role == Role::Agent {
         ActorKind::Agent
     } else {
         ActorKind::User

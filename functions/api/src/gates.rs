@@ -275,7 +275,7 @@ pub async fn approve_run(
             "the requester of a Run cannot approve it; ask another approver",
         ));
     }
-    if !roles.contains(&caller.0.role) {
+    if !roles.iter().any(|r| r == caller.0.role.as_str()) {
         return Err(ApiError::forbidden(format!(
             "approvals of this Run count only from the roles {}",
             roles.join(", ")
@@ -295,7 +295,7 @@ pub async fn approve_run(
         id,
         run.plan_digest.as_deref(),
         &caller.0.id.to_string(),
-        &caller.0.role,
+        caller.0.role.as_str(),
         note,
     )
     .await?

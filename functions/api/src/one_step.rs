@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{CapsuleId, RunKind, Topic};
+use takosumi_core::{CapsuleId, Role, RunKind, Topic};
 use takosumi_policy::RuleSet;
 use takosumi_store::{activity, apply_modes, capsules, events, gates, outbox, runs};
 
@@ -99,7 +99,7 @@ async fn apply_capsule(
     if req.require_approval {
         covered_by.push("require_approval");
     }
-    let hold_agent = caller.0.role == "agent"
+    let hold_agent = caller.0.role == Role::Agent
         && !crate::gates::agent_exempt(&st, &capsule, &caller.0.name).await?;
     if hold_agent {
         covered_by.push("agent_run");

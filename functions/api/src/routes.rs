@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use takosumi_core::{ActorKind, CapsuleId, RunId, RunKind, RunStatus, Topic, WorkspaceId};
+use takosumi_core::{ActorKind, CapsuleId, Role, RunId, RunKind, RunStatus, Topic, WorkspaceId};
 use takosumi_runner::{Runner, Tool};
 use takosumi_store::{activity, capsules, events, outbox, runs, workspaces};
 
@@ -483,7 +483,7 @@ async fn destroy_capsule(
 }
 
 pub(crate) fn actor_kind(caller: &Caller) -> ActorKind {
-    if caller.0.role == "agent" {
+    if caller.0.role == Role::Agent {
         ActorKind::Agent
     } else {
         ActorKind::User
@@ -538,7 +538,7 @@ async fn submit_plan(
                 "autoApplyRequested is for a plan (an install); a destroy plan always stops for review: apply it explicitly",
             ));
         }
-        if caller.0.role == "agent" {
+        if caller.0.role == Role::Agent {
             return Err(ApiError::client(
                 StatusCode::FORBIDDEN,
                 ErrorCode::AutoApplyPersonOnly,
@@ -546,7 +546,7 @@ async fn submit_plan(
             ));
         }
     }
-    let hold_agent = caller.0.role == "agent"
+    let hold_agent = caller.0.role == Role::Agent
         && !crate::gates::agent_exempt(&st, &capsule, &caller.0.name).await?;
     if let Some(run) = replay(
         &st,

@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode};
 use axum::response::IntoResponse;
 use serde_json::json;
-use takosumi_core::TokenId;
+use takosumi_core::{Role, TokenId};
 use takosumi_store::{activity, tokens, workspaces};
 use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
 
@@ -21,8 +21,6 @@ use crate::error::ErrorCode;
 use crate::routes::{parse_body, parse_id};
 use crate::{ApiError, AppState};
 
-/// The roles a token can have.
-pub const ROLES: [&str; 5] = ["viewer", "operator", "approver", "admin", "agent"];
 /// The longest token name.
 const MAX_NAME_CHARS: usize = 100;
 /// The furthest expiry.
@@ -57,7 +55,7 @@ fn view(t: tokens::TokenInfo) -> TokenView {
     TokenView {
         id: t.id,
         name: t.name,
-        role: t.role,
+        role: t.role.to_string(),
         workspace_id: t.workspace_id,
         created_at: t.created_at,
         created_by: t.created_by,
@@ -84,12 +82,12 @@ async fn create(
             format!("name: 1 to {MAX_NAME_CHARS} printable characters"),
         ));
     }
-    if !ROLES.contains(&req.role.as_str()) {
+    let Ok(role) = req.role.parse::<Role>() else {
         return Err(ApiError::invalid(
             ErrorCode::InvalidRole,
-            format!("role: one of {}", ROLES.join(", ")),
+            format!("role: one of {}", Role::ALL.map(Role::as_str).join(", ")),
         ));
-    }
+    };
     let expires_at = match req.expires_in_days {
         None => None,
         Some(d) if (1..=MAX_DAYS).contains(&d) => {
@@ -118,7 +116,7 @@ async fn create(
         &tokens::NewToken {
             token: &secret,
             name,
-            role: &req.role,
+            role,
             workspace_id: req.workspace_id,
             expires_at,
             created_by: &actor,

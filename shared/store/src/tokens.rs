@@ -2,7 +2,7 @@
 //! find the row by its hash, so no stored value can be replayed and no comparison leaks
 //! timing about a stored secret.
 
-use takosumi_core::{TokenId, WorkspaceId};
+use takosumi_core::{Role, TokenId, WorkspaceId};
 
 use crate::StoreError;
 
@@ -13,8 +13,8 @@ pub struct TokenGrant {
     pub id: TokenId,
     /// Its name (for audit).
     pub name: String,
-    /// `viewer`, `operator`, `approver`, `admin` or `agent`.
-    pub role: String,
+    /// What it may do.
+    pub role: Role,
     /// The Workspace it is limited to; `None` for an instance-wide token.
     pub workspace_id: Option<WorkspaceId>,
 }
@@ -96,6 +96,16 @@ pub async fn find_by_hash(
 /// API process drops what it cached of the token's grant.
 pub const REVOKED_CHANNEL: &str = "takosumi_token_revoked";
 
+/// A role as stored: `api_tokens.role` has a CHECK constraint naming exactly
+/// [`Role::ALL`], so a row holds no other; were one ever written around it, it would be
+/// read as the least privileged role rather than fail every request.
+fn stored_role(name: &str) -> Role {
+    name.parse().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "a token row holds a role the schema does not allow");
+        Role::Viewer
+    })
+}
+
 /// A live token's grant as read from its row (the token lookup and a session's).
 pub(crate) struct GrantRow {
     pub(crate) id: uuid::Uuid,
@@ -109,7 +119,7 @@ impl From<GrantRow> for TokenGrant {
         Self {
             id: TokenId::from_uuid(r.id),
             name: r.name,
-            role: r.role,
+            role: stored_role(&r.role),
             workspace_id: r.workspace_id.map(WorkspaceId::from_uuid),
         }
     }
@@ -123,7 +133,7 @@ pub struct TokenInfo {
     /// Its name.
     pub name: String,
     /// Its role.
-    pub role: String,
+    pub role: Role,
     /// The Workspace it is limited to.
     pub workspace_id: Option<WorkspaceId>,
     /// When it was made.
@@ -146,7 +156,7 @@ pub struct NewToken<'a> {
     /// Its name.
     pub name: &'a str,
     /// Its role.
-    pub role: &'a str,
+    pub role: Role,
     /// The Workspace it is limited to.
     pub workspace_id: Option<WorkspaceId>,
     /// When it stops working.
@@ -165,7 +175,7 @@ pub async fn create(tx: &mut crate::Tx, t: &NewToken<'_>) -> Result<TokenInfo, S
         TokenId::new().as_uuid(),
         hash_token(t.token),
         t.name,
-        t.role,
+        t.role.as_str(),
         t.workspace_id.map(|w| w.as_uuid()),
         t.expires_at,
         t.created_by
@@ -248,7 +258,7 @@ impl From<TokenRow> for TokenInfo {
         Self {
             id: TokenId::from_uuid(r.id),
             name: r.name,
-            role: r.role,
+            role: stored_role(&r.role),
             workspace_id: r.workspace_id.map(WorkspaceId::from_uuid),
             created_at: r.created_at,
             created_by: r.created_by,

@@ -750,7 +750,10 @@ fn run_page(s: &Session, run: &Run, parts: RunParts<'_>) -> Markup {
     let may_approve = run.status == RunStatus::Held
         && !requester
         && !already
-        && approvals.approver_roles.contains(&s.caller.0.role)
+        && approvals
+            .approver_roles
+            .iter()
+            .any(|r| r == s.caller.0.role.as_str())
         && s.caller.may(Action::Approve, Some(ws));
     let may_apply = run.status == RunStatus::Planned
         && matches!(
