@@ -23,9 +23,7 @@ pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::
     .bind(i32::try_from(n)?)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("ALTER TABLE runs DISABLE TRIGGER runs_evidence_on_insert")
-        .execute(&mut *tx)
-        .await?;
+    evidence_on_insert(&mut tx, false).await?;
     sqlx::query(
         "INSERT INTO runs (id, kind, status, workspace_id, capsule_id, actor_kind, actor_id, source_commit)
          SELECT gen_random_uuid(), 'apply', 'applied', workspace_id, id, 'user', 'bench', repeat('a', 40)
@@ -34,9 +32,7 @@ pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::
     .bind(ws)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("ALTER TABLE runs ENABLE TRIGGER runs_evidence_on_insert")
-        .execute(&mut *tx)
-        .await?;
+    evidence_on_insert(&mut tx, true).await?;
     sqlx::query(
         "INSERT INTO state_versions (id, capsule_id, generation, run_id, object_key, digest, size_bytes)
          SELECT gen_random_uuid(), capsule_id, 1, id, 'bench/none', 'none', 0
@@ -68,5 +64,21 @@ pub async fn vacuum(pool: &sqlx::PgPool) -> anyhow::Result<()> {
     sqlx::query("RESET statement_timeout")
         .execute(&mut *conn)
         .await?;
+    Ok(())
+}
+
+/// Turns the evidence trigger on Run inserts off (`false`) or back on, inside `tx`, for
+/// Runs written as history: with it on, each ended Run inserted queues a statement for
+/// the evidence writer to sign.
+pub async fn evidence_on_insert(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    on: bool,
+) -> anyhow::Result<()> {
+    let sql = if on {
+        "ALTER TABLE runs ENABLE TRIGGER runs_evidence_on_insert"
+    } else {
+        "ALTER TABLE runs DISABLE TRIGGER runs_evidence_on_insert"
+    };
+    sqlx::query(sql).execute(&mut **tx).await?;
     Ok(())
 }

@@ -65,9 +65,7 @@ async fn measure_list(
     .await?;
     // Ended Runs only, written as history: the evidence trigger would queue a statement
     // per Run for the API's evidence writer to sign during the measurement.
-    sqlx::query("ALTER TABLE runs DISABLE TRIGGER runs_evidence_on_insert")
-        .execute(&mut *tx)
-        .await?;
+    takosumi_tests::seed::evidence_on_insert(&mut tx, false).await?;
     // Run g: half in the first Workspace, the rest round-robin over the others; one a
     // second back in time; kinds and statuses in a plausible mix, 1 in 10,000 unknown.
     sqlx::query(
@@ -96,9 +94,7 @@ async fn measure_list(
     .bind(i64::from(CAPSULES_PER_WS))
     .execute(&mut *tx)
     .await?;
-    sqlx::query("ALTER TABLE runs ENABLE TRIGGER runs_evidence_on_insert")
-        .execute(&mut *tx)
-        .await?;
+    takosumi_tests::seed::evidence_on_insert(&mut tx, true).await?;
     tx.commit().await?;
     vacuum(pool).await?;
     let seed_s = t.elapsed().as_secs_f64();
