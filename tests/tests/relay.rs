@@ -303,7 +303,7 @@ async fn a_relay_worker_plans_and_applies_a_pool_capsule() -> anyhow::Result<()>
         assert!(!record.contains(&canary));
     }
     // The worker's private directories are gone.
-    let left: Vec<_> = std::fs::read_dir(work.path())?.collect();
+    let left = takosumi_tests::leftover_run_dirs(work.path());
     assert!(left.is_empty(), "{left:?}");
     worker.kill().await?;
     stack.stop().await

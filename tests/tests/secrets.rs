@@ -179,13 +179,7 @@ async fn assert_nowhere(
         let bytes = stack.ctx.objects.get(key, 512 * 1024 * 1024).await?;
         takosumi_tests::canary::assert_absent(&format!("object {key}"), &bytes, canaries);
     }
-    let leftovers: Vec<String> = std::fs::read_dir(&stack.settings.work_dir)
-        .map(|dir| {
-            dir.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    let leftovers = takosumi_tests::leftover_run_dirs(&stack.settings.work_dir);
     assert!(
         leftovers.is_empty(),
         "run directories (and the values in them) must vanish: {leftovers:?}"

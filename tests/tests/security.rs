@@ -1657,13 +1657,7 @@ async fn canary_secrets_appear_nowhere() -> anyhow::Result<()> {
 
     // The private directories are gone, after success and after failure.
     let work = std::path::PathBuf::from(&stack.env_vars()["TAKOSUMI_WORK_DIR"]);
-    let left: Vec<String> = std::fs::read_dir(&work)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    let left = takosumi_tests::leftover_run_dirs(&work);
     assert!(left.is_empty(), "private directories left behind: {left:?}");
     stack.stop().await
 }

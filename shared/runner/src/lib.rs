@@ -4,9 +4,9 @@
 //! - a private 0700 run directory ([`Workdir`]) holding the git checkout, the state file
 //!   (outside the checkout), the saved plan and an empty HOME — wiped and removed when the
 //!   run ends;
-//! - the checkout: a full `git clone` of the branch, an optional detach at a pinned
-//!   commit, removal of every `.terraform` directory, and a deterministic tree digest
-//!   ([`SourceSnapshot`]);
+//! - the checkout: the branch head or a pinned commit, fetched into a Git cache kept per
+//!   repository URL ([`GitCache`]) and exported into the run directory, removal of every
+//!   `.terraform` directory, and a deterministic tree digest ([`SourceSnapshot`]);
 //! - a backend override that points the tool at the run's own local state file, whatever
 //!   backend the repository declares;
 //! - starting git and the tool with an environment built from nothing ([`ToolEnv`]), in
@@ -25,6 +25,7 @@
 //! is the caller's job.
 #![deny(missing_docs)]
 
+mod checkout;
 mod credential;
 mod env;
 mod error;
@@ -39,6 +40,7 @@ mod sandbox;
 mod source;
 mod workdir;
 
+pub use checkout::{DEFAULT_CACHE_TTL, GitCache};
 pub use env::{Tool, ToolEnv, ToolOutput, check_env_name};
 pub use error::RunnerError;
 pub use live::LogTap;

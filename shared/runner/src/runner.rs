@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::process::Command;
 
+use crate::checkout::{DEFAULT_CACHE_TTL, GitCache};
 use crate::process::{self, Captured, StdoutMode};
 use crate::sandbox::{self, ChildSpec, Prepared, SandboxConfig};
 use crate::source;
@@ -43,6 +44,9 @@ pub struct RunnerConfig {
     pub sandbox: SandboxConfig,
     /// Time limits of git and tool steps.
     pub limits: Limits,
+    /// Where checkouts keep their bare repositories (`TAKOSUMI_GIT_CACHE_DIR`, default
+    /// `work_root/git-cache`; `off` keeps one inside each Run's directory).
+    pub git_cache: GitCache,
 }
 
 /// How long each kind of step may run before its process group is killed and the run
@@ -88,11 +92,13 @@ impl RunnerConfig {
     /// A configuration with terraform only, no CLI config, `git` from [`TOOL_PATH`], the
     /// bubblewrap sandbox and the default limits.
     pub fn new(terraform_bin: impl Into<PathBuf>, work_root: impl Into<PathBuf>) -> Self {
+        let work_root = work_root.into();
         Self {
             terraform_bin: Some(terraform_bin.into()),
             tofu_bin: None,
             cli_config_file: None,
-            work_root: work_root.into(),
+            git_cache: GitCache::beside(&work_root),
+            work_root,
             git_bin: PathBuf::from("git"),
             sandbox: SandboxConfig::default(),
             limits: Limits::default(),
@@ -102,7 +108,8 @@ impl RunnerConfig {
     /// Reads the runner's settings (`TAKOSUMI_TERRAFORM_BIN`, `TAKOSUMI_TOFU_BIN`,
     /// `TAKOSUMI_TF_CLI_CONFIG`, `TAKOSUMI_WORK_DIR`, `TAKOSUMI_SANDBOX`,
     /// `TAKOSUMI_BWRAP_BIN`, `TAKOSUMI_SANDBOX_RO_PATHS`, `TAKOSUMI_SANDBOX_RW_PATHS`,
-    /// `TAKOSUMI_LIMIT_{CHECKOUT,INIT,PLAN,APPLY,OTHER}_SECS`) through `get`; the same on
+    /// `TAKOSUMI_LIMIT_{CHECKOUT,INIT,PLAN,APPLY,OTHER}_SECS`, `TAKOSUMI_GIT_CACHE_DIR`,
+    /// `TAKOSUMI_GIT_CACHE_TTL_SECS`) through `get`; the same on
     /// the control node and on a relay worker. Problems are named, all at once.
     ///
     /// The seed: "the tofu binary must be on the PATH of the process executing runs …
@@ -164,6 +171,36 @@ impl RunnerConfig {
                 }
             }
         }
+        let ttl = match get("TAKOSUMI_GIT_CACHE_TTL_SECS") {
+            None => DEFAULT_CACHE_TTL,
+            Some(v) => match v.parse::<u64>() {
+                Ok(secs) if secs > 0 => Duration::from_secs(secs),
+                _ => {
+                    problems.push(
+                        "TAKOSUMI_GIT_CACHE_TTL_SECS must be a whole number of seconds above 0"
+                            .to_owned(),
+                    );
+                    DEFAULT_CACHE_TTL
+                }
+            },
+        };
+        cfg.git_cache = match get("TAKOSUMI_GIT_CACHE_DIR").as_deref() {
+            Some("off") => GitCache::PerRun,
+            Some(dir) if !Path::new(dir).is_absolute() => {
+                problems.push(format!(
+                    "TAKOSUMI_GIT_CACHE_DIR must be an absolute directory or `off`, not {dir:?}"
+                ));
+                GitCache::PerRun
+            }
+            Some(dir) => GitCache::Shared {
+                root: dir.into(),
+                ttl,
+            },
+            None => GitCache::Shared {
+                root: cfg.work_root.join("git-cache"),
+                ttl,
+            },
+        };
         if problems.is_empty() {
             Ok(cfg)
         } else {
@@ -237,6 +274,8 @@ pub struct Runner {
     pub(crate) interrupt: Option<tokio_util::sync::CancellationToken>,
     /// Receives logged steps' masked output live: see [`Runner::with_log_tap`].
     pub(crate) tap: Option<Arc<dyn crate::LogTap>>,
+    /// When this process last looked for expired Git cache entries.
+    cache_collected: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl Runner {
@@ -248,7 +287,22 @@ impl Runner {
             versions: Arc::default(),
             interrupt: None,
             tap: None,
+            cache_collected: Arc::default(),
         }
+    }
+
+    /// True at most once per `every` (and on the first call): time to collect the cache.
+    pub(crate) fn cache_collection_due(&self, every: Duration) -> bool {
+        let mut last = self
+            .cache_collected
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < every) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     /// The configuration.
@@ -306,10 +360,9 @@ impl Runner {
         cwd: &Path,
         env: BTreeMap<String, OsString>,
         writable: &Path,
-        extra_readable: Option<PathBuf>,
+        git_dir: Option<(&Path, bool)>,
     ) -> Prepared {
-        let mut readable = (*self.readable).clone();
-        readable.extend(extra_readable);
+        let readable = (*self.readable).clone();
         self.cfg.sandbox.command(ChildSpec {
             program,
             args: args.iter().map(|a| a.as_ref().to_os_string()).collect(),
@@ -317,6 +370,7 @@ impl Runner {
             env: env.into_iter().map(|(k, v)| (k.into(), v)).collect(),
             writable,
             readable,
+            git_dir,
         })
     }
 
@@ -346,101 +400,6 @@ impl Runner {
     /// `"."` mean the repository root.
     pub fn validate_dir(dir: &str) -> Result<(), RunnerError> {
         source::validate_dir(dir)
-    }
-
-    /// Clones `branch` of `repo` (full history) into `wd.checkout()`, detaches at `commit`
-    /// when given ([`RunnerError::CommitNotFound`] if the repository does not have it),
-    /// removes every `.terraform` entry, digests the tree and resolves `dir` as the
-    /// Capsule directory ([`RunnerError::InvalidDir`] unless it is a directory inside the
-    /// checkout). Links pointing outside the checkout are refused.
-    pub async fn checkout(
-        &self,
-        wd: &Workdir,
-        repo: &str,
-        branch: &str,
-        commit: Option<&str>,
-        dir: &str,
-    ) -> Result<SourceSnapshot, RunnerError> {
-        Self::validate_dir(dir)?;
-        source::validate_repo(repo)?;
-        source::validate_branch(branch)?;
-        if let Some(commit) = commit {
-            source::validate_commit(commit)?;
-        }
-        if fs::symlink_metadata(wd.checkout()).is_ok() {
-            return Err(RunnerError::Checkout(
-                "this run directory already holds a checkout".into(),
-            ));
-        }
-        let mut clone: Vec<OsString> = vec![
-            "clone".into(),
-            "--quiet".into(),
-            "--no-hardlinks".into(),
-            "--branch".into(),
-            branch.into(),
-            "--".into(),
-            repo.into(),
-        ];
-        clone.push(wd.checkout().as_os_str().to_owned());
-        self.git(wd, wd.root(), &clone, repo).await?;
-
-        let pinned = match commit {
-            Some(commit) => {
-                let spec = format!("{commit}^{{commit}}");
-                let found = self
-                    .git_captured(
-                        wd,
-                        wd.checkout(),
-                        &["rev-parse", "--verify", "--quiet", &spec],
-                    )
-                    .await?;
-                let full = String::from_utf8_lossy(&found.stdout).trim().to_owned();
-                if found.exit_code != 0 || full.is_empty() {
-                    return Err(RunnerError::CommitNotFound(commit.to_owned()));
-                }
-                self.git(
-                    wd,
-                    wd.checkout(),
-                    &["checkout", "--quiet", "--detach", full.as_str()],
-                    repo,
-                )
-                .await?;
-                Some(full)
-            }
-            None => None,
-        };
-        let head = self
-            .git(wd, wd.checkout(), &["rev-parse", "HEAD"], repo)
-            .await?;
-        let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
-        if pinned.as_ref().is_some_and(|p| *p != head) {
-            return Err(RunnerError::Checkout(format!(
-                "HEAD is {head} after checking out {}",
-                commit.unwrap_or_default()
-            )));
-        }
-
-        let checkout = wd.checkout().to_path_buf();
-        let dir_owned = dir.to_owned();
-        let (tree_digest, config_dir) = tokio::task::spawn_blocking(move || {
-            source::remove_dot_terraform(&checkout)?;
-            let digest = source::tree_digest(&checkout)?;
-            let config_dir = source::resolve_config_dir(&checkout, &dir_owned)?;
-            Ok::<_, RunnerError>((digest, config_dir))
-        })
-        .await
-        .map_err(|e| {
-            RunnerError::io(
-                "digesting the checkout",
-                std::io::Error::other(e.to_string()),
-            )
-        })??;
-        wd.set_config_dir(config_dir);
-        tracing::debug!(label = wd.label(), commit = %head, "checked out");
-        Ok(SourceSnapshot {
-            commit: head,
-            tree_digest,
-        })
     }
 
     /// Writes `config_dir/zz_takosumi_override.tf` pointing a `local` backend at
@@ -865,8 +824,10 @@ impl Runner {
         wd: &Workdir,
         cwd: &Path,
         args: &[S],
+        git_dir: Option<(&Path, bool)>,
+        index_file: Option<&Path>,
     ) -> Prepared {
-        let env: BTreeMap<String, OsString> = [
+        let mut env: BTreeMap<String, OsString> = [
             ("PATH", OsStr::new(TOOL_PATH)),
             ("HOME", wd.home().as_os_str()),
             ("GIT_TERMINAL_PROMPT", OsStr::new("0")),
@@ -876,6 +837,9 @@ impl Runner {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+        if let Some(index) = index_file {
+            env.insert("GIT_INDEX_FILE".into(), index.as_os_str().to_owned());
+        }
         let mut all: Vec<OsString> = [
             "-c",
             "protocol.ext.allow=never",
@@ -885,19 +849,26 @@ impl Runner {
             "core.sshCommand=ssh -o BatchMode=yes",
             "-c",
             "advice.detachedHead=false",
+            // what a fetched repository brings never runs, and no fetch waits on a repack
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "gc.auto=0",
         ]
         .into_iter()
         .map(OsString::from)
         .collect();
         all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
-        self.child(&self.cfg.git_bin, &all, cwd, env, wd.root(), None)
+        self.child(&self.cfg.git_bin, &all, cwd, env, wd.root(), git_dir)
     }
 
-    async fn git_captured<S: AsRef<OsStr>>(
+    pub(crate) async fn git_captured<S: AsRef<OsStr>>(
         &self,
         wd: &Workdir,
         cwd: &Path,
         args: &[S],
+        git_dir: Option<(&Path, bool)>,
+        index_file: Option<&Path>,
     ) -> Result<Captured, RunnerError> {
         let program = self.cfg.git_bin.display().to_string();
         // git prints no run secrets (a URL's user-info is redacted from its errors).
@@ -906,7 +877,7 @@ impl Runner {
             ..process::Opts::default()
         };
         process::run_tapped(
-            self.git_command(wd, cwd, args),
+            self.git_command(wd, cwd, args, git_dir, index_file),
             &program,
             StdoutMode::Data,
             opts,
@@ -916,14 +887,18 @@ impl Runner {
     }
 
     /// Runs git; a non-zero exit becomes [`RunnerError::Checkout`] with git's stderr.
-    async fn git<S: AsRef<OsStr>>(
+    pub(crate) async fn git<S: AsRef<OsStr>>(
         &self,
         wd: &Workdir,
         cwd: &Path,
         args: &[S],
         repo: &str,
+        git_dir: Option<(&Path, bool)>,
+        index_file: Option<&Path>,
     ) -> Result<Captured, RunnerError> {
-        let captured = self.git_captured(wd, cwd, args).await?;
+        let captured = self
+            .git_captured(wd, cwd, args, git_dir, index_file)
+            .await?;
         if captured.exit_code != 0 {
             let mut message = captured.stderr.trim().to_owned();
             if message.is_empty() {
@@ -1238,7 +1213,7 @@ mod tests {
     fn git_environment_is_built_from_nothing() {
         let (_base, runner) = make_runner(None);
         let wd = runner.workdir("run_git").unwrap();
-        let cmd = runner.git_command(&wd, wd.root(), &["status"]);
+        let cmd = runner.git_command(&wd, wd.root(), &["status"], None, None);
         let keys: Vec<String> = cmd
             .cmd
             .as_std()

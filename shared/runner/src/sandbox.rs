@@ -128,6 +128,9 @@ pub(crate) struct ChildSpec<'a> {
     /// Paths this child needs to read besides the configured ones (tool binary, CLI config,
     /// provider mirror, a `file://` repository).
     pub readable: Vec<PathBuf>,
+    /// A git command's cache entry (a bare repository outside the Run's directory), and
+    /// whether it may write there (init and fetch do; resolving and exporting do not).
+    pub git_dir: Option<(&'a Path, bool)>,
 }
 
 /// A prepared child and whether it runs inside the sandbox (an interrupt then goes to the
@@ -224,6 +227,10 @@ impl SandboxConfig {
         for path in &self.rw_paths {
             push(&["--bind-try".as_ref(), path.as_os_str(), path.as_os_str()]);
         }
+        if let Some((git_dir, writable)) = spec.git_dir {
+            let bind: &OsStr = if writable { "--bind" } else { "--ro-bind" }.as_ref();
+            push(&[bind, git_dir.as_os_str(), git_dir.as_os_str()]);
+        }
         push(&[
             "--bind".as_ref(),
             spec.writable.as_os_str(),
@@ -250,6 +257,7 @@ impl SandboxConfig {
             env: vec![("PATH".into(), crate::TOOL_PATH.into())],
             writable: scratch,
             readable: Vec::new(),
+            git_dir: None,
         };
         let mut cmd = self.command(spec).cmd;
         let out = cmd
@@ -438,6 +446,7 @@ mod tests {
             env: vec![("PATH".into(), "/usr/bin".into())],
             writable: Path::new("/w/run_1"),
             readable: vec!["/opt/tf".into()],
+            git_dir: None,
         });
         assert!(p.sandboxed);
         let args: Vec<String> = p
@@ -469,5 +478,40 @@ mod tests {
             1,
             "only the built environment"
         );
+    }
+
+    #[test]
+    fn a_git_cache_entry_is_bound_as_asked() {
+        let cfg = SandboxConfig::default();
+        let args = |writable: bool| -> String {
+            cfg.command(ChildSpec {
+                program: Path::new("git"),
+                args: vec!["fetch".into()],
+                cwd: Path::new("/w/run_1"),
+                env: Vec::new(),
+                writable: Path::new("/w/run_1"),
+                readable: Vec::new(),
+                git_dir: Some((Path::new("/w/git-cache/ab"), writable)),
+            })
+            .cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+        };
+        let fetch = args(true);
+        assert!(
+            fetch.contains("--bind /w/git-cache/ab /w/git-cache/ab"),
+            "{fetch}"
+        );
+        let export = args(false);
+        assert!(
+            export.contains("--ro-bind /w/git-cache/ab /w/git-cache/ab"),
+            "{export}"
+        );
+        assert!(!export.contains("--bind /w/git-cache"), "{export}");
+        // never the whole cache: only the one entry
+        assert!(!fetch.contains("/w/git-cache "), "{fetch}");
     }
 }

@@ -516,6 +516,8 @@ for f in /proc/[0-9]*/environ; do cat "$f" 2>/dev/null | tr '\0' '\n'; done | se
 cat "$OTHER_RUN_FILE" 2>/dev/null | sed 's/^/SEEN /'
 cat /var/tmp/takosumi-stack/secrets 2>/dev/null | sed 's/^/SEEN /'
 ls /var/tmp 2>/dev/null | sed 's/^/VARTMP /'
+ls -R "$GIT_CACHE" 2>/dev/null | sed 's/^/CACHE /'
+(echo x > "$GIT_CACHE/pwned") 2>/dev/null && echo "WROTE $GIT_CACHE"
 cat /etc/shadow 2>/dev/null | sed 's/^/SEEN /'
 for target in /usr/pwned /etc/pwned "$OUTSIDE_DIR/pwned"; do
   if (echo x > "$target") 2>/dev/null; then echo "WROTE $target"; fi
@@ -554,12 +556,19 @@ async fn a_run_cannot_reach_the_handler_other_runs_or_the_host() {
         .checkout(&wd, &repo.url(), "main", None, "")
         .await
         .unwrap();
+    // The Git cache holds the repository now; the tool must see none of it.
+    let cache = base.path().join("work").join("git-cache");
+    assert!(
+        fs::read_dir(&cache).unwrap().count() >= 2,
+        "an entry and its lock"
+    );
     let env = ToolEnv::new()
         .with_secret_env(
             "OTHER_RUN_FILE",
             Secret::new(other_file.display().to_string()),
         )
-        .with_secret_env("OUTSIDE_DIR", Secret::new(outside.display().to_string()));
+        .with_secret_env("OUTSIDE_DIR", Secret::new(outside.display().to_string()))
+        .with_secret_env("GIT_CACHE", Secret::new(cache.display().to_string()));
     let out = runner.apply(&wd, Tool::Terraform, &env).await.unwrap();
     let _ = host.kill();
     let _ = host.wait();
@@ -581,6 +590,8 @@ async fn a_run_cannot_reach_the_handler_other_runs_or_the_host() {
     assert!(!text.contains("canary-other-run"), "{text}");
     assert!(!text.contains("SEAL_KEY=canary"), "{text}");
     assert!(!text.contains("VARTMP "), "/var/tmp is visible: {text}");
+    assert!(!text.contains("CACHE "), "the Git cache is visible: {text}");
+    assert!(!cache.join("pwned").exists());
     assert!(!text.contains("root:"), "/etc/shadow is readable: {text}");
     assert!(
         !text.contains("WROTE /"),
