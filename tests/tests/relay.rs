@@ -1465,3 +1465,80 @@ async fn a_pools_dead_letters_are_collected_and_listed() -> anyhow::Result<()> {
     assert_eq!(stack.uncollected_dead_letters().await?, 0);
     stack.stop().await
 }
+
+/// A relay worker's apply whose new state object storage will not take ends exactly as
+/// the control node's does (one implementation, `takosumi_runtime::unrecorded`): the
+/// store is retried, the state is kept sealed in Postgres, the apply ends
+/// `unknown_outcome`, and the Capsule refuses applies until an operator resolves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_workers_unstored_state_is_held_like_the_control_nodes() -> anyhow::Result<()> {
+    let s3 = tokio::task::spawn_blocking(takosumi_tests::services::PrivateS3::start).await??;
+    let stack = Stack::start_on(
+        takosumi_tests::Options::default(),
+        &takosumi_tests::Endpoints {
+            s3_endpoint: Some(s3.endpoint()),
+            ..takosumi_tests::Endpoints::default()
+        },
+    )
+    .await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let (_pool, token) = admin.pool_for(&cap, "held", &key).await;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+
+    // Object storage refuses every new state from here on.
+    let blocker = s3.data_dir().join(&stack.settings.s3_bucket).join("states");
+    std::fs::write(&blocker, b"not a directory")?;
+    let apply = stack.client.apply(plan.id, None).await?.id;
+    let deadline = std::time::Instant::now() + Duration::from_secs(150);
+    let apply = loop {
+        let run = stack.client.get_run(apply).await?;
+        if run.status.is_terminal() {
+            break run;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the apply never ended: {run:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(apply.status, RunStatus::UnknownOutcome, "{apply:?}");
+    let error = apply.error.clone().unwrap_or_else(|| unreachable!());
+    assert!(
+        error.message.contains("kept sealed in the database"),
+        "{}",
+        error.message
+    );
+    let by = claimers(&stack, apply.id).await;
+    assert!(by.iter().all(|b| b.starts_with("handler:relay:")), "{by:?}");
+    let events = event_kinds(&stack, apply.id).await;
+    assert!(
+        events.iter().any(|e| e == "state_store_retrying")
+            && events.iter().any(|e| e == "unknown_outcome"),
+        "{events:?}"
+    );
+    let held = takosumi_store::unrecorded::held_for_run(&stack.ctx.pool, apply.id).await?;
+    assert_eq!(held.len(), 1, "the worker's state is held");
+    assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
+    // the Capsule waits for an operator
+    let next = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    match stack.client.apply(next.id, None).await {
+        Err(takosumi_client::ClientError::Api { code, .. }) => {
+            assert_eq!(code, "capsule_needs_inspection");
+        }
+        other => panic!("an apply beside an unknown outcome: {other:?}"),
+    }
+    std::fs::remove_file(&blocker)?;
+    worker.kill().await?;
+    stack.stop().await?;
+    drop(s3);
+    Ok(())
+}

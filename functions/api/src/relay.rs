@@ -39,7 +39,7 @@ use axum::response::IntoResponse;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, StateVersionId, Topic};
+use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, Topic};
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::inputs::{
@@ -48,7 +48,8 @@ use takosumi_runtime::inputs::{
 use takosumi_runtime::plan_commit::{
     self, Committed, PlanPut, PlanSource, PlanToCommit, StoredPlan,
 };
-use takosumi_runtime::step::{plan_key, state_key};
+use takosumi_runtime::step::plan_key;
+use takosumi_runtime::unrecorded::{self, Unrecorded};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::DeliveryPublicKey;
 use takosumi_store::pools::{self, WorkerPool};
@@ -1532,31 +1533,25 @@ async fn applied(
                 .map_err(|_| ApiError::invalid(ErrorCode::InvalidState, "state must be base64"))?,
         ),
     };
-    // Seal the new state before anything is committed.
+    // Sealed and stored before anything is committed, as the apply handler does it: with
+    // retries, else held sealed in Postgres and the apply ends unknown_outcome.
     let sv = match &state {
-        Some(bytes) => {
-            let id = StateVersionId::new();
-            let key = state_key(capsule_id, id);
-            let sealed = st
-                .sealer
-                .seal(Purpose::State, &id.to_string(), bytes)
-                .map_err(internal)?;
-            st.objects
-                .put_if_absent(&key, sealed)
-                .await
-                .map_err(object_error)?;
-            Some((
-                state_versions::StateVersion {
-                    id,
-                    capsule_id,
-                    generation: generation + 1,
-                    run_id,
-                    object_key: key,
-                    digest: takosumi_store::sha256_hex(bytes),
-                },
-                i64::try_from(bytes.len()).unwrap_or(i64::MAX),
-            ))
-        }
+        Some(bytes) => match unrecorded::seal_and_store_state(
+            &st.ctx, &claim, capsule_id, run_id, generation, bytes,
+        )
+        .await
+        {
+            Ok(sv) => Some(sv),
+            Err(Unrecorded(message)) => {
+                state.as_mut().map(Zeroize::zeroize);
+                unrecorded::end_unknown_outcome(&st.ctx, &claim, run_id, capsule_id, &message)
+                    .await
+                    .map_err(internal)?;
+                return Ok(Json(
+                    json!({ "runId": run_id, "status": "unknown_outcome", "stateGeneration": generation }),
+                ));
+            }
+        },
         None => None,
     };
     if let Some(s) = state.as_mut() {
@@ -1603,16 +1598,10 @@ async fn applied(
         }
         Err(e) => return Err(internal(e)),
     };
-    // The plan file is a secret: once its apply ends, the sealed copies go too.
-    if let Some(plan_run) = &plan_run {
-        if let Some(k) = &plan_run.plan_object_key {
-            let _ = st.objects.delete(k).await;
-        }
-        if let Ok(Some((_, Some(show_key), _, _))) =
-            takosumi_store::gates::gate_fields(&st.pool, plan_run.id).await
-        {
-            let _ = st.objects.delete(&show_key).await;
-        }
+    if let Some(plan_run) = &plan_run
+        && let Some(key) = &plan_run.plan_object_key
+    {
+        unrecorded::wipe_sealed_plan(&st.ctx, plan_run.id, key).await;
     }
     Ok(Json(
         json!({ "runId": run_id, "status": if req.success { "applied" } else { "failed" }, "stateGeneration": new_generation }),

@@ -7,7 +7,7 @@
 //! file is wiped when the apply ends. An apply is never retried automatically once the
 //! tool may have started.
 
-use takosumi_core::{CapsuleId, FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
+use takosumi_core::{FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
 use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
@@ -16,10 +16,11 @@ use takosumi_runtime::plan_commit::{self, PlanFetchError};
 use takosumi_runtime::step::{runner_err, store_err};
 use takosumi_steps::ApplyEnd;
 use takosumi_store::runs::ApplyClaim;
-use takosumi_store::{capsules, runs, state_versions};
+use takosumi_store::{capsules, runs};
 
 mod one_step;
-mod unrecorded;
+
+use takosumi_runtime::unrecorded::{self, Unrecorded};
 
 /// Handles one `run.apply` wake-up. Safe to run twice: the claim lets one handler in;
 /// a duplicate finds the Run applying or applied and does nothing.
@@ -97,7 +98,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     match result {
         Ok(outcome) => Ok(outcome),
         Err(ApplyError::AfterTool(message)) => {
-            unrecorded::end_unknown_outcome(ctx, run_id, run.capsule_id, &message).await
+            unrecorded::end_unknown_outcome(ctx, &ctx.owner, run_id, run.capsule_id, &message).await
         }
         Err(ApplyError::Fail(code, message)) => {
             ctx.fail_claimed(run_id, Some(run.capsule_id), code, &message)
@@ -125,6 +126,12 @@ enum ApplyError {
     /// The tool ran (it may have changed infrastructure) but its result could not be
     /// recorded: the apply ends `unknown_outcome` with this message, never `failed`.
     AfterTool(String),
+}
+
+impl From<Unrecorded> for ApplyError {
+    fn from(Unrecorded(message): Unrecorded) -> Self {
+        Self::AfterTool(message)
+    }
 }
 
 impl From<takosumi_runtime::inputs::EnvError> for ApplyError {
@@ -342,7 +349,7 @@ impl takosumi_steps::ApplyHost for NodeApplyHost<'_> {
     }
 
     async fn after_tool(&self) {
-        wipe_sealed_plan(self.ctx, self.plan_run.id, self.plan_key).await;
+        unrecorded::wipe_sealed_plan(self.ctx, self.plan_run.id, self.plan_key).await;
     }
 }
 
@@ -396,7 +403,12 @@ async fn record_result(
         .await
         .map_err(runner_err)?;
     let sv = match &changed_state {
-        Some(bytes) => Some(seal_state(ctx, capsule.id, run_id, generation, bytes).await?),
+        Some(bytes) => Some(
+            unrecorded::seal_and_store_state(
+                ctx, &ctx.owner, capsule.id, run_id, generation, bytes,
+            )
+            .await?,
+        ),
         None => None,
     };
     let (end, outcome) = match end {
@@ -474,31 +486,5 @@ async fn install_lockfile(
             FailureCode::LockfileMismatch,
             "the plan has no lockfile record (made by an older runner); plan again",
         )),
-    }
-}
-
-/// Seals and stores the state the tool wrote (retrying, else held in Postgres: see
-/// [`unrecorded::seal_and_store_state`]).
-async fn seal_state(
-    ctx: &Ctx,
-    capsule_id: CapsuleId,
-    run_id: RunId,
-    generation: i64,
-    bytes: &[u8],
-) -> Result<(state_versions::StateVersion, i64), ApplyError> {
-    unrecorded::seal_and_store_state(ctx, capsule_id, run_id, generation, bytes).await
-}
-
-/// The plan file is a secret: once its apply ends, the sealed copy goes too.
-async fn wipe_sealed_plan(ctx: &Ctx, plan_run_id: RunId, key: &str) {
-    if let Err(e) = ctx.objects.delete(key).await {
-        tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan; it stays sealed");
-    }
-    // The plan's JSON carries the same values as the plan file.
-    if let Ok(Some((_, Some(show_key), _, _))) =
-        takosumi_store::gates::gate_fields(&ctx.pool, plan_run_id).await
-        && let Err(e) = ctx.objects.delete(&show_key).await
-    {
-        tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan JSON; it stays sealed");
     }
 }

@@ -99,6 +99,33 @@ fn lock_entry(lock_path: &Path) -> std::io::Result<EntryLock> {
     }
 }
 
+/// Removes the lock files a git killed midway left in an entry (`refs/heads/main.lock`,
+/// `packed-refs.lock`, `shallow.lock`, …): every later fetch would stop at them. Called
+/// only while holding the entry's lock, so no git is running there. Objects a killed
+/// fetch left are harmless (nothing refers to them) and stay.
+pub(crate) fn clear_stale_git_locks(entry: &Path) {
+    let is_lock = |p: &Path| p.extension().is_some_and(|e| e == "lock");
+    if let Ok(top) = fs::read_dir(entry) {
+        for file in top.flatten() {
+            let path = file.path();
+            if is_lock(&path) && file.file_type().is_ok_and(|t| t.is_file()) {
+                tracing::info!(path = %path.display(), "removing a lock file a killed git left");
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    for file in walkdir::WalkDir::new(entry.join("refs"))
+        .follow_links(false)
+        .into_iter()
+        .flatten()
+    {
+        if file.file_type().is_file() && is_lock(file.path()) {
+            tracing::info!(path = %file.path().display(), "removing a lock file a killed git left");
+            let _ = fs::remove_file(file.path());
+        }
+    }
+}
+
 /// Removes the entries of `root` unused for `ttl` that no checkout holds; returns how
 /// many. Never waits for a lock.
 pub(crate) fn collect_expired(root: &Path, ttl: Duration) -> usize {
@@ -210,6 +237,9 @@ impl Runner {
                 Some(locked.map_err(|e| RunnerError::io(format!("locking {shown}"), e))?)
             }
         };
+        if git_dir.mounted {
+            clear_stale_git_locks(&git_dir.path);
+        }
         self.ensure_bare(wd, &git_dir, repo).await?;
         let head = match commit {
             None => {
@@ -261,7 +291,8 @@ impl Runner {
         repo: &str,
         commit: &str,
     ) -> Result<String, RunnerError> {
-        self.fetch(wd, git_dir, repo, &[ALL_HEADS, ALL_TAGS]).await?;
+        self.fetch(wd, git_dir, repo, &[ALL_HEADS, ALL_TAGS])
+            .await?;
         let not_found = || RunnerError::CommitNotFound(commit.to_owned());
         let full = if commit.len() == 40 || commit.len() == 64 {
             commit.to_ascii_lowercase()

@@ -48,6 +48,13 @@ async fn checkouts_reuse_the_entry_and_still_ask_the_remote_what_it_has() {
         "entries are named by a hash, not the URL: {names:?}"
     );
 
+    // A fetch killed midway leaves git's own lock files behind; the next checkout of the
+    // entry clears them instead of failing on them forever.
+    let entry = cache.join(names.iter().find(|n| !n.ends_with(".lock")).unwrap());
+    for left in ["refs/heads/main.lock", "packed-refs.lock", "shallow.lock"] {
+        fs::write(entry.join(left), "").unwrap();
+    }
+
     // The branch moves on; a checkout of the branch sees the new head, in the same entry.
     repo.write("infra/main.tf", &format!("{NETWORK_TF}# v2\n"));
     let second = repo.commit("second");
@@ -60,6 +67,7 @@ async fn checkouts_reuse_the_entry_and_still_ask_the_remote_what_it_has() {
     assert_ne!(replanned.tree_digest, planned.tree_digest);
     drop(wd);
     assert_eq!(entries(&cache), names);
+    assert!(!entry.join("refs/heads/main.lock").exists());
 
     // A pinned commit behind the head: its tree is the one planned at the time.
     let wd = runner.workdir("run_old").unwrap();

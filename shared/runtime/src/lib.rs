@@ -19,6 +19,7 @@ pub mod plan_commit;
 mod reaper;
 mod settings;
 pub mod step;
+pub mod unrecorded;
 mod worker;
 
 pub use ctx::{Ctx, LeaseGuard};

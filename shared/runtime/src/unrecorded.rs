@@ -10,19 +10,26 @@
 //! outputs, the final commit) also ends `unknown_outcome`, never `failed` with "nothing
 //! was applied". An `unknown_outcome` apply keeps the Capsule from other applies until an
 //! operator resolves it (`takosumi_store::unrecorded`).
+//!
+//! The apply handler and the API's relay endpoint (a relay worker's apply) both end an
+//! apply through here, so a state is kept the same way whichever ran the tool.
 
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use takosumi_core::{CapsuleId, Outcome, RunId, StateVersionId, StepError, Topic};
 use takosumi_objects::ObjectError;
-use takosumi_runtime::Ctx;
-use takosumi_runtime::step::{state_key, store_err};
 use takosumi_seal::Purpose;
 use takosumi_store::unrecorded::{self, HeldState};
 use takosumi_store::{StoreError, events, outbox, runs, state_versions};
 
-use crate::ApplyError;
+use crate::Ctx;
+use crate::step::{state_key, store_err};
+
+/// The tool ran (it may have changed infrastructure) but its result could not be
+/// recorded: the apply ends `unknown_outcome` with this message, never `failed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unrecorded(pub String);
 
 /// How long storing the new state is retried before it is held in Postgres instead.
 const STATE_STORE_RETRY: Duration = Duration::from_secs(30);
@@ -41,15 +48,17 @@ fn backoff(total: Duration) -> ExponentialBuilder {
 
 /// Seals the state the tool wrote under a new StateVersion id and puts it in object
 /// storage, retrying transient faults for [`STATE_STORE_RETRY`]. When storage will not
-/// take it, the sealed state is kept in Postgres and the error says so
-/// ([`ApplyError::AfterTool`]); the caller ends the apply `unknown_outcome`.
-pub(crate) async fn seal_and_store_state(
+/// take it, the sealed state is kept in Postgres and the error says so ([`Unrecorded`]);
+/// the caller ends the apply `unknown_outcome` ([`end_unknown_outcome`]). `owner` holds
+/// the Run's lease (this handler, or the relay worker's claim).
+pub async fn seal_and_store_state(
     ctx: &Ctx,
+    owner: &str,
     capsule_id: CapsuleId,
     run_id: RunId,
     generation: i64,
     bytes: &[u8],
-) -> Result<(state_versions::StateVersion, i64), ApplyError> {
+) -> Result<(state_versions::StateVersion, i64), Unrecorded> {
     let id = StateVersionId::new();
     let key = state_key(capsule_id, id);
     let size = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
@@ -64,7 +73,7 @@ pub(crate) async fn seal_and_store_state(
     let sealed = match ctx.sealer.seal(Purpose::State, &id.to_string(), bytes) {
         Ok(sealed) => sealed,
         Err(e) => {
-            return Err(ApplyError::AfterTool(format!(
+            return Err(Unrecorded(format!(
                 "the tool applied, but its new state could not be sealed ({e}); the state was not kept. \
                  Inspect the provider side (the provider's resources are the record now), then resolve this Run"
             )));
@@ -84,7 +93,7 @@ pub(crate) async fn seal_and_store_state(
                 &ctx.pool,
                 run_id,
                 "state_store_retrying",
-                &format!("handler:{}", ctx.owner),
+                &format!("handler:{owner}"),
                 serde_json::json!({ "error": e.to_string() }),
             )
             .await
@@ -122,7 +131,7 @@ pub(crate) async fn seal_and_store_state(
         .sleep(tokio::time::sleep)
         .when(StoreError::retryable)
         .await;
-    Err(ApplyError::AfterTool(match kept {
+    Err(Unrecorded(match kept {
         Ok(()) => format!(
             "the tool applied, but its new state could not be stored in object storage ({storage_error}); \
              the state is kept sealed in the database as held state {id} (generation {} once recovered; \
@@ -142,16 +151,17 @@ pub(crate) async fn seal_and_store_state(
 /// `unknown_outcome` with `message`, an event, and a wake-up for the next waiting apply
 /// (which the Capsule lock then refuses with `capsule_needs_inspection`). Retries the
 /// database for [`RECORD_RETRY`]; if it still cannot, the Run stays `applying` and the
-/// reaper makes it `unknown_outcome` when its lease runs out.
-pub(crate) async fn end_unknown_outcome(
+/// reaper makes it `unknown_outcome` when its lease runs out. `owner` holds the lease.
+pub async fn end_unknown_outcome(
     ctx: &Ctx,
+    owner: &str,
     run_id: RunId,
     capsule_id: CapsuleId,
     message: &str,
 ) -> Result<Outcome, StepError> {
     let record = || async {
         let mut tx = ctx.pool.begin().await?;
-        if !unrecorded::mark_unknown_outcome(&mut tx, run_id, &ctx.owner, message).await? {
+        if !unrecorded::mark_unknown_outcome(&mut tx, run_id, owner, message).await? {
             return Ok(false);
         }
         let held: Vec<String> = unrecorded::held_ids_for_run(&mut *tx, run_id)
@@ -163,7 +173,7 @@ pub(crate) async fn end_unknown_outcome(
             &mut *tx,
             run_id,
             "unknown_outcome",
-            &format!("handler:{}", ctx.owner),
+            &format!("handler:{owner}"),
             serde_json::json!({ "message": message, "toolStarted": true, "heldStateVersionIds": held }),
         )
         .await?;
@@ -187,4 +197,18 @@ pub(crate) async fn end_unknown_outcome(
     ctx.relay_wake.notify_one();
     tracing::warn!(%run_id, "apply ended unknown_outcome: the tool ran, its result was not recorded");
     Ok(Outcome::Done)
+}
+
+/// The plan file is a secret: once its apply ends, the sealed plan and the sealed plan
+/// JSON (which carries the same values) go too. A failed delete leaves them sealed.
+pub async fn wipe_sealed_plan(ctx: &Ctx, plan_run_id: RunId, plan_key: &str) {
+    if let Err(e) = ctx.objects.delete(plan_key).await {
+        tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan; it stays sealed");
+    }
+    if let Ok(Some((_, Some(show_key), _, _))) =
+        takosumi_store::gates::gate_fields(&ctx.pool, plan_run_id).await
+        && let Err(e) = ctx.objects.delete(&show_key).await
+    {
+        tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan JSON; it stays sealed");
+    }
 }
