@@ -145,14 +145,20 @@ async fn null_present_and_empty_lockfiles_are_distinct() -> anyhow::Result<()> {
 
     // The private record: nothing stored for null; the bytes, sealed to the Run, else.
     let free_row = row(&stack, free_plan.id).await?;
-    assert_eq!(free_row.provider_lock_state, "none");
+    assert_eq!(
+        free_row.provider_lock_state,
+        takosumi_core::ProviderLockState::None
+    );
     assert_eq!(free_row.lockfile_object_key, None);
     for (plan, digest, len) in [
         (&null_plan, NULL_LOCK_DIGEST, None),
         (&empty_plan, EMPTY_DIGEST, Some(0)),
     ] {
         let r = row(&stack, plan.id).await?;
-        assert_eq!(r.provider_lock_state, "present");
+        assert_eq!(
+            r.provider_lock_state,
+            takosumi_core::ProviderLockState::Present
+        );
         let key = r.lockfile_object_key.expect("lockfile artifact");
         assert!(key.starts_with(&format!("runs/{}/", plan.id)), "{key}");
         let sealed = stack.ctx.objects.get(&key, 2 << 20).await?;

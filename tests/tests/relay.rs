@@ -1542,3 +1542,45 @@ async fn a_relay_workers_unstored_state_is_held_like_the_control_nodes() -> anyh
     drop(s3);
     Ok(())
 }
+
+/// A digest-only (`unknown`) lockfile record is refused on a pool exactly as on the control
+/// node (one decision, `Ctx::planned_lockfile`): the apply fails `lockfile_mismatch` when
+/// the relay prepares its job, and the worker's tool never starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_legacy_lockfile_record_is_refused_on_a_pool_as_on_the_control_node() -> anyhow::Result<()>
+{
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let (_pool, token) = admin.pool_for(&cap, "legacy", &key).await;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    assert!(plan.provider_lock_digest.clone().flatten().is_some());
+    sqlx::query(
+        "UPDATE runs SET provider_lock_state = 'unknown', lockfile_object_key = NULL WHERE id = $1",
+    )
+    .bind(plan.id.as_uuid())
+    .execute(&stack.ctx.pool)
+    .await?;
+    let (inits, applies) = (stack.tool_count("init"), stack.tool_count("apply"));
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Failed, "{apply:?}");
+    let error = apply.error.clone().unwrap_or_else(|| unreachable!());
+    assert_eq!(error.code, "lockfile_mismatch", "{error:?}");
+    assert!(error.message.contains("older runner"), "{}", error.message);
+    assert_eq!(
+        (stack.tool_count("init"), stack.tool_count("apply")),
+        (inits, applies),
+        "nothing ran on the worker"
+    );
+    assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
+    worker.kill().await?;
+    stack.stop().await
+}

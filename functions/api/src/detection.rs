@@ -812,7 +812,7 @@ async fn capsule_drift_check(
         .ok_or_else(|| ApiError::not_found("the new Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
-    Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
+    Ok((StatusCode::ACCEPTED, views::run_json(&run)))
 }
 
 async fn has_baseline(st: &AppState, capsule: CapsuleId) -> Result<bool, ApiError> {
@@ -969,12 +969,9 @@ async fn get_group(
     Path(rg): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let group = load_group(&st, &caller, &rg).await?;
-    let mut items = Vec::new();
-    for id in detection::group_runs(&st.pool, group.id).await? {
-        if let Some(r) = runs::get(&st.pool, id).await? {
-            items.push(views::run(&r));
-        }
-    }
+    let ids = detection::group_runs(&st.pool, group.id).await?;
+    let runs = runs::get_many(&st.pool, &ids).await?;
+    let items: Vec<views::RunView<'_>> = runs.iter().map(views::RunView::of).collect();
     Ok(Json(
         json!({ "id": group.id, "workspaceId": group.workspace_id, "kind": group.kind, "createdBy": group.created_by, "createdAt": group.created_at, "runs": items }),
     ))

@@ -330,7 +330,7 @@ pub async fn approve_run(
         .ok_or_else(|| ApiError::not_found("the Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
-    let mut body = views::run(&run);
+    let mut body = views::run_value(&run);
     body["approvals"] = json!({ "given": given, "required": required });
     Ok(body)
 }

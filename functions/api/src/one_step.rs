@@ -91,7 +91,7 @@ async fn apply_capsule(
     };
     let key = crate::routes::idempotency_key(&headers)?;
     if let Some(run) = replay(&st, &capsule, key.as_deref()).await? {
-        return Ok((StatusCode::ACCEPTED, Json(crate::records::run_view(&run))));
+        return Ok((StatusCode::ACCEPTED, crate::views::run_json(&run)));
     }
 
     let rules = effective_rules(&st, &capsule).await?;
@@ -134,7 +134,7 @@ async fn apply_capsule(
                         "a concurrent request with this Idempotency-Key is in progress; retry",
                     )
                 })?;
-            return Ok((StatusCode::ACCEPTED, Json(crate::records::run_view(&run))));
+            return Ok((StatusCode::ACCEPTED, crate::views::run_json(&run)));
         }
         Err(e) => return Err(e.into()),
     };
@@ -178,9 +178,9 @@ async fn apply_capsule(
         .ok_or_else(|| ApiError::not_found("the new Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
-    let mut body = crate::records::run_view(&run);
+    let mut body = crate::views::run_value(&run);
     body["coveredBy"] = json!(covered_by);
-    Ok((StatusCode::ACCEPTED, Json(body)))
+    Ok((StatusCode::ACCEPTED, Json(body).into_response()))
 }
 
 /// The Run an earlier apply submission of this Capsule with the same key created.

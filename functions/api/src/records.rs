@@ -34,7 +34,8 @@ use takosumi_store::{activity, events, runs, workspaces};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState, views};
+use crate::views::RunView;
+use crate::{ApiError, AppState};
 
 /// Page size when `limit` is not given.
 const DEFAULT_LIMIT: i64 = 20;
@@ -184,34 +185,6 @@ fn note_text(raw: &str, field: &'static str) -> Result<String, ApiError> {
     Ok(text.to_owned())
 }
 
-/// A Run as the API shows it, with the record's extras: a pending cancel request and the
-/// resolution of an `unknown_outcome` apply.
-pub(crate) fn run_view(run: &runs::Run) -> Value {
-    let mut view = with_extras(views::run(run), run);
-    // How an apply submission ran: `one_step` (apply -auto-approve, no saved plan) or a
-    // plan it proposed its apply from; null for the ordinary paths.
-    view["applyMode"] = json!(run.apply_mode);
-    view
-}
-
-/// The record's cancel request and resolution, beside the Run's own fields.
-fn with_extras(mut view: Value, x: &runs::Run) -> Value {
-    if let Value::Object(m) = &mut view {
-        m.insert("cancelRequestedAt".into(), json!(x.cancel_requested_at));
-        m.insert("cancelRequestedBy".into(), json!(x.cancel_requested_by));
-        m.insert(
-            "resolution".into(),
-            match (&x.resolution_action, x.resolved_at) {
-                (Some(action), Some(at)) => json!({
-                    "action": action, "note": x.resolution_note, "by": x.resolved_by, "at": at,
-                }),
-                _ => Value::Null,
-            },
-        );
-    }
-    view
-}
-
 // ---- cancel -------------------------------------------------------------------------
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]
@@ -263,7 +236,7 @@ async fn cancel_run(
                 .await?
                 .ok_or_else(|| ApiError::not_found("the Run"))?;
             tx.commit().await?;
-            return Ok((StatusCode::OK, Json(run_view(&now))));
+            return Ok((StatusCode::OK, crate::views::run_json(&now)));
         }
         if records::request_cancel(&mut tx, run.id, &actor).await? {
             events::append(
@@ -278,7 +251,7 @@ async fn cancel_run(
                 .await?
                 .ok_or_else(|| ApiError::not_found("the Run"))?;
             tx.commit().await?;
-            return Ok((StatusCode::ACCEPTED, Json(run_view(&now))));
+            return Ok((StatusCode::ACCEPTED, crate::views::run_json(&now)));
         }
         drop(tx);
         let now = runs::get(&st.pool, run.id)
@@ -296,7 +269,7 @@ async fn cancel_run(
         }
         if matches!(now.status, RunStatus::Planning | RunStatus::Applying) {
             // Already requested: asking again changes nothing.
-            return Ok((StatusCode::ACCEPTED, Json(run_view(&now))));
+            return Ok((StatusCode::ACCEPTED, crate::views::run_json(&now)));
         }
     }
     Err(ApiError::conflict(
@@ -452,7 +425,7 @@ async fn resolve_run(
         let now = runs::get(&st.pool, run.id)
             .await?
             .ok_or_else(|| ApiError::not_found("the Run"))?;
-        return Ok(Json(run_view(&now)));
+        return Ok(crate::views::run_json(&now));
     }
     let mut tx = st.pool.begin().await?;
     if !records::resolve_unknown(&mut tx, run.id, action, &actor, &note).await? {
@@ -482,7 +455,7 @@ async fn resolve_run(
     let now = runs::get(&st.pool, run.id)
         .await?
         .ok_or_else(|| ApiError::not_found("the Run"))?;
-    Ok(Json(run_view(&now)))
+    Ok(crate::views::run_json(&now))
 }
 
 // ---- history ------------------------------------------------------------------------
@@ -605,17 +578,25 @@ async fn list_runs(
     let after = q.cursor.as_deref().map(parse_run_cursor).transpose()?;
     let (ids, next) = records::list_runs(&st.pool, ws, &filter, after, limit).await?;
     // A Run is never deleted; a missing one would be a bug, not a reason to fail.
-    let mut items = Vec::with_capacity(ids.len());
-    for run in runs::get_many(&st.pool, &ids).await? {
-        items.push(run_view(&run));
-    }
+    let runs = runs::get_many(&st.pool, &ids).await?;
     let unknown = records::count_unresolved_unknown(&st.pool, ws).await?;
-    Ok(Json(json!({
-        "workspaceId": ws,
-        "runs": items,
-        "nextCursor": next.as_ref().map(run_cursor),
-        "unknownOutcomeCount": unknown,
-    })))
+    Ok(Json(RunPage {
+        workspace_id: ws,
+        runs: runs.iter().map(RunView::of).collect(),
+        next_cursor: next.as_ref().map(run_cursor),
+        unknown_outcome_count: unknown,
+    })
+    .into_response())
+}
+
+/// A page of a Workspace's Runs, serialized straight from the rows.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RunPage<'a> {
+    workspace_id: WorkspaceId,
+    runs: Vec<RunView<'a>>,
+    next_cursor: Option<String>,
+    unknown_outcome_count: i64,
 }
 
 #[derive(Deserialize)]

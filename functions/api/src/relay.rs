@@ -41,6 +41,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, Topic};
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
+use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::inputs::{
     CredentialSet, EnvError, Injected, open_binding, sensitive_vars_subject,
@@ -821,42 +822,14 @@ async fn apply_job(
     }
     let sealed_plan = seal_to(Some(key), Purpose::Plan, run_id, &plan_bytes)?;
     plan_bytes.zeroize();
-    let lockfile = match plan_run.provider_lock_state.as_str() {
-        "present" => {
-            let Some(k) = plan_run.lockfile_object_key.as_deref() else {
-                end_failed(
-                    st,
-                    run_id,
-                    owner,
-                    "lockfile_missing",
-                    "the plan's lockfile record is incomplete; plan again",
-                )
-                .await?;
-                return Ok(Prepared::Failed);
-            };
-            let sealed = st
-                .objects
-                .get(k, 2 * 1024 * 1024)
-                .await
-                .map_err(object_error)?;
-            let bytes = st
-                .sealer
-                .unseal(Purpose::Lockfile, &plan_run_id.to_string(), &sealed)
-                .map_err(internal)?;
-            if Some(takosumi_store::sha256_hex(&bytes)) != plan_run.provider_lock_digest {
-                end_failed(
-                    st,
-                    run_id,
-                    owner,
-                    "lockfile_mismatch",
-                    "the plan's stored lockfile does not match its digest; plan again",
-                )
-                .await?;
-                return Ok(Prepared::Failed);
-            }
-            Some(B64.encode(bytes))
+    // Decided as the apply handler decides it (`Ctx::planned_lockfile`).
+    let lockfile = match st.ctx.planned_lockfile(&plan_run).await {
+        Ok(found) => found.map(|(bytes, _)| B64.encode(bytes)),
+        Err(LockfileError::Refused(code, message)) => {
+            end_failed(st, run_id, owner, code.as_str(), &message).await?;
+            return Ok(Prepared::Failed);
         }
-        _ => None,
+        Err(LockfileError::Step(e)) => return Err(internal(e)),
     };
     let inputs = match secret_inputs(st, &plan_run, capsule.id).await {
         Ok(s) => s,

@@ -557,7 +557,7 @@ async fn submit_plan(
     )
     .await?
     {
-        return Ok((StatusCode::ACCEPTED, Json(views::run(&run))));
+        return Ok((StatusCode::ACCEPTED, views::run_json(&run)));
     }
     let new = runs::NewRun {
         kind,
@@ -590,7 +590,7 @@ async fn submit_plan(
                     "a concurrent request with this Idempotency-Key is in progress; retry",
                 )
             })?;
-            return Ok((StatusCode::ACCEPTED, Json(views::run(&run))));
+            return Ok((StatusCode::ACCEPTED, views::run_json(&run)));
         }
         Err(e) => return Err(e.into()),
     };
@@ -622,7 +622,7 @@ async fn submit_plan(
         .ok_or_else(|| ApiError::not_found("the new Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
-    Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
+    Ok((StatusCode::ACCEPTED, views::run_json(&run)))
 }
 
 /// Options of an apply submission.
@@ -650,7 +650,7 @@ async fn apply_run(
         parse_body(&body)?
     };
     let run = propose_apply(&st, &caller, &plan, key, options.require_approval).await?;
-    Ok((StatusCode::ACCEPTED, Json(views::run(&run))))
+    Ok((StatusCode::ACCEPTED, views::run_json(&run)))
 }
 
 /// Creates the Apply Run pinned to `plan` (or returns the one an earlier submission with
@@ -821,7 +821,7 @@ async fn get_run(
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let run = load_run(&st, &caller, &run).await?;
-    Ok(Json(crate::records::run_view(&run)))
+    Ok(crate::views::run_json(&run))
 }
 
 async fn run_events(

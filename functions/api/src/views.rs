@@ -1,87 +1,182 @@
 //! Public projections. Object keys, leases and lockfile bytes never appear here.
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
+use takosumi_core::{
+    ActorKind, CapsuleId, ProviderLockState, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
+    WorkspaceId,
+};
 use takosumi_store::capsules::Capsule;
 use takosumi_store::runs::Run;
 
-/// A Run as the API shows it.
-pub fn run(r: &Run) -> Value {
-    let mut m = Map::new();
-    m.insert("id".into(), json!(r.id));
-    m.insert("kind".into(), json!(r.kind));
-    m.insert("status".into(), json!(r.status));
-    m.insert("workspaceId".into(), json!(r.workspace_id));
-    m.insert("capsuleId".into(), json!(r.capsule_id));
-    m.insert("runGroupId".into(), json!(r.run_group_id));
-    m.insert("planRunId".into(), json!(r.plan_run_id));
-    m.insert("planDigest".into(), json!(r.plan_digest));
-    m.insert(
-        "sourceSnapshot".into(),
-        match &r.source_commit {
-            Some(commit) => json!({ "commit": commit, "treeDigest": r.tree_digest }),
-            None => Value::Null,
-        },
-    );
-    m.insert(
-        "toolVersion".into(),
-        r.tool_version.clone().unwrap_or(Value::Null),
-    );
-    // null = provider-free (recorded); absent = unknown (legacy / not yet planned).
-    match r.provider_lock_state.as_str() {
-        "none" => {
-            m.insert("providerLockDigest".into(), Value::Null);
+/// A Run as the API shows it, serialized straight from the row (a history page is 50 of
+/// them; building a `Value` per Run cost more than the query). Every endpoint that
+/// answers with a Run answers with this.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView<'a> {
+    id: RunId,
+    kind: RunKind,
+    status: RunStatus,
+    workspace_id: WorkspaceId,
+    capsule_id: CapsuleId,
+    run_group_id: Option<RunGroupId>,
+    plan_run_id: Option<RunId>,
+    plan_digest: Option<&'a str>,
+    source_snapshot: Option<SnapshotView<'a>>,
+    tool_version: Option<&'a Value>,
+    /// Absent = unknown (legacy, or not planned yet); null = provider-free (recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider_lock_digest: Option<Option<&'a str>>,
+    dependency_snapshot: Option<&'a str>,
+    state_generation: Option<i64>,
+    changes: Option<&'a Value>,
+    drift: Option<bool>,
+    outputs: Option<&'a Value>,
+    state_version_id: Option<StateVersionId>,
+    hold: Option<HoldView<'a>>,
+    error: Option<ErrorView<'a>>,
+    actor: ActorView<'a>,
+    auto_apply_requested: bool,
+    /// Names, not values.
+    injected_env_names: &'a [String],
+    /// `bubblewrap` | `none` (a runner started unisolated), null before execution.
+    sandbox: Option<&'a str>,
+    /// Ids and names of the credential sets used; their values are never stored here.
+    provider_bindings: &'a Value,
+    /// Names, not values (the seed's record keeps "the names of the injected environment
+    /// variables — values are not stored"): the values stay sealed where the pipeline
+    /// reads them. `null`: the Capsule's variables, named once a step ran.
+    var_names: Option<Vec<&'a str>>,
+    attempts: i32,
+    canceled_by: Option<&'a str>,
+    canceled_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    cancel_requested_at: Option<DateTime<Utc>>,
+    cancel_requested_by: Option<&'a str>,
+    /// How an `unknown_outcome` Run was resolved.
+    resolution: Option<ResolutionView<'a>>,
+    /// How an apply submission ran: `one_step` (apply -auto-approve, no saved plan) or a
+    /// plan it proposed its apply from; null for the ordinary paths.
+    apply_mode: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotView<'a> {
+    commit: &'a str,
+    tree_digest: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct HoldView<'a> {
+    reason: &'a str,
+    details: Option<&'a Value>,
+}
+
+#[derive(Serialize)]
+struct ErrorView<'a> {
+    code: &'a str,
+    message: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ActorView<'a> {
+    kind: ActorKind,
+    id: &'a str,
+}
+
+#[derive(Serialize)]
+struct ResolutionView<'a> {
+    action: &'a str,
+    note: Option<&'a str>,
+    by: Option<&'a str>,
+    at: DateTime<Utc>,
+}
+
+impl<'a> RunView<'a> {
+    /// The view of `r`.
+    pub fn of(r: &'a Run) -> Self {
+        Self {
+            id: r.id,
+            kind: r.kind,
+            status: r.status,
+            workspace_id: r.workspace_id,
+            capsule_id: r.capsule_id,
+            run_group_id: r.run_group_id,
+            plan_run_id: r.plan_run_id,
+            plan_digest: r.plan_digest.as_deref(),
+            source_snapshot: r.source_commit.as_deref().map(|commit| SnapshotView {
+                commit,
+                tree_digest: r.tree_digest.as_deref(),
+            }),
+            tool_version: r.tool_version.as_ref(),
+            provider_lock_digest: match r.provider_lock_state {
+                ProviderLockState::None => Some(None),
+                ProviderLockState::Present => Some(r.provider_lock_digest.as_deref()),
+                ProviderLockState::Unknown => None,
+            },
+            dependency_snapshot: r.dependency_snapshot.as_deref(),
+            state_generation: r.state_generation,
+            changes: r.changes.as_ref(),
+            drift: r.drift,
+            outputs: r.outputs.as_ref(),
+            state_version_id: r.state_version_id,
+            hold: r.hold_reason.as_deref().map(|reason| HoldView {
+                reason,
+                details: r.hold_details.as_ref(),
+            }),
+            error: r.error_code.as_deref().map(|code| ErrorView {
+                code,
+                message: r.error_message.as_deref(),
+            }),
+            actor: ActorView {
+                kind: r.actor_kind,
+                id: &r.actor_id,
+            },
+            auto_apply_requested: r.auto_apply_requested,
+            injected_env_names: &r.injected_env_names,
+            sandbox: r.sandbox.as_deref(),
+            provider_bindings: &r.provider_bindings,
+            var_names: match &r.var_names {
+                Some(names) => Some(names.iter().map(String::as_str).collect()),
+                None => r
+                    .vars
+                    .as_ref()
+                    .and_then(Value::as_object)
+                    .map(|m| m.keys().map(String::as_str).collect()),
+            },
+            attempts: r.attempts,
+            canceled_by: r.canceled_by.as_deref(),
+            canceled_at: r.canceled_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            cancel_requested_at: r.cancel_requested_at,
+            cancel_requested_by: r.cancel_requested_by.as_deref(),
+            resolution: match (&r.resolution_action, r.resolved_at) {
+                (Some(action), Some(at)) => Some(ResolutionView {
+                    action,
+                    note: r.resolution_note.as_deref(),
+                    by: r.resolved_by.as_deref(),
+                    at,
+                }),
+                _ => None,
+            },
+            apply_mode: r.apply_mode.as_deref(),
         }
-        "present" => {
-            m.insert("providerLockDigest".into(), json!(r.provider_lock_digest));
-        }
-        _ => {}
     }
-    m.insert("dependencySnapshot".into(), json!(r.dependency_snapshot));
-    m.insert("stateGeneration".into(), json!(r.state_generation));
-    m.insert("changes".into(), r.changes.clone().unwrap_or(Value::Null));
-    m.insert("drift".into(), json!(r.drift));
-    m.insert("outputs".into(), r.outputs.clone().unwrap_or(Value::Null));
-    m.insert("stateVersionId".into(), json!(r.state_version_id));
-    m.insert(
-        "hold".into(),
-        match &r.hold_reason {
-            Some(reason) => json!({ "reason": reason, "details": r.hold_details }),
-            None => Value::Null,
-        },
-    );
-    m.insert(
-        "error".into(),
-        match &r.error_code {
-            Some(code) => json!({ "code": code, "message": r.error_message }),
-            None => Value::Null,
-        },
-    );
-    m.insert(
-        "actor".into(),
-        json!({ "kind": r.actor_kind, "id": r.actor_id }),
-    );
-    m.insert("autoApplyRequested".into(), json!(r.auto_apply_requested));
-    m.insert("injectedEnvNames".into(), json!(r.injected_env_names));
-    // `bubblewrap` | `none` (a runner started unisolated), null before execution.
-    m.insert("sandbox".into(), json!(r.sandbox));
-    // Ids and names of the credential sets used; their values are never stored here.
-    m.insert("providerBindings".into(), r.provider_bindings.clone());
-    // Names, not values (the seed's record keeps "the names of the injected environment
-    // variables — values are not stored"): the values stay sealed where the pipeline reads
-    // them. `null`: the Capsule's variables, named once a step ran.
-    let names = r.var_names.clone().or_else(|| {
-        r.vars
-            .as_ref()
-            .and_then(Value::as_object)
-            .map(|m| m.keys().cloned().collect())
-    });
-    m.insert("varNames".into(), json!(names));
-    m.insert("attempts".into(), json!(r.attempts));
-    m.insert("canceledBy".into(), json!(r.canceled_by));
-    m.insert("canceledAt".into(), json!(r.canceled_at));
-    m.insert("createdAt".into(), json!(r.created_at));
-    m.insert("updatedAt".into(), json!(r.updated_at));
-    Value::Object(m)
+}
+
+/// A Run answer, serialized at once (the view borrows the row).
+pub fn run_json(r: &Run) -> axum::response::Response {
+    axum::response::IntoResponse::into_response(axum::Json(RunView::of(r)))
+}
+
+/// A Run as a JSON object, for the few answers that add a field beside it.
+pub fn run_value(r: &Run) -> Value {
+    serde_json::to_value(RunView::of(r)).unwrap_or(Value::Null)
 }
 
 /// A Capsule's variables as `caller_may_edit` sees them: every name, and a value only for

@@ -458,33 +458,14 @@ async fn install_lockfile(
     wd: &Workdir,
     plan_run: &runs::Run,
 ) -> Result<Option<String>, ApplyError> {
-    match plan_run.provider_lock_state.as_str() {
-        "none" => Ok(None),
-        "present" => {
-            let Some(digest) = plan_run.provider_lock_digest.as_deref() else {
-                return Err(fail(
-                    FailureCode::LockfileMismatch,
-                    "the plan's lockfile record is incomplete; plan again",
-                ));
-            };
-            // The artifact must be the plan Run's own, sealed under its id, and hash to
-            // the digest the plan recorded (missing, oversized, cross-Run and modified
-            // artifacts each fail with their own code).
-            let bytes = match ctx
-                .load_lockfile(plan_run.id, plan_run.lockfile_object_key.as_deref(), digest)
-                .await
-            {
-                Ok(bytes) => bytes,
-                Err(LockfileError::Refused(code, message)) => return Err(fail(code, message)),
-                Err(LockfileError::Step(e)) => return Err(e.into()),
-            };
+    match ctx.planned_lockfile(plan_run).await {
+        Ok(None) => Ok(None),
+        Ok(Some((bytes, digest))) => {
             std::fs::write(wd.config_dir().join(".terraform.lock.hcl"), &bytes)
                 .map_err(StepError::internal)?;
-            Ok(Some(digest.to_owned()))
+            Ok(Some(digest))
         }
-        _ => Err(fail(
-            FailureCode::LockfileMismatch,
-            "the plan has no lockfile record (made by an older runner); plan again",
-        )),
+        Err(LockfileError::Refused(code, message)) => Err(fail(code, message)),
+        Err(LockfileError::Step(e)) => Err(e.into()),
     }
 }

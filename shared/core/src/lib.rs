@@ -8,6 +8,7 @@
 pub mod cost;
 pub mod error;
 pub mod ids;
+pub mod lock_state;
 pub mod role;
 pub mod run;
 pub mod secret;
@@ -17,6 +18,7 @@ pub use ids::{
     CapsuleId, EventId, IdParseError, ProviderBindingId, RunGroupId, RunId, StateVersionId,
     TokenId, WorkspaceId,
 };
+pub use lock_state::ProviderLockState;
 pub use role::{Role, UnknownRole};
 pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic, stale_plan_advice};
 pub use secret::{Secret, read_secret};

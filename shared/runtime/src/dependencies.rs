@@ -10,7 +10,7 @@
 //! bytes hash to the recorded `providerLockDigest` (else `lockfile_mismatch`). Messages
 //! name neither the object key nor any lockfile byte: both are private.
 
-use takosumi_core::{FailureCode, RunId, StepError};
+use takosumi_core::{FailureCode, ProviderLockState, RunId, StepError};
 use takosumi_objects::ObjectError;
 use takosumi_runner::{MAX_LOCKFILE_BYTES, RunnerError, Workdir};
 use takosumi_seal::{Purpose, SealError};
@@ -130,6 +130,37 @@ impl Ctx {
             ));
         }
         Ok(bytes)
+    }
+
+    /// The lockfile an apply of `plan_run` must install, by what the plan recorded: none
+    /// for a provider-free plan; the plan Run's own artifact, checked as
+    /// [`Ctx::load_lockfile`] says, when one is present; refused (`lockfile_mismatch`) for
+    /// an `unknown` record, which is never regenerated. The apply handler and the relay
+    /// (delivering a pool's apply) both decide here.
+    pub async fn planned_lockfile(
+        &self,
+        plan_run: &takosumi_store::runs::Run,
+    ) -> Result<Option<(Vec<u8>, String)>, LockfileError> {
+        match (
+            plan_run.provider_lock_state,
+            plan_run.provider_lock_digest.as_deref(),
+        ) {
+            (ProviderLockState::None, _) => Ok(None),
+            (ProviderLockState::Present, Some(digest)) => {
+                let bytes = self
+                    .load_lockfile(plan_run.id, plan_run.lockfile_object_key.as_deref(), digest)
+                    .await?;
+                Ok(Some((bytes, digest.to_owned())))
+            }
+            (ProviderLockState::Present, None) => Err(LockfileError::refused(
+                FailureCode::LockfileMismatch,
+                "the plan's lockfile record is incomplete; plan again",
+            )),
+            (ProviderLockState::Unknown, _) => Err(LockfileError::refused(
+                FailureCode::LockfileMismatch,
+                "the plan has no lockfile record (made by an older runner); plan again",
+            )),
+        }
     }
 }
 

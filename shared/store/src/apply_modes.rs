@@ -76,11 +76,7 @@ pub async fn record_snapshot<'e, E: sqlx::PgExecutor<'e>>(
     owner: &str,
     s: &OneStepSnapshot<'_>,
 ) -> Result<bool, StoreError> {
-    let state = if s.provider_lock_digest.is_some() {
-        "present"
-    } else {
-        "none"
-    };
+    let state = takosumi_core::ProviderLockState::of_digest(s.provider_lock_digest);
     let done = sqlx::query!(
         r#"UPDATE runs SET source_commit = $3, tree_digest = $4, tool_version = $5,
                   provider_lock_state = $6, provider_lock_digest = $7, injected_env_names = $8,
@@ -91,7 +87,7 @@ pub async fn record_snapshot<'e, E: sqlx::PgExecutor<'e>>(
         s.commit,
         s.tree_digest,
         s.tool_version,
-        state,
+        state as takosumi_core::ProviderLockState,
         s.provider_lock_digest,
         s.injected_env_names
     )

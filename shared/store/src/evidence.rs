@@ -436,7 +436,7 @@ async fn predicate(
             }),
         },
         provider_lock: ProviderLock {
-            state: run.provider_lock_state.clone(),
+            state: run.provider_lock_state.as_str().to_owned(),
             digest: run.provider_lock_digest.clone(),
         },
         module_tree_digest,

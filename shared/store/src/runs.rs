@@ -5,8 +5,8 @@
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{
-    ActorKind, CapsuleId, Changes, FailureCode, RunGroupId, RunId, RunKind, RunStatus,
-    StateVersionId, WorkspaceId,
+    ActorKind, CapsuleId, Changes, FailureCode, ProviderLockState, RunGroupId, RunId, RunKind,
+    RunStatus, StateVersionId, WorkspaceId,
 };
 
 use crate::{StoreError, Tx};
@@ -47,8 +47,8 @@ pub struct Run {
     pub plan_object_key: Option<String>,
     /// Private: where the sealed lockfile lives.
     pub lockfile_object_key: Option<String>,
-    /// `unknown`, `none` or `present`.
-    pub provider_lock_state: String,
+    /// What the plan recorded of its lockfile.
+    pub provider_lock_state: ProviderLockState,
     /// SHA-256 of the lockfile bytes when present.
     pub provider_lock_digest: Option<String>,
     /// Digest over the module tree and the provider lock digest.
@@ -143,8 +143,8 @@ pub async fn get_many<'e, E: sqlx::PgExecutor<'e>>(
                   run_group_id as "run_group_id: RunGroupId", plan_run_id as "plan_run_id: RunId",
                   actor_kind as "actor_kind: ActorKind", actor_id, auto_apply_requested,
                   source_commit, tree_digest, tool_version, plan_digest, plan_object_key,
-                  lockfile_object_key, provider_lock_state, provider_lock_digest, dependency_snapshot,
-                  state_generation, changes, drift, outputs,
+                  lockfile_object_key, provider_lock_state as "provider_lock_state: ProviderLockState",
+                  provider_lock_digest, dependency_snapshot, state_generation, changes, drift, outputs,
                   state_version_id as "state_version_id: StateVersionId", injected_env_names,
                   vars, var_names, provider_bindings, hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
                   canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode,
@@ -400,11 +400,7 @@ pub async fn record_plan(
 ) -> Result<bool, StoreError> {
     crate::transitions!(Planning => Planned);
     let changes = serde_json::to_value(rec.changes).unwrap_or_default();
-    let lock_state = if rec.provider_lock_digest.is_some() {
-        "present"
-    } else {
-        "none"
-    };
+    let lock_state = ProviderLockState::of_digest(rec.provider_lock_digest.as_deref());
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'planned', source_commit = $3, tree_digest = $4, tool_version = $5,
                   plan_digest = $6, plan_object_key = $7, lockfile_object_key = $8,
@@ -420,7 +416,7 @@ pub async fn record_plan(
         rec.plan_digest,
         rec.plan_object_key,
         rec.lockfile_object_key,
-        lock_state,
+        lock_state as ProviderLockState,
         rec.provider_lock_digest,
         rec.dependency_snapshot,
         rec.state_generation,
