@@ -1466,6 +1466,37 @@ async fn a_pools_dead_letters_are_collected_and_listed() -> anyhow::Result<()> {
     stack.stop().await
 }
 
+/// A pool Capsule with a relay worker running, and its first plan, planned on the worker.
+struct PlannedOnPool {
+    _repo: GitRepo,
+    _work: tempfile::TempDir,
+    capsule: Capsule,
+    plan: takosumi_client::Run,
+    worker: tokio::process::Child,
+}
+
+impl PlannedOnPool {
+    async fn start(stack: &Stack, pool: &str) -> anyhow::Result<Self> {
+        let admin = Admin::new(stack);
+        let (repo, capsule) = capsule(stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+        let key = DeliveryKeyPair::generate("k1")?;
+        let (_pool, token) = admin.pool_for(&capsule, pool, &key).await;
+        let work = tempfile::tempdir()?;
+        let worker = spawn_relay(stack, &token, &keys_env(&[&key]), work.path())?;
+        let plan = stack
+            .wait(stack.client.plan(capsule.id, None).await?.id)
+            .await?;
+        anyhow::ensure!(plan.status == RunStatus::Planned, "{plan:?}");
+        Ok(Self {
+            _repo: repo,
+            _work: work,
+            capsule,
+            plan,
+            worker,
+        })
+    }
+}
+
 /// A relay worker's apply whose new state object storage will not take ends exactly as
 /// the control node's does (one implementation, `takosumi_runtime::unrecorded`): the
 /// store is retried, the state is kept sealed in Postgres, the apply ends
@@ -1481,16 +1512,8 @@ async fn a_relay_workers_unstored_state_is_held_like_the_control_nodes() -> anyh
         },
     )
     .await?;
-    let admin = Admin::new(&stack);
-    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
-    let key = DeliveryKeyPair::generate("k1")?;
-    let (_pool, token) = admin.pool_for(&cap, "held", &key).await;
-    let work = tempfile::tempdir()?;
-    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
-    let plan = stack
-        .wait(stack.client.plan(cap.id, None).await?.id)
-        .await?;
-    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let mut on_pool = PlannedOnPool::start(&stack, "held").await?;
+    let (cap, plan) = (on_pool.capsule.clone(), on_pool.plan.clone());
 
     // Object storage refuses every new state from here on.
     let blocker = s3.data_dir().join(&stack.settings.s3_bucket).join("states");
@@ -1537,7 +1560,7 @@ async fn a_relay_workers_unstored_state_is_held_like_the_control_nodes() -> anyh
         other => panic!("an apply beside an unknown outcome: {other:?}"),
     }
     std::fs::remove_file(&blocker)?;
-    worker.kill().await?;
+    on_pool.worker.kill().await?;
     stack.stop().await?;
     drop(s3);
     Ok(())
@@ -1550,16 +1573,8 @@ async fn a_relay_workers_unstored_state_is_held_like_the_control_nodes() -> anyh
 async fn a_legacy_lockfile_record_is_refused_on_a_pool_as_on_the_control_node() -> anyhow::Result<()>
 {
     let stack = Stack::start().await?;
-    let admin = Admin::new(&stack);
-    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
-    let key = DeliveryKeyPair::generate("k1")?;
-    let (_pool, token) = admin.pool_for(&cap, "legacy", &key).await;
-    let work = tempfile::tempdir()?;
-    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
-    let plan = stack
-        .wait(stack.client.plan(cap.id, None).await?.id)
-        .await?;
-    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let mut on_pool = PlannedOnPool::start(&stack, "legacy").await?;
+    let (cap, plan) = (on_pool.capsule.clone(), on_pool.plan.clone());
     assert!(plan.provider_lock_digest.clone().flatten().is_some());
     sqlx::query(
         "UPDATE runs SET provider_lock_state = 'unknown', lockfile_object_key = NULL WHERE id = $1",
@@ -1581,6 +1596,6 @@ async fn a_legacy_lockfile_record_is_refused_on_a_pool_as_on_the_control_node() 
         "nothing ran on the worker"
     );
     assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
-    worker.kill().await?;
+    on_pool.worker.kill().await?;
     stack.stop().await
 }
