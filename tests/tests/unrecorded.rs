@@ -127,8 +127,12 @@ async fn unstored_state_ends_unknown_outcome_keeps_the_state_and_locks_the_capsu
     // The state is kept, sealed, in Postgres, and opens to what the tool wrote.
     let held = takosumi_store::unrecorded::held_for_run(&stack.ctx.pool, first_apply).await?;
     assert_eq!(held.len(), 1, "one held state");
-    let (sv_id, generation, digest, sealed): (StateVersionId, i64, String, Vec<u8>) =
-        held.into_iter().next().unwrap_or_else(|| unreachable!());
+    let takosumi_store::unrecorded::HeldSealed {
+        state_version_id: sv_id,
+        generation,
+        digest,
+        sealed,
+    } = held.into_iter().next().unwrap_or_else(|| unreachable!());
     assert_eq!(generation, 1);
     let state = stack
         .ctx
@@ -374,8 +378,12 @@ async fn apply_unstored(
     );
     let held = takosumi_store::unrecorded::held_for_run(&stack.ctx.pool, apply).await?;
     anyhow::ensure!(held.len() == 1, "{} held states", held.len());
-    let (id, generation, digest, sealed) =
-        held.into_iter().next().unwrap_or_else(|| unreachable!());
+    let takosumi_store::unrecorded::HeldSealed {
+        state_version_id: id,
+        generation,
+        digest,
+        sealed,
+    } = held.into_iter().next().unwrap_or_else(|| unreachable!());
     let state = stack
         .ctx
         .sealer

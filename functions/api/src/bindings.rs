@@ -503,10 +503,12 @@ async fn attach_binding(
 }
 
 async fn lock_capsule(tx: &mut Tx, id: CapsuleId) -> Result<(), ApiError> {
-    sqlx::query("SELECT id FROM capsules WHERE id = $1 FOR UPDATE")
-        .bind(id.as_uuid())
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query!(
+        "SELECT id FROM capsules WHERE id = $1 FOR UPDATE",
+        id.as_uuid()
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
     Ok(())
 }
 

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{CapsuleId, Role, RunKind, Topic};
+use takosumi_core::{ApplyMode, CapsuleId, Role, RunKind, Topic};
 use takosumi_policy::RuleSet;
 use takosumi_store::{activity, apply_modes, capsules, events, gates, outbox, runs};
 
@@ -139,9 +139,9 @@ async fn apply_capsule(
         Err(e) => return Err(e.into()),
     };
     let mode = if one_step {
-        apply_modes::ONE_STEP
+        ApplyMode::OneStep
     } else {
-        apply_modes::PROPOSES_APPLY
+        ApplyMode::ProposesApply
     };
     apply_modes::set(&mut tx, run_id, mode).await?;
     if req.require_approval {
@@ -196,11 +196,7 @@ async fn replay(
     let run = runs::get(&st.pool, id)
         .await?
         .ok_or_else(|| ApiError::not_found("the idempotent Run"))?;
-    let same = run.capsule_id == capsule.id
-        && matches!(
-            run.apply_mode.as_deref(),
-            Some(apply_modes::ONE_STEP | apply_modes::PROPOSES_APPLY | apply_modes::PROPOSED_APPLY)
-        );
+    let same = run.capsule_id == capsule.id && run.apply_mode.is_some();
     if !same {
         return Err(ApiError::invalid(
             ErrorCode::IdempotencyKeyReused,

@@ -404,10 +404,8 @@ async fn claim_once(
             continue;
         }
         if !has_plan
-            && takosumi_store::apply_modes::get(&st.pool, run_id)
-                .await?
-                .as_deref()
-                != Some(takosumi_store::apply_modes::ONE_STEP)
+            && takosumi_store::apply_modes::get(&st.pool, run_id).await?
+                != Some(takosumi_core::ApplyMode::OneStep)
         {
             fail_unclaimed(
                 st,

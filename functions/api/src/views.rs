@@ -60,7 +60,7 @@ pub struct RunView<'a> {
     resolution: Option<ResolutionView<'a>>,
     /// How an apply submission ran: `one_step` (apply -auto-approve, no saved plan) or a
     /// plan it proposed its apply from; null for the ordinary paths.
-    apply_mode: Option<&'a str>,
+    apply_mode: Option<takosumi_core::ApplyMode>,
 }
 
 #[derive(Serialize)]
@@ -164,7 +164,7 @@ impl<'a> RunView<'a> {
                 }),
                 _ => None,
             },
-            apply_mode: r.apply_mode.as_deref(),
+            apply_mode: r.apply_mode,
         }
     }
 }

@@ -37,7 +37,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     // submitted and when the gate released it (see `one_step`).
     let plan_run_id = match run.plan_run_id {
         Some(p) => Some(p),
-        None if run.apply_mode.as_deref() == Some(takosumi_store::apply_modes::ONE_STEP) => None,
+        None if run.apply_mode == Some(takosumi_core::ApplyMode::OneStep) => None,
         None => return Err(StepError::Poison(format!("{run_id} has no plan"))),
     };
 

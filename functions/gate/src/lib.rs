@@ -27,7 +27,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     // (also after a person released it before planning, as an agent's is).
     if run.kind == RunKind::Plan
         && run.status == RunStatus::Planned
-        && run.apply_mode.as_deref() == Some(takosumi_store::apply_modes::PROPOSES_APPLY)
+        && run.apply_mode == Some(takosumi_core::ApplyMode::ProposesApply)
     {
         return one_step::propose_apply(ctx, &run, &format!("handler:{}", ctx.owner)).await;
     }

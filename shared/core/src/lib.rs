@@ -6,13 +6,16 @@
 #![deny(missing_docs)]
 
 pub mod cost;
+pub mod decisions;
 pub mod error;
 pub mod ids;
 pub mod lock_state;
 pub mod role;
 pub mod run;
 pub mod secret;
+pub mod text_enum;
 
+pub use decisions::{ApplyMode, GateDecision};
 pub use error::{FailureCode, Outcome, StepError};
 pub use ids::{
     CapsuleId, EventId, IdParseError, ProviderBindingId, RunGroupId, RunId, StateVersionId,

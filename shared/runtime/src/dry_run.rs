@@ -48,7 +48,7 @@ pub async fn check(
     ) {
         return Ok(DryRunDecision::Proceed);
     }
-    if run.gate_decision.as_deref() == Some("released") {
+    if run.gate_decision == Some(takosumi_core::GateDecision::Released) {
         // A person released it before it planned: it runs the commit and the module tree
         // they were shown (modules are fetched again, so a module source that moved is
         // refused here rather than planned unscanned).

@@ -4,18 +4,18 @@
 
 use std::time::Duration;
 
-use takosumi_core::{RunKind, RunStatus, Topic};
+use takosumi_core::{GateDecision, RunKind, RunStatus, Topic};
 use takosumi_store::{events, outbox, runs};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Ctx, RuntimeError};
 
 /// The queue that moves a queued Run forward.
-pub fn topic_for(kind: RunKind, gate_decision: Option<&str>) -> Topic {
+pub fn topic_for(kind: RunKind, gate_decision: Option<GateDecision>) -> Topic {
     match kind {
         RunKind::Plan | RunKind::Destroy => Topic::Plan,
         RunKind::DriftCheck => Topic::Drift,
-        RunKind::Apply if gate_decision == Some("released") => Topic::Apply,
+        RunKind::Apply if gate_decision == Some(GateDecision::Released) => Topic::Apply,
         RunKind::Apply => Topic::Gate,
     }
 }
@@ -50,11 +50,11 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
         .await?;
     }
     let stuck = runs::stuck_queued(&mut tx, stuck_queued_secs).await?;
-    for (id, kind, gate) in &stuck {
-        outbox::enqueue(&mut tx, topic_for(*kind, gate.as_deref()), *id).await?;
+    for s in &stuck {
+        outbox::enqueue(&mut tx, topic_for(s.kind, s.gate_decision), s.id).await?;
         events::append(
             &mut *tx,
-            *id,
+            s.id,
             "wake_up_resent",
             "system:reaper",
             serde_json::json!({}),

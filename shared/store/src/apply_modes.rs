@@ -3,22 +3,17 @@
 //! saved plan) when one does. The mode is recorded on the Run so its record says which
 //! path it took; see `infra/migrations/20261130000700_apply_modes.sql`.
 
-use takosumi_core::RunId;
+use takosumi_core::{ApplyMode, RunId};
 
 use crate::{StoreError, Tx};
 
-/// An Apply Run that runs `apply -auto-approve` with no saved plan (it has no plan Run).
-pub const ONE_STEP: &str = "one_step";
-/// A plan Run an apply submission started: once planned, the gate proposes its Apply Run.
-pub const PROPOSES_APPLY: &str = "proposes_apply";
-
-/// Records how a Run was submitted (`ONE_STEP` or `PROPOSES_APPLY`), in the submission's
-/// transaction; only a queued Run can be marked, once.
-pub async fn set(tx: &mut Tx, id: RunId, mode: &str) -> Result<bool, StoreError> {
+/// Records how a Run was submitted ([`ApplyMode::OneStep`] or [`ApplyMode::ProposesApply`]),
+/// in the submission's transaction; only a queued Run can be marked, once.
+pub async fn set(tx: &mut Tx, id: RunId, mode: ApplyMode) -> Result<bool, StoreError> {
     let done = sqlx::query!(
         "UPDATE runs SET apply_mode = $2 WHERE id = $1 AND apply_mode IS NULL AND status IN ('queued', 'held')",
         id.as_uuid(),
-        mode
+        mode as ApplyMode
     )
     .execute(&mut **tx)
     .await?;
@@ -29,10 +24,13 @@ pub async fn set(tx: &mut Tx, id: RunId, mode: &str) -> Result<bool, StoreError>
 pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     id: RunId,
-) -> Result<Option<String>, StoreError> {
-    let row = sqlx::query!("SELECT apply_mode FROM runs WHERE id = $1", id.as_uuid())
-        .fetch_optional(executor)
-        .await?;
+) -> Result<Option<ApplyMode>, StoreError> {
+    let row = sqlx::query!(
+        r#"SELECT apply_mode as "apply_mode: ApplyMode" FROM runs WHERE id = $1"#,
+        id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
     Ok(row.and_then(|r| r.apply_mode))
 }
 
@@ -96,10 +94,7 @@ pub async fn record_snapshot<'e, E: sqlx::PgExecutor<'e>>(
     Ok(done.rows_affected() == 1)
 }
 
-/// A plan Run an apply submission started, once the gate proposed its Apply Run.
-pub const PROPOSED_APPLY: &str = "proposed_apply";
-
-/// Marks a planned `PROPOSES_APPLY` plan Run as having proposed its Apply Run: the guard
+/// Marks a planned [`ApplyMode::ProposesApply`] plan Run as having proposed its Apply Run: the guard
 /// that makes the proposal happen once however often the gate is woken.
 pub async fn mark_proposed(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
     let done = sqlx::query!(

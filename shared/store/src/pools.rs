@@ -2,12 +2,8 @@
 //! drift checks and applies away from the control node. A pool authenticates with its own
 //! token (only the SHA-256 is stored, like API tokens) and receives secrets sealed to its
 //! delivery key; the previous key stays deliverable until its grace ends.
-//!
-//! The queries here are checked at run time (`sqlx::query`), not by the `query!` macros, so
-//! this module adds nothing to the offline query cache.
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use takosumi_core::{CapsuleId, RunId, WorkspaceId};
 use uuid::Uuid;
 
@@ -36,20 +32,33 @@ pub struct WorkerPool {
     pub created_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, name, workspace_id, delivery_key_id, delivery_public_key, previous_key_id, previous_public_key, previous_key_until, created_at";
+/// The row as the `query_as!` macros read it; the id columns become typed ids in `From`.
+struct PoolRow {
+    id: Uuid,
+    name: String,
+    workspace_id: Uuid,
+    delivery_key_id: Option<String>,
+    delivery_public_key: Option<Vec<u8>>,
+    previous_key_id: Option<String>,
+    previous_public_key: Option<Vec<u8>>,
+    previous_key_until: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+}
 
-fn from_row(r: &sqlx::postgres::PgRow) -> Result<WorkerPool, sqlx::Error> {
-    Ok(WorkerPool {
-        id: r.try_get("id")?,
-        name: r.try_get("name")?,
-        workspace_id: WorkspaceId::from_uuid(r.try_get("workspace_id")?),
-        delivery_key_id: r.try_get("delivery_key_id")?,
-        delivery_public_key: r.try_get("delivery_public_key")?,
-        previous_key_id: r.try_get("previous_key_id")?,
-        previous_public_key: r.try_get("previous_public_key")?,
-        previous_key_until: r.try_get("previous_key_until")?,
-        created_at: r.try_get("created_at")?,
-    })
+impl From<PoolRow> for WorkerPool {
+    fn from(r: PoolRow) -> Self {
+        WorkerPool {
+            id: r.id,
+            name: r.name,
+            workspace_id: WorkspaceId::from_uuid(r.workspace_id),
+            delivery_key_id: r.delivery_key_id,
+            delivery_public_key: r.delivery_public_key,
+            previous_key_id: r.previous_key_id,
+            previous_public_key: r.previous_public_key,
+            previous_key_until: r.previous_key_until,
+            created_at: r.created_at,
+        }
+    }
 }
 
 /// Creates a pool whose token hashes to `token_hash(token)`.
@@ -60,19 +69,22 @@ pub async fn create(
     token: &str,
     delivery_key: Option<(&str, &[u8])>,
 ) -> Result<WorkerPool, StoreError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query_as!(
+        PoolRow,
         "INSERT INTO worker_pools (id, name, workspace_id, token_hash, delivery_key_id, delivery_public_key)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {COLUMNS}"
-    ))
-    .bind(Uuid::now_v7())
-    .bind(name)
-    .bind(workspace_id.as_uuid())
-    .bind(crate::tokens::hash_token(token))
-    .bind(delivery_key.map(|k| k.0))
-    .bind(delivery_key.map(|k| k.1))
+         VALUES ($1, $2, $3, $4, $5, $6)
+         RETURNING id, name, workspace_id, delivery_key_id, delivery_public_key, previous_key_id,
+                   previous_public_key, previous_key_until, created_at",
+        Uuid::now_v7(),
+        name,
+        workspace_id.as_uuid(),
+        crate::tokens::hash_token(token),
+        delivery_key.map(|k| k.0),
+        delivery_key.map(|k| k.1)
+    )
     .fetch_one(&mut **tx)
     .await?;
-    Ok(from_row(&row)?)
+    Ok(row.into())
 }
 
 /// The pool a presented pool token belongs to.
@@ -80,13 +92,16 @@ pub async fn find_by_token(
     pool: &sqlx::PgPool,
     token: &str,
 ) -> Result<Option<WorkerPool>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM worker_pools WHERE token_hash = $1"
-    ))
-    .bind(crate::tokens::hash_token(token))
+    let row = sqlx::query_as!(
+        PoolRow,
+        "SELECT id, name, workspace_id, delivery_key_id, delivery_public_key, previous_key_id,
+                previous_public_key, previous_key_until, created_at
+           FROM worker_pools WHERE token_hash = $1",
+        crate::tokens::hash_token(token)
+    )
     .fetch_optional(pool)
     .await?;
-    Ok(row.as_ref().map(from_row).transpose()?)
+    Ok(row.map(Into::into))
 }
 
 /// A pool by name.
@@ -98,13 +113,16 @@ pub async fn by_name<'e, E: sqlx::PgExecutor<'e>>(
     if name.contains('\0') {
         return Ok(None);
     }
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM worker_pools WHERE name = $1"
-    ))
-    .bind(name)
+    let row = sqlx::query_as!(
+        PoolRow,
+        "SELECT id, name, workspace_id, delivery_key_id, delivery_public_key, previous_key_id,
+                previous_public_key, previous_key_until, created_at
+           FROM worker_pools WHERE name = $1",
+        name
+    )
     .fetch_optional(executor)
     .await?;
-    Ok(row.as_ref().map(from_row).transpose()?)
+    Ok(row.map(Into::into))
 }
 
 /// Every pool's name, in name order (the queues a pool has are named after it).
@@ -121,18 +139,16 @@ pub async fn of_capsule<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     capsule_id: CapsuleId,
 ) -> Result<Option<WorkerPool>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {} FROM worker_pools p JOIN capsules c ON c.pool_id = p.id WHERE c.id = $1",
-        COLUMNS
-            .split(", ")
-            .map(|c| format!("p.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))
-    .bind(capsule_id.as_uuid())
+    let row = sqlx::query_as!(
+        PoolRow,
+        "SELECT p.id, p.name, p.workspace_id, p.delivery_key_id, p.delivery_public_key,
+                p.previous_key_id, p.previous_public_key, p.previous_key_until, p.created_at
+           FROM worker_pools p JOIN capsules c ON c.pool_id = p.id WHERE c.id = $1",
+        capsule_id.as_uuid()
+    )
     .fetch_optional(executor)
     .await?;
-    Ok(row.as_ref().map(from_row).transpose()?)
+    Ok(row.map(Into::into))
 }
 
 /// Rotates the pool's delivery key: the current key becomes the previous one, delivered
@@ -145,7 +161,8 @@ pub async fn rotate_delivery_key(
     public: &[u8],
     grace_secs: i64,
 ) -> Result<WorkerPool, StoreError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query_as!(
+        PoolRow,
         "UPDATE worker_pools
             SET previous_key_id = delivery_key_id, previous_public_key = delivery_public_key,
                 previous_key_until = CASE WHEN delivery_key_id IS NULL THEN NULL
@@ -153,16 +170,17 @@ pub async fn rotate_delivery_key(
                 delivery_key_id = $2, delivery_public_key = $3, updated_at = now()
           WHERE id = $1
             AND delivery_key_id IS DISTINCT FROM $2 AND previous_key_id IS DISTINCT FROM $2
-        RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(key_id)
-    .bind(public)
-    .bind(grace_secs)
+        RETURNING id, name, workspace_id, delivery_key_id, delivery_public_key, previous_key_id,
+                  previous_public_key, previous_key_until, created_at",
+        id,
+        key_id,
+        public,
+        grace_secs
+    )
     .fetch_optional(&mut **tx)
     .await?;
     match row {
-        Some(r) => Ok(from_row(&r)?),
+        Some(r) => Ok(r.into()),
         None => Err(StoreError::Conflict(
             "delivery key id already used by this pool",
         )),
@@ -201,7 +219,7 @@ pub async fn claim_next_plan(
     lease_secs: i64,
 ) -> Result<Option<RunId>, StoreError> {
     crate::transitions!(Queued => Planning);
-    let row = sqlx::query(
+    let id = sqlx::query_scalar!(
         "UPDATE runs SET status = 'planning', lease_owner = $2,
                 lease_until = now() + make_interval(secs => $3::bigint::double precision),
                 attempts = attempts + 1, updated_at = now()
@@ -211,13 +229,13 @@ pub async fn claim_next_plan(
                        ORDER BY r.created_at LIMIT 1 FOR UPDATE OF r SKIP LOCKED)
             AND status = 'queued'
         RETURNING id",
+        pool_id,
+        owner,
+        lease_secs
     )
-    .bind(pool_id)
-    .bind(owner)
-    .bind(lease_secs)
     .fetch_optional(&mut **tx)
     .await?;
-    Ok(row.map(|r| RunId::from_uuid(r.get("id"))))
+    Ok(id.map(RunId::from_uuid))
 }
 
 /// The pool's released, queued Apply Runs, oldest first (claimed one by one with
@@ -227,19 +245,19 @@ pub async fn released_applies<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     pool_id: Uuid,
 ) -> Result<Vec<(RunId, bool)>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT r.id, r.plan_run_id IS NOT NULL AS has_plan
-           FROM runs r JOIN capsules c ON c.id = r.capsule_id
-          WHERE c.pool_id = $1 AND r.kind = 'apply' AND r.status = 'queued'
-            AND r.gate_decision = 'released'
-          ORDER BY r.created_at LIMIT 10",
+    let rows = sqlx::query!(
+        r#"SELECT r.id, r.plan_run_id IS NOT NULL AS "has_plan!"
+             FROM runs r JOIN capsules c ON c.id = r.capsule_id
+            WHERE c.pool_id = $1 AND r.kind = 'apply' AND r.status = 'queued'
+              AND r.gate_decision = 'released'
+            ORDER BY r.created_at LIMIT 10"#,
+        pool_id
     )
-    .bind(pool_id)
     .fetch_all(executor)
     .await?;
     Ok(rows
-        .iter()
-        .map(|r| (RunId::from_uuid(r.get("id")), r.get("has_plan")))
+        .into_iter()
+        .map(|r| (RunId::from_uuid(r.id), r.has_plan))
         .collect())
 }
 
@@ -255,17 +273,17 @@ pub async fn fail_with_code(
 ) -> Result<bool, StoreError> {
     // Without an owner: a Run no step holds; with one: the lease holder's running Run.
     crate::transitions!(Queued => Failed, Held => Failed, Planning => Failed, Applying => Failed);
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "UPDATE runs SET status = 'failed', error_code = $3, error_message = $4,
                 lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
           WHERE id = $1
             AND CASE WHEN $2::text IS NULL THEN status IN ('queued', 'held')
                      ELSE status IN ('planning', 'applying') AND lease_owner = $2 END",
+        id.as_uuid(),
+        owner,
+        code,
+        message
     )
-    .bind(id.as_uuid())
-    .bind(owner)
-    .bind(code)
-    .bind(message)
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -276,9 +294,8 @@ pub async fn lease_owner<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     id: RunId,
 ) -> Result<Option<String>, StoreError> {
-    let row = sqlx::query("SELECT lease_owner FROM runs WHERE id = $1")
-        .bind(id.as_uuid())
+    let owner = sqlx::query_scalar!("SELECT lease_owner FROM runs WHERE id = $1", id.as_uuid())
         .fetch_optional(executor)
         .await?;
-    Ok(row.and_then(|r| r.get("lease_owner")))
+    Ok(owner.flatten())
 }

@@ -31,26 +31,15 @@ pub struct Held {
     pub count: i64,
 }
 
-#[derive(sqlx::FromRow)]
-struct HeldRow {
-    state_version_id: uuid::Uuid,
-    generation: i64,
-    object_key: String,
-    digest: String,
-    size_bytes: i64,
-    sealed: Vec<u8>,
-    n: i64,
-}
-
 /// The newest state held for `run_id`, if any.
 pub async fn latest_held(pool: &sqlx::PgPool, run_id: RunId) -> Result<Option<Held>, StoreError> {
-    let row: Option<HeldRow> = sqlx::query_as(
+    let row = sqlx::query!(
         r#"SELECT state_version_id, generation, object_key, digest, size_bytes, sealed,
-                  count(*) OVER () AS n
+                  count(*) OVER () AS "n!"
              FROM held_states WHERE run_id = $1
          ORDER BY created_at DESC LIMIT 1"#,
+        run_id.as_uuid()
     )
-    .bind(run_id.as_uuid())
     .fetch_optional(pool)
     .await?;
     Ok(row.map(|r| Held {
@@ -67,10 +56,10 @@ pub async fn latest_held(pool: &sqlx::PgPool, run_id: RunId) -> Result<Option<He
 /// Records that a held state is now in object storage (it stays in the table, sealed,
 /// as the record of what was held).
 pub async fn mark_held_stored(tx: &mut Tx, sv: StateVersionId) -> Result<(), StoreError> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE held_states SET stored_at = now() WHERE state_version_id = $1 AND stored_at IS NULL",
+        sv.as_uuid()
     )
-    .bind(sv.as_uuid())
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -85,15 +74,15 @@ pub async fn advance_generation(
     expected: i64,
     sv: StateVersionId,
 ) -> Result<bool, StoreError> {
-    let done = sqlx::query(
+    let done = sqlx::query!(
         r#"UPDATE capsules
               SET state_generation = state_generation + 1, current_state_version_id = $3,
                   updated_at = now()
             WHERE id = $1 AND state_generation = $2 AND running_apply_id IS NULL"#,
+        capsule_id.as_uuid(),
+        expected,
+        sv.as_uuid()
     )
-    .bind(capsule_id.as_uuid())
-    .bind(expected)
-    .bind(sv.as_uuid())
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -107,13 +96,13 @@ pub async fn set_run_state_version(
     sv: StateVersionId,
     generation: i64,
 ) -> Result<bool, StoreError> {
-    let done = sqlx::query(
+    let done = sqlx::query!(
         r#"UPDATE runs SET state_version_id = $2, state_generation = $3, updated_at = now()
             WHERE id = $1 AND status = 'unknown_outcome' AND state_version_id IS NULL"#,
+        run_id.as_uuid(),
+        sv.as_uuid(),
+        generation
     )
-    .bind(run_id.as_uuid())
-    .bind(sv.as_uuid())
-    .bind(generation)
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected() == 1)

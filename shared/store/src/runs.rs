@@ -5,8 +5,8 @@
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{
-    ActorKind, CapsuleId, Changes, FailureCode, ProviderLockState, RunGroupId, RunId, RunKind,
-    RunStatus, StateVersionId, WorkspaceId,
+    ActorKind, ApplyMode, CapsuleId, Changes, FailureCode, GateDecision, ProviderLockState,
+    RunGroupId, RunId, RunKind, RunStatus, StateVersionId, WorkspaceId,
 };
 
 use crate::{StoreError, Tx};
@@ -77,7 +77,7 @@ pub struct Run {
     /// Details of the hold.
     pub hold_details: Option<serde_json::Value>,
     /// The gate's decision, once made.
-    pub gate_decision: Option<String>,
+    pub gate_decision: Option<GateDecision>,
     /// Machine-readable failure code.
     pub error_code: Option<String>,
     /// What a person should do next.
@@ -97,7 +97,7 @@ pub struct Run {
     /// Last change.
     pub updated_at: DateTime<Utc>,
     /// How an apply submission runs (`apply_modes`); `None`: the ordinary paths.
-    pub apply_mode: Option<String>,
+    pub apply_mode: Option<ApplyMode>,
     /// When a cancel was requested of the running step.
     pub cancel_requested_at: Option<DateTime<Utc>>,
     /// Who requested it.
@@ -146,8 +146,8 @@ pub async fn get_many<'e, E: sqlx::PgExecutor<'e>>(
                   lockfile_object_key, provider_lock_state as "provider_lock_state: ProviderLockState",
                   provider_lock_digest, dependency_snapshot, state_generation, changes, drift, outputs,
                   state_version_id as "state_version_id: StateVersionId", injected_env_names,
-                  vars, var_names, provider_bindings, hold_reason, hold_details, gate_decision, error_code, error_message, canceled_by,
-                  canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode,
+                  vars, var_names, provider_bindings, hold_reason, hold_details, gate_decision as "gate_decision: GateDecision", error_code, error_message, canceled_by,
+                  canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode as "apply_mode: ApplyMode",
                   cancel_requested_at, cancel_requested_by, resolution_action, resolution_note,
                   resolved_by, resolved_at
              FROM runs WHERE id = ANY($1)"#,
@@ -261,10 +261,12 @@ pub async fn lost_claims<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     id: RunId,
 ) -> Result<i32, StoreError> {
-    let n: Option<i32> = sqlx::query_scalar("SELECT attempts - handbacks FROM runs WHERE id = $1")
-        .bind(id.as_uuid())
-        .fetch_optional(executor)
-        .await?;
+    let n = sqlx::query_scalar!(
+        r#"SELECT attempts - handbacks AS "lost!" FROM runs WHERE id = $1"#,
+        id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
     Ok(n.unwrap_or(0))
 }
 
@@ -702,15 +704,23 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
     Ok(reaped)
 }
 
+/// A queued Run whose wake-up was lost: what the reaper needs to send it again.
+#[derive(Debug, Clone, Copy)]
+pub struct StuckRun {
+    /// The Run.
+    pub id: RunId,
+    /// Its kind (which queue wakes it).
+    pub kind: RunKind,
+    /// The gate's decision, if it made one (a released apply goes to the apply queue).
+    pub gate_decision: Option<GateDecision>,
+}
+
 /// Queued Runs that nothing has touched for `idle_secs` and that have no wake-up pending:
 /// their message was lost (a handler died between ack and claim). Returns them so the
 /// caller can enqueue a new wake-up in the same transaction.
-pub async fn stuck_queued(
-    tx: &mut Tx,
-    idle_secs: i64,
-) -> Result<Vec<(RunId, RunKind, Option<String>)>, StoreError> {
+pub async fn stuck_queued(tx: &mut Tx, idle_secs: i64) -> Result<Vec<StuckRun>, StoreError> {
     let rows = sqlx::query!(
-        r#"SELECT r.id, r.kind as "kind: RunKind", r.gate_decision FROM runs r
+        r#"SELECT r.id, r.kind as "kind: RunKind", r.gate_decision as "gate_decision: GateDecision" FROM runs r
             WHERE r.status = 'queued'
               AND r.updated_at < now() - make_interval(secs => $1::bigint::double precision)
               AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.sent_at IS NULL AND o.payload->>'runId' = 'run_' || replace(r.id::text, '-', ''))
@@ -730,7 +740,11 @@ pub async fn stuck_queued(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|r| (RunId::from_uuid(r.id), r.kind, r.gate_decision))
+        .map(|r| StuckRun {
+            id: RunId::from_uuid(r.id),
+            kind: r.kind,
+            gate_decision: r.gate_decision,
+        })
         .collect())
 }
 

@@ -40,40 +40,58 @@ pub async fn hold_state(
     held: &HeldState,
     sealed: &[u8],
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    sqlx::query!(
         r#"INSERT INTO held_states (state_version_id, run_id, capsule_id, generation, object_key,
                                     digest, size_bytes, sealed, reason)
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
            ON CONFLICT (state_version_id) DO NOTHING"#,
+        held.state_version_id.as_uuid(),
+        held.run_id.as_uuid(),
+        held.capsule_id.as_uuid(),
+        held.generation,
+        held.object_key,
+        held.digest,
+        held.size_bytes,
+        sealed,
+        held.reason
     )
-    .bind(held.state_version_id.as_uuid())
-    .bind(held.run_id.as_uuid())
-    .bind(held.capsule_id.as_uuid())
-    .bind(held.generation)
-    .bind(&held.object_key)
-    .bind(&held.digest)
-    .bind(held.size_bytes)
-    .bind(sealed)
-    .bind(&held.reason)
     .execute(pool)
     .await?;
     Ok(())
 }
 
-/// The states held for an apply Run: `(state_version_id, generation, digest, sealed)`.
+/// A state held for an apply Run, sealed.
+#[derive(Debug, Clone)]
+pub struct HeldSealed {
+    /// The StateVersion id it was sealed under.
+    pub state_version_id: StateVersionId,
+    /// The generation it would have become.
+    pub generation: i64,
+    /// SHA-256 hex of the unsealed state.
+    pub digest: String,
+    /// The sealed bytes.
+    pub sealed: Vec<u8>,
+}
+
+/// The states held for an apply Run, oldest first.
 pub async fn held_for_run(
     pool: &sqlx::PgPool,
     run_id: RunId,
-) -> Result<Vec<(StateVersionId, i64, String, Vec<u8>)>, StoreError> {
-    let rows: Vec<(uuid::Uuid, i64, String, Vec<u8>)> = sqlx::query_as(
+) -> Result<Vec<HeldSealed>, StoreError> {
+    let rows = sqlx::query!(
         "SELECT state_version_id, generation, digest, sealed FROM held_states WHERE run_id = $1 ORDER BY created_at",
+        run_id.as_uuid()
     )
-    .bind(run_id.as_uuid())
     .fetch_all(pool)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, g, d, s)| (StateVersionId::from_uuid(id), g, d, s))
+        .map(|r| HeldSealed {
+            state_version_id: StateVersionId::from_uuid(r.state_version_id),
+            generation: r.generation,
+            digest: r.digest,
+            sealed: r.sealed,
+        })
         .collect())
 }
 
@@ -82,10 +100,10 @@ pub async fn held_ids_for_run(
     executor: impl sqlx::PgExecutor<'_>,
     run_id: RunId,
 ) -> Result<Vec<StateVersionId>, StoreError> {
-    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
+    let ids = sqlx::query_scalar!(
         "SELECT state_version_id FROM held_states WHERE run_id = $1 ORDER BY created_at",
+        run_id.as_uuid()
     )
-    .bind(run_id.as_uuid())
     .fetch_all(executor)
     .await?;
     Ok(ids.into_iter().map(StateVersionId::from_uuid).collect())
@@ -102,18 +120,18 @@ pub async fn mark_unknown_outcome(
     message: &str,
 ) -> Result<bool, StoreError> {
     crate::transitions!(Applying => UnknownOutcome);
-    let row: Option<(uuid::Uuid,)> = sqlx::query_as(
+    let row = sqlx::query_scalar!(
         r#"UPDATE runs SET status = 'unknown_outcome', error_code = 'unknown_outcome', error_message = $3,
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
             WHERE id = $1 AND status = 'applying' AND lease_owner = $2
         RETURNING capsule_id"#,
+        run_id.as_uuid(),
+        owner,
+        message
     )
-    .bind(run_id.as_uuid())
-    .bind(owner)
-    .bind(message)
     .fetch_optional(&mut **tx)
     .await?;
-    let Some((capsule,)) = row else {
+    let Some(capsule) = row else {
         return Ok(false);
     };
     crate::capsules::release_apply(tx, CapsuleId::from_uuid(capsule), run_id).await?;
@@ -125,15 +143,15 @@ pub async fn unresolved_unknown_apply<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     capsule_id: CapsuleId,
 ) -> Result<Option<RunId>, StoreError> {
-    let row: Option<(uuid::Uuid,)> = sqlx::query_as(
+    let id = sqlx::query_scalar!(
         r#"SELECT id FROM runs
             WHERE capsule_id = $1 AND kind = 'apply' AND status = 'unknown_outcome' AND resolved_at IS NULL
             ORDER BY finished_at NULLS LAST, created_at LIMIT 1"#,
+        capsule_id.as_uuid()
     )
-    .bind(capsule_id.as_uuid())
     .fetch_optional(executor)
     .await?;
-    Ok(row.map(|(id,)| RunId::from_uuid(id)))
+    Ok(id.map(RunId::from_uuid))
 }
 
 /// The message a refused apply carries.
