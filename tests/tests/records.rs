@@ -513,6 +513,7 @@ async fn a_plan_whose_handler_vanished_after_a_cancel_request_is_canceled_by_the
         takosumi_store::runs::claim(
             &mut tx,
             plan.id,
+            &[takosumi_core::RunKind::Plan],
             RunStatus::Queued,
             RunStatus::Planning,
             "ghost",

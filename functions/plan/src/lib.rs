@@ -18,6 +18,9 @@ use takosumi_runtime::step::{runner_err, store_err};
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
 use takosumi_store::{capsules, events, runs};
 
+/// The kinds of Run this step plans.
+const PLAN_KINDS: &[RunKind] = &[RunKind::Plan, RunKind::Destroy, RunKind::DriftCheck];
+
 /// Handles one `run.plan` wake-up. Safe to run twice: a second delivery finds the Run
 /// claimed or planned and does nothing.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
@@ -26,10 +29,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
-    if !matches!(
-        run.kind,
-        RunKind::Plan | RunKind::Destroy | RunKind::DriftCheck
-    ) {
+    if !PLAN_KINDS.contains(&run.kind) {
         return Err(StepError::Poison(format!(
             "{run_id} is a {:?} run, not a plan",
             run.kind
@@ -80,6 +80,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     if !runs::claim(
         &mut tx,
         run_id,
+        PLAN_KINDS,
         RunStatus::Queued,
         RunStatus::Planning,
         &ctx.owner,

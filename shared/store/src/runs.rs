@@ -270,12 +270,14 @@ pub async fn lost_claims<'e>(
     Ok(n.unwrap_or(0))
 }
 
-/// Claims a Run for a step: `from` → `to`, with a lease. `false`: someone else has it or
-/// the step is done. A pair the Run lifecycle does not have is refused
+/// Claims a Run of one of `kinds` for a step: `from` → `to`, with a lease. `false`: someone
+/// else has it, the step is done, or the Run is of another kind (a wake-up sent to the wrong
+/// queue claims nothing). A pair the Run lifecycle does not have is refused
 /// ([`StoreError::Transition`]) before the database is asked.
 pub async fn claim(
     tx: &mut Tx,
     id: RunId,
+    kinds: &[RunKind],
     from: RunStatus,
     to: RunStatus,
     owner: &str,
@@ -290,12 +292,13 @@ pub async fn claim(
         r#"UPDATE runs SET status = $3, lease_owner = $4,
                   lease_until = now() + make_interval(secs => $5::bigint::double precision),
                   attempts = attempts + 1, updated_at = now()
-            WHERE id = $1 AND status = $2"#,
+            WHERE id = $1 AND status = $2 AND kind = ANY($6)"#,
         id.as_uuid(),
         from as RunStatus,
         to as RunStatus,
         owner,
-        lease_secs
+        lease_secs,
+        kinds as &[RunKind]
     )
     .execute(&mut **tx)
     .await?;
@@ -544,6 +547,7 @@ pub async fn claim_apply(
     if !claim(
         tx,
         id,
+        &[RunKind::Apply],
         RunStatus::Queued,
         RunStatus::Applying,
         owner,
@@ -678,20 +682,26 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
             ),
             _ => (None, None),
         };
-        sqlx::query!(
+        // Conditional like every transition: the row is locked, but the update still says
+        // which status and expired lease it takes the Run from.
+        let done = sqlx::query!(
             r#"UPDATE runs SET status = $2, lease_owner = NULL, lease_until = NULL, error_code = $3,
                       error_message = $4, updated_at = now(),
                       canceled_by = CASE WHEN $2 = 'canceled'::run_status THEN cancel_requested_by ELSE canceled_by END,
                       canceled_at = CASE WHEN $2 = 'canceled'::run_status THEN now() ELSE canceled_at END,
                       finished_at = CASE WHEN $2 IN ('queued'::run_status) THEN NULL ELSE now() END
-                WHERE id = $1"#,
+                WHERE id = $1 AND status = $5 AND lease_until < now()"#,
             id.as_uuid(),
             status as RunStatus,
             code,
-            message
+            message,
+            r.status as RunStatus
         )
         .execute(&mut **tx)
         .await?;
+        if done.rows_affected() == 0 {
+            continue;
+        }
         if r.status == RunStatus::Applying {
             crate::capsules::release_apply(tx, CapsuleId::from_uuid(r.capsule_id), id).await?;
         }
