@@ -1,9 +1,10 @@
 //! `takosumi capsule create|list|show|set-pool`.
 
 use clap::{Args, Subcommand, ValueEnum};
-use takosumi_client::{Client, ClientError, NewCapsule, Source, WorkspaceId};
+use takosumi_client::{Client, NewCapsule, Source, WorkspaceId};
 
 use super::CapsuleArg;
+use super::Outcome;
 use super::pools::{self, SetPoolArgs};
 use super::render::{format_capsule, format_capsules, show};
 use super::vars::{Var, collect_or_exit, parse_var, parse_var_json};
@@ -70,11 +71,7 @@ impl Tool {
     }
 }
 
-pub(crate) async fn run(
-    client: &Client,
-    command: CapsuleCommand,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, command: CapsuleCommand, json: bool) -> Outcome {
     match command {
         CapsuleCommand::Create(args) => create(client, args, json).await,
         CapsuleCommand::List { workspace } => {
@@ -95,7 +92,7 @@ pub(crate) async fn run(
     }
 }
 
-async fn create(client: &Client, args: CapsuleCreateArgs, json: bool) -> Result<u8, ClientError> {
+async fn create(client: &Client, args: CapsuleCreateArgs, json: bool) -> Outcome {
     let vars = collect_or_exit(args.vars, args.var_json);
     let req = NewCapsule {
         name: args.name,

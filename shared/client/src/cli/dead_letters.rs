@@ -2,8 +2,9 @@
 //! `takosumi dead-letters requeue|purge` act on them.
 
 use clap::{Args, Subcommand};
-use takosumi_client::{Client, ClientError, DeadLetterSelection};
+use takosumi_client::{Client, DeadLetterSelection};
 
+use super::Outcome;
 use super::render::{format_dead_letters, format_requeued, print_json, show};
 
 /// `dead-letters [--limit N] [requeue|purge …]`.
@@ -52,11 +53,7 @@ impl SelectArgs {
 }
 
 /// Shows the dead letters, or requeues or purges them; exit code 0.
-pub(crate) async fn run(
-    client: &Client,
-    args: DeadLettersArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, args: DeadLettersArgs, json: bool) -> Outcome {
     match args.action {
         None => {
             show(

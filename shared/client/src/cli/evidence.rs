@@ -18,7 +18,7 @@ use takosumi_client::{Client, ClientError, RunId, WorkspaceId};
 use takosumi_evidence::{KeyRing, Verified, verify_run_in_chain};
 
 use super::render::{self, print_json};
-use super::{EXIT_FAILED, EXIT_USAGE};
+use super::{EXIT_FAILED, EXIT_USAGE, Outcome};
 
 /// `takosumi evidence …`
 #[derive(Subcommand)]
@@ -114,11 +114,7 @@ pub(crate) fn verify_offline(args: &VerifyArgs, json: bool) -> u8 {
 }
 
 /// `takosumi verify RUN` / `--workspace WS` against the API.
-pub(crate) async fn verify_online(
-    client: &Client,
-    args: &VerifyArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn verify_online(client: &Client, args: &VerifyArgs, json: bool) -> Outcome {
     let keys = match trusted_keys(args.keys.as_deref()) {
         Ok(k) => k,
         Err(e) => return Ok(usage(&e)),
@@ -194,11 +190,7 @@ fn report(outcome: Result<(Report, Option<Verified>), VerifyError>, json: bool) 
 }
 
 /// `takosumi evidence …`
-pub(crate) async fn run(
-    client: &Client,
-    command: EvidenceCommand,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, command: EvidenceCommand, json: bool) -> Outcome {
     match command {
         EvidenceCommand::Export { workspace, out } => {
             let bundle = client.export_evidence(workspace).await?;

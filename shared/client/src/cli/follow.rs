@@ -10,6 +10,7 @@ use serde_json::json;
 use takosumi_client::{Client, ClientError, Run, RunId, RunStatus};
 
 use super::EXIT_FAILED;
+use super::Outcome;
 use super::render::{
     LogPrinter, clock, ended_badly, event_line, flush_stdout, print_json, print_json_line,
     print_stream_event, report_waited,
@@ -35,7 +36,7 @@ pub(crate) struct LogsArgs {
 }
 
 /// `takosumi logs RUN [--follow]`.
-pub(crate) async fn logs(client: &Client, args: LogsArgs, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn logs(client: &Client, args: LogsArgs, json: bool) -> Outcome {
     if args.follow {
         return follow_logs(client, args.run, json).await;
     }
@@ -52,11 +53,7 @@ pub(crate) async fn logs(client: &Client, args: LogsArgs, json: bool) -> Result<
 }
 
 /// `takosumi watch RUN`: the API's live stream of the Run's events, log and status.
-pub(crate) async fn watch_stream(
-    client: &Client,
-    run: RunId,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn watch_stream(client: &Client, run: RunId, json: bool) -> Outcome {
     let mut log = LogPrinter::default();
     let status = client
         .watch(run, |ev| print_stream_event(ev, json, &mut log))
@@ -109,12 +106,7 @@ impl Retries {
 /// Follows a just-submitted Run until it is finished or held: every status change and
 /// every event is printed as it happens (human form only), then the Run as `wait` shows
 /// it. The exit code is the Run's outcome.
-pub(crate) async fn watch(
-    client: &Client,
-    run: Run,
-    timeout: Duration,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn watch(client: &Client, run: Run, timeout: Duration, json: bool) -> Outcome {
     let deadline = tokio::time::Instant::now() + timeout;
     if !json {
         println!(
@@ -164,7 +156,7 @@ pub(crate) async fn watch(
 
 /// Prints a Run's log and keeps printing what is added until the Run is finished or held.
 /// With `--json`, one log entry per line. The exit code is the Run's outcome.
-async fn follow_logs(client: &Client, run: RunId, json: bool) -> Result<u8, ClientError> {
+async fn follow_logs(client: &Client, run: RunId, json: bool) -> Outcome {
     let mut printed = 0usize;
     let mut log = LogPrinter::default();
     let mut retries = Retries::new(FOLLOW_POLL);

@@ -8,7 +8,7 @@ use serde_json::Value;
 use takosumi_client::{CapsuleId, Client, ClientError, RunGroupId, RunId, WorkspaceId};
 
 use super::render::{format_group, print_json, report_waited, show_run};
-use super::{CapsuleArg, EXIT_FAILED};
+use super::{CapsuleArg, EXIT_FAILED, Outcome};
 
 /// `approve`.
 #[derive(Args)]
@@ -96,11 +96,7 @@ impl GroupAction {
 }
 
 /// Approves a held Run.
-pub(crate) async fn approve(
-    client: &Client,
-    args: ApproveArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn approve(client: &Client, args: ApproveArgs, json: bool) -> Outcome {
     let run = args.run;
     let v = client
         .approve(run, args.plan_digest.as_deref(), args.note.as_deref())
@@ -122,11 +118,7 @@ pub(crate) async fn approve(
 }
 
 /// Sets the rules of a Workspace or a Capsule from a JSON file (`-` for stdin).
-pub(crate) async fn set_rules(
-    client: &Client,
-    args: RulesArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn set_rules(client: &Client, args: RulesArgs, json: bool) -> Outcome {
     let file = args.file.as_str();
     let text = if file == "-" {
         std::io::read_to_string(std::io::stdin())
@@ -158,11 +150,7 @@ pub(crate) async fn set_rules(
 }
 
 /// Starts a drift check of a Capsule.
-pub(crate) async fn drift_check(
-    client: &Client,
-    args: DriftCheckArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn drift_check(client: &Client, args: DriftCheckArgs, json: bool) -> Outcome {
     let run = client.drift_check(args.capsule.capsule).await?;
     if args.wait {
         let run = client
@@ -175,11 +163,7 @@ pub(crate) async fn drift_check(
 }
 
 /// Starts a RunGroup over a Workspace.
-pub(crate) async fn start_group(
-    client: &Client,
-    args: PlanUpdateArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn start_group(client: &Client, args: PlanUpdateArgs, json: bool) -> Outcome {
     let v = client
         .start_group(args.workspace, args.drift, args.only_stale)
         .await?;
@@ -200,7 +184,7 @@ pub(crate) async fn start_group(
 }
 
 /// Shows, approves or applies a RunGroup.
-pub(crate) async fn group(client: &Client, args: GroupArgs, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn group(client: &Client, args: GroupArgs, json: bool) -> Outcome {
     let rg = args.group;
     let v = client.group(rg, args.action.api_action()).await?;
     if json {

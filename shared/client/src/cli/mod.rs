@@ -143,6 +143,9 @@ pub(crate) enum Command {
     Wait(runs::WaitArgs),
 }
 
+/// What a command comes to: its exit code, or the error [`render::report_error`] prints.
+pub(crate) type Outcome = Result<u8, ClientError>;
+
 /// A command's one Run.
 #[derive(Args)]
 pub(crate) struct RunArg {
@@ -180,7 +183,7 @@ pub(crate) async fn run_without_token(cli: &Cli) -> Option<u8> {
 }
 
 /// Runs a command against the API; the exit code, or the error to report.
-pub(crate) async fn run(client: &Client, command: Command, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, command: Command, json: bool) -> Outcome {
     match command {
         Command::Login => Ok(EXIT_USAGE),
         Command::Pool { command } => pools::run(client, command, json).await,

@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 use takosumi_client::{CapsuleId, Client, ClientError, DeliveryKey, WorkspaceId};
 
+use super::Outcome;
 use super::render::{format_pool, print_json, report_error, show};
 
 /// `takosumi pool …`
@@ -64,11 +65,7 @@ pub(crate) struct SetPoolArgs {
 }
 
 /// Runs a `takosumi pool` command; exit code 0, or 1 when the API refused it.
-pub(crate) async fn run(
-    client: &Client,
-    command: PoolCommand,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, command: PoolCommand, json: bool) -> Outcome {
     match command {
         PoolCommand::Create {
             workspace,
@@ -122,11 +119,7 @@ pub(crate) async fn run(
 }
 
 /// Runs `takosumi capsule set-pool`; exit code 0, or 1 when the API refused it.
-pub(crate) async fn set_pool(
-    client: &Client,
-    args: SetPoolArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn set_pool(client: &Client, args: SetPoolArgs, json: bool) -> Outcome {
     let pool = if args.none { None } else { args.pool };
     let capsule = match client.set_capsule_pool(args.capsule, pool.as_deref()).await {
         Ok(capsule) => capsule,
@@ -162,7 +155,7 @@ fn hint_for(code: &str) -> Option<&'static str> {
 
 /// Prints the API's refusal (message and code, as every command does) and then the hint
 /// for its code; exit code 1. Other failures go back to the caller unchanged.
-fn refused(err: ClientError, hint: fn(&str) -> Option<&'static str>) -> Result<u8, ClientError> {
+fn refused(err: ClientError, hint: fn(&str) -> Option<&'static str>) -> Outcome {
     let Some(code) = err.code().map(str::to_owned) else {
         return Err(err);
     };

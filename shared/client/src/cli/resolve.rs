@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use takosumi_client::{Client, ClientError, Run, RunId};
 
+use super::Outcome;
 use super::render::show_run;
 
 /// `resolve`.
@@ -34,11 +35,7 @@ pub(crate) struct ResolveArgs {
 const MAX_STATE_FILE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// `takosumi resolve RUN --note … [--restore-held-state | --attach-state FILE]`.
-pub(crate) async fn resolve(
-    client: &Client,
-    args: ResolveArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn resolve(client: &Client, args: ResolveArgs, json: bool) -> Outcome {
     let (run, note) = (args.run, args.note.as_str());
     let now = match (args.restore_held_state, &args.attach_state) {
         (true, _) => client.restore_held_state(run, note).await?,

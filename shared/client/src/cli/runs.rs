@@ -9,11 +9,10 @@ use std::time::Duration;
 
 use clap::Args;
 use serde_json::{Value, json};
-use takosumi_client::{
-    CapsuleId, Client, ClientError, RunId, RunKind, RunQuery, RunStatus, WorkspaceId,
-};
+use takosumi_client::{CapsuleId, Client, RunId, RunKind, RunQuery, RunStatus, WorkspaceId};
 
 use super::EXIT_FAILED;
+use super::Outcome;
 use super::render::{
     format_activity, format_cost, format_diff, format_events, format_runs, print_json,
     report_waited, show, show_run,
@@ -87,19 +86,19 @@ pub(crate) struct ActivityArgs {
     cursor: Option<String>,
 }
 
-pub(crate) async fn status(client: &Client, run: RunId, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn status(client: &Client, run: RunId, json: bool) -> Outcome {
     show_run(&client.get_run(run).await?, json);
     Ok(0)
 }
 
-pub(crate) async fn wait(client: &Client, args: WaitArgs, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn wait(client: &Client, args: WaitArgs, json: bool) -> Outcome {
     let run = client
         .wait(args.run, Duration::from_secs(args.timeout_secs))
         .await?;
     Ok(report_waited(&run, json))
 }
 
-pub(crate) async fn events(client: &Client, run: RunId, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn events(client: &Client, run: RunId, json: bool) -> Outcome {
     let events = client.events(run).await?;
     if json {
         print_json(&json!({ "events": events }));
@@ -109,22 +108,18 @@ pub(crate) async fn events(client: &Client, run: RunId, json: bool) -> Result<u8
     Ok(0)
 }
 
-pub(crate) async fn diff(client: &Client, run: RunId, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn diff(client: &Client, run: RunId, json: bool) -> Outcome {
     show(&client.plan_view(run).await?, json, format_diff);
     Ok(0)
 }
 
-pub(crate) async fn cost(client: &Client, run: RunId, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn cost(client: &Client, run: RunId, json: bool) -> Outcome {
     show(&client.cost(run).await?, json, format_cost);
     Ok(0)
 }
 
 /// `takosumi cancel RUN [--wait]`.
-pub(crate) async fn cancel(
-    client: &Client,
-    args: CancelArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn cancel(client: &Client, args: CancelArgs, json: bool) -> Outcome {
     let run = args.run;
     let now = client.cancel(run, args.reason.as_deref()).await?;
     if !args.wait || now.status == RunStatus::Canceled {
@@ -151,7 +146,7 @@ pub(crate) async fn cancel(
 }
 
 /// `takosumi runs WORKSPACE`.
-pub(crate) async fn runs(client: &Client, args: RunsArgs, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn runs(client: &Client, args: RunsArgs, json: bool) -> Outcome {
     let ws = args.workspace;
     let q = RunQuery {
         capsule: args.capsule,
@@ -179,11 +174,7 @@ pub(crate) async fn runs(client: &Client, args: RunsArgs, json: bool) -> Result<
 }
 
 /// `takosumi activity WORKSPACE`.
-pub(crate) async fn activity(
-    client: &Client,
-    args: ActivityArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn activity(client: &Client, args: ActivityArgs, json: bool) -> Outcome {
     let ws = args.workspace;
     let page = client
         .activity(ws, args.kind.as_deref(), args.limit, args.cursor.as_deref())

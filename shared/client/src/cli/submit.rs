@@ -10,7 +10,7 @@ use takosumi_client::{Client, ClientError, PlanRequest, Run, RunId, RunKind, Run
 
 use super::render::{report_waited, show_run};
 use super::vars::{Var, collect_or_exit, parse_plan_var, parse_var_json};
-use super::{CapsuleArg, EXIT_FAILED, follow};
+use super::{CapsuleArg, EXIT_FAILED, Outcome, follow};
 
 /// What a submission does once the API has taken it.
 #[derive(Args)]
@@ -86,7 +86,7 @@ pub(crate) struct ApplyCapsuleArgs {
     submit: SubmitArgs,
 }
 
-pub(crate) async fn plan(client: &Client, args: PlanArgs, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn plan(client: &Client, args: PlanArgs, json: bool) -> Outcome {
     let vars = collect_or_exit(args.vars, args.var_json);
     let (capsule, submit) = (args.capsule.capsule, args.submit);
     let run = if vars.is_empty() {
@@ -101,11 +101,7 @@ pub(crate) async fn plan(client: &Client, args: PlanArgs, json: bool) -> Result<
     finish_submission(client, run, &submit, json).await
 }
 
-pub(crate) async fn install(
-    client: &Client,
-    args: PlanArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn install(client: &Client, args: PlanArgs, json: bool) -> Outcome {
     let req = PlanRequest {
         vars: collect_or_exit(args.vars, args.var_json),
         auto_apply_requested: true,
@@ -121,27 +117,19 @@ pub(crate) async fn install(
     install_wait(client, plan, &submit, json).await
 }
 
-pub(crate) async fn destroy(
-    client: &Client,
-    args: DestroyArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn destroy(client: &Client, args: DestroyArgs, json: bool) -> Outcome {
     let run = client
         .destroy(args.capsule.capsule, args.submit.key())
         .await?;
     finish_submission(client, run, &args.submit, json).await
 }
 
-pub(crate) async fn apply(client: &Client, args: ApplyArgs, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn apply(client: &Client, args: ApplyArgs, json: bool) -> Outcome {
     let run = client.apply(args.run, args.submit.key()).await?;
     finish_submission(client, run, &args.submit, json).await
 }
 
-pub(crate) async fn apply_capsule(
-    client: &Client,
-    args: ApplyCapsuleArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn apply_capsule(client: &Client, args: ApplyCapsuleArgs, json: bool) -> Outcome {
     let capsule = args.capsule.capsule;
     let run = client
         .apply_capsule(capsule, args.require_approval, args.submit.key())
@@ -155,12 +143,7 @@ pub(crate) async fn apply_capsule(
     finish_submission(client, run, &args.submit, json).await
 }
 
-async fn finish_submission(
-    client: &Client,
-    run: Run,
-    submit: &SubmitArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+async fn finish_submission(client: &Client, run: Run, submit: &SubmitArgs, json: bool) -> Outcome {
     if submit.watch {
         return follow::watch(client, run, submit.timeout(), json).await;
     }
@@ -177,12 +160,7 @@ async fn finish_submission(
 
 /// `install --wait`: the plan, then the Apply Run the gate proposed from it (held for
 /// review, or applied).
-async fn install_wait(
-    client: &Client,
-    plan: Run,
-    submit: &SubmitArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+async fn install_wait(client: &Client, plan: Run, submit: &SubmitArgs, json: bool) -> Outcome {
     let deadline = tokio::time::Instant::now() + submit.timeout();
     let plan = client.wait(plan.id, submit.timeout()).await?;
     if plan.status != RunStatus::Planned {

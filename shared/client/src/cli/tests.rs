@@ -6,12 +6,22 @@ use clap::error::ErrorKind;
 use serde_json::json;
 use takosumi_client::{CapsuleId, RunId, WorkspaceId};
 
-use super::capsules::{CapsuleCommand, Tool};
+use super::capsules::{CapsuleCommand, CapsuleCreateArgs, Tool};
 use super::*;
 
 #[test]
 fn cli_definition_is_consistent() {
     Cli::command().debug_assert();
+}
+
+fn capsule_create(cli: Cli) -> CapsuleCreateArgs {
+    let Command::Capsule {
+        command: CapsuleCommand::Create(args),
+    } = cli.command
+    else {
+        panic!("wrong command");
+    };
+    args
 }
 
 #[test]
@@ -39,12 +49,7 @@ fn capsule_create_parses() {
         "zones=[1,2]",
     ])
     .unwrap();
-    let Command::Capsule {
-        command: CapsuleCommand::Create(args),
-    } = cli.command
-    else {
-        panic!("wrong command");
-    };
+    let args = capsule_create(cli);
     assert_eq!(args.workspace, ws);
     assert_eq!(args.branch, "main");
     assert_eq!(args.tool, Tool::Terraform);
@@ -91,12 +96,7 @@ fn defaults_and_global_flags() {
         "r",
     ])
     .unwrap();
-    let Command::Capsule {
-        command: CapsuleCommand::Create(args),
-    } = cli.command
-    else {
-        panic!("wrong command")
-    };
+    let args = capsule_create(cli);
     assert_eq!((args.dir.as_str(), args.tool), (".", Tool::Tofu));
 }
 

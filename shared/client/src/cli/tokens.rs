@@ -2,8 +2,9 @@
 //! value is printed once, on stdout, and never again.
 
 use clap::Subcommand;
-use takosumi_client::{Client, ClientError, NewToken, TokenId, WorkspaceId};
+use takosumi_client::{Client, NewToken, TokenId, WorkspaceId};
 
+use super::Outcome;
 use super::render::{format_tokens, print_json, show};
 
 #[derive(Subcommand)]
@@ -33,11 +34,7 @@ pub(crate) enum TokenCommand {
     },
 }
 
-pub(crate) async fn run(
-    client: &Client,
-    action: TokenCommand,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, action: TokenCommand, json: bool) -> Outcome {
     match action {
         TokenCommand::Create {
             name,

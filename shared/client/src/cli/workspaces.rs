@@ -1,8 +1,9 @@
 //! `takosumi workspace create|list`.
 
 use clap::Subcommand;
-use takosumi_client::{Client, ClientError};
+use takosumi_client::Client;
 
+use super::Outcome;
 use super::render::{format_workspace, format_workspaces, show};
 
 #[derive(Subcommand)]
@@ -16,11 +17,7 @@ pub(crate) enum WorkspaceCommand {
     List,
 }
 
-pub(crate) async fn run(
-    client: &Client,
-    command: WorkspaceCommand,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, command: WorkspaceCommand, json: bool) -> Outcome {
     match command {
         WorkspaceCommand::Create { name } => {
             show(

@@ -223,16 +223,37 @@ pub(crate) fn report_waited(run: &Run, json: bool) -> u8 {
 
 /// One line per event: id, time, kind, actor and its details.
 pub(crate) fn format_events(events: &[RunEvent]) -> String {
+    record_lines(events, |e| {
+        let at = stamp(e.at, chrono::SecondsFormat::Millis);
+        (
+            format!("{:>4}  {at}  {}  {}", e.id, e.kind, e.actor),
+            &e.data,
+        )
+    })
+}
+
+/// One line per record: what `head` makes of it, then its details unless they are empty.
+pub(crate) fn record_lines<'a, T>(
+    records: &'a [T],
+    head: impl Fn(&'a T) -> (String, &'a Value),
+) -> String {
     let mut out = String::new();
-    for e in events {
-        let at =
-            e.at.map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-                .unwrap_or_default();
-        let _ = write!(out, "{:>4}  {at}  {}  {}", e.id, e.kind, e.actor);
-        push_data(&mut out, &e.data);
+    for record in records {
+        let (line, data) = head(record);
+        out.push_str(&line);
+        push_data(&mut out, data);
         out.push('\n');
     }
     out
+}
+
+/// A record's time in UTC (RFC 3339, `Z`), empty when the API gave none.
+pub(crate) fn stamp(
+    at: Option<chrono::DateTime<chrono::Utc>>,
+    precision: chrono::SecondsFormat,
+) -> String {
+    at.map(|t| t.to_rfc3339_opts(precision, true))
+        .unwrap_or_default()
 }
 
 /// The time of day of a progress line (now, when the event has none).

@@ -10,7 +10,7 @@ use takosumi_client::{
     RunGroupId, RunPage, TokenView, Workspace,
 };
 
-use super::{Block, push_data};
+use super::{Block, record_lines, stamp};
 
 pub(crate) fn format_workspace(w: &Workspace) -> String {
     let mut b = Block::default();
@@ -135,10 +135,7 @@ pub(crate) fn format_runs(page: &RunPage) -> String {
         "RUN", "KIND", "STATUS", "CAPSULE"
     );
     for r in &page.runs {
-        let created = r
-            .created_at
-            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-            .unwrap_or_default();
+        let created = stamp(r.created_at, chrono::SecondsFormat::Secs);
         let _ = writeln!(
             out,
             "{:<36}  {:<11} {:<15} {:<36}  {created}",
@@ -153,16 +150,13 @@ pub(crate) fn format_runs(page: &RunPage) -> String {
 
 /// One line per activity entry.
 pub(crate) fn format_activity(entries: &[ActivityEntry]) -> String {
-    let mut out = String::new();
-    for e in entries {
-        let at =
-            e.at.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-                .unwrap_or_default();
-        let _ = write!(out, "{at}  {:<22} {}  {}", e.kind, e.subject, e.actor);
-        push_data(&mut out, &e.data);
-        out.push('\n');
-    }
-    out
+    record_lines(entries, |e| {
+        let at = stamp(e.at, chrono::SecondsFormat::Millis);
+        (
+            format!("{at}  {:<22} {}  {}", e.kind, e.subject, e.actor),
+            &e.data,
+        )
+    })
 }
 
 fn money(x: f64) -> String {
