@@ -185,6 +185,7 @@ pub(crate) async fn run_without_token(cli: &Cli) -> Option<u8> {
 /// Runs a command against the API; the exit code, or the error to report.
 pub(crate) async fn run(client: &Client, command: Command, json: bool) -> Outcome {
     match command {
+        // `login` needs no client and is run by `run_without_token`; never here.
         Command::Login => Ok(EXIT_USAGE),
         Command::Pool { command } => pools::run(client, command, json).await,
         Command::Workspace { command } => workspaces::run(client, command, json).await,
