@@ -17,11 +17,12 @@ use takosumi_client::evidence::{Bundle, PublishedKeys, Report, VerifyError};
 use takosumi_client::{Client, ClientError, RunId, WorkspaceId};
 use takosumi_evidence::{KeyRing, Verified, verify_run_in_chain};
 
-use crate::{EXIT_FAILED, EXIT_USAGE, print_json};
+use super::render::{self, print_json};
+use super::{EXIT_FAILED, EXIT_USAGE, Outcome};
 
 /// `takosumi evidence …`
 #[derive(Subcommand)]
-pub enum EvidenceCommand {
+pub(crate) enum EvidenceCommand {
     /// Write a Workspace's signed statements and the server's public keys as one JSON
     /// bundle, for `takosumi verify --bundle FILE` anywhere, offline.
     Export {
@@ -44,20 +45,20 @@ pub enum EvidenceCommand {
 
 /// `takosumi verify [RUN] [--workspace WS] [--bundle FILE] [--keys FILE]`
 #[derive(Args)]
-pub struct VerifyArgs {
+pub(crate) struct VerifyArgs {
     /// The Run whose statement to check (with its Workspace's whole chain).
     #[arg(value_name = "RUN", required_unless_present_any = ["workspace", "bundle"])]
-    pub run: Option<RunId>,
+    pub(crate) run: Option<RunId>,
     /// Check this Workspace's whole chain.
     #[arg(long, value_name = "WS", conflicts_with = "run")]
-    pub workspace: Option<WorkspaceId>,
+    pub(crate) workspace: Option<WorkspaceId>,
     /// Check an exported bundle offline, without the API.
     #[arg(long, value_name = "FILE")]
-    pub bundle: Option<PathBuf>,
+    pub(crate) bundle: Option<PathBuf>,
     /// Trust only these public keys (the JSON `takosumi evidence keys --json` prints)
     /// rather than the ones the API (or the bundle) carries.
     #[arg(long, value_name = "FILE")]
-    pub keys: Option<PathBuf>,
+    pub(crate) keys: Option<PathBuf>,
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> Result<T, String> {
@@ -81,7 +82,7 @@ fn usage(message: &str) -> u8 {
 
 /// `takosumi verify --bundle FILE [RUN]`: needs no API, so it runs before a token is
 /// looked for.
-pub fn verify_offline(args: &VerifyArgs, json: bool) -> u8 {
+pub(crate) fn verify_offline(args: &VerifyArgs, json: bool) -> u8 {
     let Some(path) = &args.bundle else {
         return usage("verify_offline needs --bundle");
     };
@@ -113,11 +114,7 @@ pub fn verify_offline(args: &VerifyArgs, json: bool) -> u8 {
 }
 
 /// `takosumi verify RUN` / `--workspace WS` against the API.
-pub async fn verify_online(
-    client: &Client,
-    args: &VerifyArgs,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn verify_online(client: &Client, args: &VerifyArgs, json: bool) -> Outcome {
     let keys = match trusted_keys(args.keys.as_deref()) {
         Ok(k) => k,
         Err(e) => return Ok(usage(&e)),
@@ -178,73 +175,22 @@ fn checked_run(
 }
 
 fn failed(err: &VerifyError, json: bool) -> u8 {
-    if json {
-        print_json(&json!({
-            "verified": false, "check": err.check(), "position": err.position(),
-            "message": err.to_string(),
-        }));
-    } else {
-        eprintln!("verification FAILED: {err}");
-    }
+    render::verify_failed(err, json);
     EXIT_FAILED
 }
 
 fn report(outcome: Result<(Report, Option<Verified>), VerifyError>, json: bool) -> u8 {
-    let (report, run) = match outcome {
-        Ok(v) => v,
-        Err(e) => return failed(&e, json),
-    };
-    let run_line = run.as_ref().map(|v| {
-        let p = &v.statement.predicate;
-        let mut line = format!(
-            "{}: statement #{} ({} {}), signed by {}",
-            p.run_id, v.position, p.kind, p.result.status, v.key_id
-        );
-        if let Some(plan) = &p.plan_run {
-            let plan_pos = report.find(&plan.run_id).map_or(0, |s| s.position);
-            line.push_str(&format!(
-                "; carries out plan Run {} (statement #{plan_pos}), plan digest {}",
-                plan.run_id,
-                p.plan_digest.as_deref().unwrap_or("none")
-            ));
-        } else if let Some(d) = &p.plan_digest {
-            line.push_str(&format!("; plan digest {d}"));
+    match outcome {
+        Ok((report, run)) => {
+            render::verified(&report, run.as_ref(), json);
+            0
         }
-        line
-    });
-    if json {
-        print_json(&json!({
-            "verified": true,
-            "workspaceId": report.workspace_id,
-            "statements": report.statements.len(),
-            "head": report.head(),
-            "keyIds": report.key_ids(),
-            "run": run.as_ref().map(|v| json!({
-                "runId": v.run_id(), "position": v.position, "digest": v.digest, "keyId": v.key_id,
-                "statement": v.statement,
-            })),
-        }));
-    } else {
-        println!(
-            "verified: {} statement(s) of {}, signed by {}; head sha256:{}",
-            report.statements.len(),
-            report.workspace_id,
-            report.key_ids().join(", "),
-            report.head().unwrap_or_default()
-        );
-        if let Some(line) = run_line {
-            println!("{line}");
-        }
+        Err(e) => failed(&e, json),
     }
-    0
 }
 
 /// `takosumi evidence …`
-pub async fn evidence(
-    client: &Client,
-    command: EvidenceCommand,
-    json: bool,
-) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, command: EvidenceCommand, json: bool) -> Outcome {
     match command {
         EvidenceCommand::Export { workspace, out } => {
             let bundle = client.export_evidence(workspace).await?;

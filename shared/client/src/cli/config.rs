@@ -2,27 +2,34 @@
 //! neither a flag nor the environment gives them. It lives at `$TAKOSUMI_CONFIG`, else
 //! `$XDG_CONFIG_HOME/takosumi/config.toml`, else `~/.config/takosumi/config.toml`, is
 //! written with mode 0600 (its directory 0700), and a file others can read is refused
-//! rather than used: it holds a bearer token. The token is never printed.
+//! rather than used: it holds a bearer token. The token is never printed. Also here: the
+//! client every other command uses, built from the flags, the environment and this file.
 
 use std::fs;
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use clap::error::ErrorKind;
+use takosumi_client::{Client, DEFAULT_URL, TOKEN_ENV};
+
+use super::render::{print_json, report_error};
+use super::{EXIT_FAILED, EXIT_USAGE, usage_error};
+
 /// Names the configuration file.
-pub const CONFIG_ENV: &str = "TAKOSUMI_CONFIG";
+pub(crate) const CONFIG_ENV: &str = "TAKOSUMI_CONFIG";
 
 /// What the file holds.
 #[derive(Default)]
-pub struct Config {
+pub(crate) struct Config {
     /// The API's base URL.
-    pub url: Option<String>,
+    pub(crate) url: Option<String>,
     /// The API token. No `Debug`: it must not be printed.
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
 }
 
 /// Where the configuration file is.
-pub fn path() -> Result<PathBuf, String> {
+pub(crate) fn path() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os(CONFIG_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
@@ -41,7 +48,7 @@ pub fn path() -> Result<PathBuf, String> {
 }
 
 /// Reads the file; a missing file is an empty configuration.
-pub fn load(path: &Path) -> Result<Config, String> {
+pub(crate) fn load(path: &Path) -> Result<Config, String> {
     let text = match fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Config::default()),
@@ -113,7 +120,7 @@ fn quote(v: &str) -> String {
 
 /// Writes the file with mode 0600 (its directory created 0700): written beside it and
 /// renamed over it, so a reader never sees half a file.
-pub fn save(path: &Path, url: &str, token: &str) -> Result<(), String> {
+pub(crate) fn save(path: &Path, url: &str, token: &str) -> Result<(), String> {
     if url.contains('\n') || token.contains('\n') || token.contains('\r') {
         return Err("the URL and the token must be one line each".into());
     }
@@ -152,7 +159,7 @@ pub fn save(path: &Path, url: &str, token: &str) -> Result<(), String> {
 
 /// `takosumi login`: reads the token (the flag or environment, else stdin), checks it
 /// against the API (`GET /workspaces`), and only then saves it. Returns the exit code.
-pub async fn login(url: &str, token: Option<String>, json: bool) -> u8 {
+pub(crate) async fn login(url: &str, token: Option<String>, json: bool) -> u8 {
     use std::io::{BufRead as _, IsTerminal as _};
     let token = match token.filter(|t| !t.is_empty()) {
         Some(t) => t,
@@ -164,7 +171,7 @@ pub async fn login(url: &str, token: Option<String>, json: bool) -> u8 {
             let mut line = String::new();
             if let Err(e) = stdin.lock().read_line(&mut line) {
                 eprintln!("error: cannot read the token from stdin: {e}");
-                return crate::EXIT_USAGE;
+                return EXIT_USAGE;
             }
             line.trim().to_owned()
         }
@@ -172,26 +179,23 @@ pub async fn login(url: &str, token: Option<String>, json: bool) -> u8 {
     if token.is_empty() {
         eprintln!(
             "error: no token given\nhint: pipe it in (`printf %s \"$TOKEN\" | takosumi login --url {url}`) or set {}",
-            crate::TOKEN_ENV
+            TOKEN_ENV
         );
-        return crate::EXIT_USAGE;
+        return EXIT_USAGE;
     }
-    let client = match crate::Client::new(url, &token) {
+    let client = match Client::new(url, &token) {
         Ok(c) => c,
         Err(e) => {
             eprintln!(
                 "error: {e}\nhint: pass the API's base URL, e.g. --url http://127.0.0.1:8080"
             );
-            return crate::EXIT_USAGE;
+            return EXIT_USAGE;
         }
     };
     let visible = match client.list_workspaces().await {
         Ok(list) => list.len(),
         Err(err) => {
-            let (lines, code) = crate::render_error(&err);
-            for line in lines {
-                eprintln!("{line}");
-            }
+            let code = report_error(&err);
             eprintln!("nothing was saved");
             return code;
         }
@@ -200,15 +204,15 @@ pub async fn login(url: &str, token: Option<String>, json: bool) -> u8 {
         Ok(p) => p,
         Err(message) => {
             eprintln!("error: {message}");
-            return crate::EXIT_USAGE;
+            return EXIT_USAGE;
         }
     };
     if let Err(message) = save(&path, url, &token) {
         eprintln!("error: {message}");
-        return crate::EXIT_FAILED;
+        return EXIT_FAILED;
     }
     if json {
-        crate::print_json(&serde_json::json!({
+        print_json(&serde_json::json!({
             "url": url, "config": path.display().to_string(), "workspaces": visible
         }));
     } else {
@@ -218,6 +222,29 @@ pub async fn login(url: &str, token: Option<String>, json: bool) -> u8 {
         );
     }
     0
+}
+
+/// The API client for a command: the URL and token from the flags or the environment
+/// first, then what `takosumi login` saved. Without a token, or with a file that cannot
+/// be used, it stops with a usage error (exit 2): nothing is sent.
+pub(crate) fn client(url: Option<String>, token: Option<String>) -> Client {
+    let saved = if token.as_deref().is_none_or(str::is_empty) || url.is_none() {
+        match path().map(|p| load(&p)) {
+            Ok(Ok(saved)) => saved,
+            Ok(Err(message)) => usage_error(ErrorKind::Io, message),
+            Err(_) => Config::default(),
+        }
+    } else {
+        Config::default()
+    };
+    let url = url.or(saved.url).unwrap_or_else(|| DEFAULT_URL.to_owned());
+    let Some(token) = token.filter(|t| !t.is_empty()).or(saved.token) else {
+        usage_error(
+            ErrorKind::MissingRequiredArgument,
+            format!("no API token: run `takosumi login`, or set {TOKEN_ENV} (or pass --token)"),
+        );
+    };
+    Client::new(&url, &token).unwrap_or_else(|err| usage_error(ErrorKind::InvalidValue, err))
 }
 
 #[cfg(test)]

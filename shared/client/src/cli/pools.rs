@@ -4,13 +4,14 @@
 
 use clap::{Args, Subcommand};
 use serde_json::json;
-use takosumi_client::{CapsuleId, Client, ClientError, DeliveryKey, Pool, WorkspaceId};
+use takosumi_client::{CapsuleId, Client, ClientError, DeliveryKey, WorkspaceId};
 
-use crate::{Block, print_json, render_error};
+use super::Outcome;
+use super::render::{format_pool, print_json, report_error, show};
 
 /// `takosumi pool …`
 #[derive(Subcommand)]
-pub enum PoolCommand {
+pub(crate) enum PoolCommand {
     /// Create a worker pool in a Workspace (admin tokens). Prints its token once: the API
     /// keeps only its hash.
     Create {
@@ -47,24 +48,24 @@ pub enum PoolCommand {
 
 /// `takosumi capsule set-pool CAP POOL | --none`
 #[derive(Args)]
-pub struct SetPoolArgs {
+pub(crate) struct SetPoolArgs {
     /// The Capsule (`cap_…`).
     #[arg(value_name = "CAPSULE")]
-    pub capsule: CapsuleId,
+    pub(crate) capsule: CapsuleId,
     /// The pool that runs its plans, drift checks and applies from now on.
     #[arg(
         value_name = "POOL",
         required_unless_present = "none",
         conflicts_with = "none"
     )]
-    pub pool: Option<String>,
+    pub(crate) pool: Option<String>,
     /// Run it on the control node again.
     #[arg(long)]
-    pub none: bool,
+    pub(crate) none: bool,
 }
 
 /// Runs a `takosumi pool` command; exit code 0, or 1 when the API refused it.
-pub async fn pool(client: &Client, command: PoolCommand, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn run(client: &Client, command: PoolCommand, json: bool) -> Outcome {
     match command {
         PoolCommand::Create {
             workspace,
@@ -108,7 +109,7 @@ pub async fn pool(client: &Client, command: PoolCommand, json: bool) -> Result<u
             let key = DeliveryKey { key_id, public_key };
             match client.rotate_pool_key(&pool, &key, grace_secs).await {
                 Ok(p) => {
-                    show_pool(&p, json);
+                    show(&p, json, format_pool);
                     Ok(0)
                 }
                 Err(err) => refused(err, hint_for),
@@ -118,7 +119,7 @@ pub async fn pool(client: &Client, command: PoolCommand, json: bool) -> Result<u
 }
 
 /// Runs `takosumi capsule set-pool`; exit code 0, or 1 when the API refused it.
-pub async fn set_pool(client: &Client, args: SetPoolArgs, json: bool) -> Result<u8, ClientError> {
+pub(crate) async fn set_pool(client: &Client, args: SetPoolArgs, json: bool) -> Outcome {
     let pool = if args.none { None } else { args.pool };
     let capsule = match client.set_capsule_pool(args.capsule, pool.as_deref()).await {
         Ok(capsule) => capsule,
@@ -133,39 +134,6 @@ pub async fn set_pool(client: &Client, args: SetPoolArgs, json: bool) -> Result<
         }
     }
     Ok(0)
-}
-
-fn show_pool(p: &Pool, json: bool) {
-    if json {
-        print_json(p);
-    } else {
-        print!("{}", format_pool(p));
-    }
-}
-
-/// The human form of a pool: its names and key ids (it holds no secret).
-fn format_pool(p: &Pool) -> String {
-    let mut b = Block::default();
-    b.line("pool", &p.id)
-        .line("name", &p.name)
-        .line("workspace", p.workspace_id);
-    match &p.delivery_key_id {
-        Some(k) => b.line("delivery key", k),
-        None => b.line("delivery key", "(none: applies from this pool fail)"),
-    };
-    if let Some(prev) = &p.previous_key_id {
-        match p.previous_key_until {
-            Some(until) => b.line(
-                "previous key",
-                format!("{prev} (accepted until {})", until.to_rfc3339()),
-            ),
-            None => b.line("previous key", prev),
-        };
-    }
-    if !p.queues.is_empty() {
-        b.line("queues", p.queues.join(", "));
-    }
-    b.0
 }
 
 /// What to do about a pool refusal, by the API's code.
@@ -187,14 +155,11 @@ fn hint_for(code: &str) -> Option<&'static str> {
 
 /// Prints the API's refusal (message and code, as every command does) and then the hint
 /// for its code; exit code 1. Other failures go back to the caller unchanged.
-fn refused(err: ClientError, hint: fn(&str) -> Option<&'static str>) -> Result<u8, ClientError> {
+fn refused(err: ClientError, hint: fn(&str) -> Option<&'static str>) -> Outcome {
     let Some(code) = err.code().map(str::to_owned) else {
         return Err(err);
     };
-    let (lines, exit) = render_error(&err);
-    for line in lines {
-        eprintln!("{line}");
-    }
+    let exit = report_error(&err);
     if let Some(h) = hint(&code) {
         eprintln!("hint: {h}");
     }
@@ -206,24 +171,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pool_block_names_keys_but_no_token() {
-        let p: Pool = serde_json::from_value(json!({
-            "id": "pool_1", "name": "edge", "workspaceId": WorkspaceId::new(),
-            "deliveryKeyId": "k2", "previousKeyId": "k1",
-            "previousKeyUntil": "2026-12-01T10:00:00Z",
-            "queues": ["run.plan.edge", "run.apply.edge"]
-        }))
-        .unwrap();
-        let text = format_pool(&p);
-        assert!(text.contains("delivery key:     k2\n"), "{text}");
-        assert!(
-            text.contains("previous key:     k1 (accepted until 2026-12-01T10:00:00+00:00)"),
-            "{text}"
-        );
-        assert!(
-            text.contains("queues:           run.plan.edge, run.apply.edge"),
-            "{text}"
-        );
+    fn refusals_have_hints_by_code() {
         assert_eq!(hint_for("other"), None);
         assert!(hint_for("invalid_delivery_key").is_some());
     }
