@@ -245,13 +245,21 @@ impl Runner {
             None => {
                 self.fetch(wd, &git_dir, repo, &[&branch_refspec(branch)])
                     .await?;
-                self.resolve_commit(wd, &git_dir, &format!("refs/heads/{branch}"))
-                    .await?
-                    .ok_or_else(|| {
-                        RunnerError::Checkout(format!(
-                            "the branch {branch:?} has no commit after fetching it"
-                        ))
-                    })?
+                // The fetched ref is read from the entry's files: a git start in the sandbox
+                // costs more than the lookup. git itself answers what this does not read.
+                let read = read_branch_ref(&git_dir.path, branch);
+                match read {
+                    Some(commit) => Some(commit),
+                    None => {
+                        self.resolve_commit(wd, &git_dir, &format!("refs/heads/{branch}"))
+                            .await?
+                    }
+                }
+                .ok_or_else(|| {
+                    RunnerError::Checkout(format!(
+                        "the branch {branch:?} has no commit after fetching it"
+                    ))
+                })?
             }
             Some(commit) => self.fetch_pinned(wd, &git_dir, repo, commit).await?,
         };
@@ -465,6 +473,45 @@ impl GitDir {
     }
 }
 
+/// The commit `refs/heads/<branch>` names in the bare repository at `git_dir`, read from its
+/// loose ref file or `packed-refs`. git refuses to point a branch at anything but a commit, so
+/// the id is one. `None` when this cannot tell (a branch name with `.`/`..`/empty components,
+/// a ref store in another format, a link where a file should be): ask git instead.
+fn read_branch_ref(git_dir: &Path, branch: &str) -> Option<String> {
+    let normal = branch
+        .split('/')
+        .all(|c| !c.is_empty() && c != "." && c != "..");
+    if !normal || branch.contains('\0') {
+        return None;
+    }
+    let refname = format!("refs/heads/{branch}");
+    let object_id = |s: &str| {
+        let s = s.trim();
+        (matches!(s.len(), 40 | 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            .then(|| s.to_owned())
+    };
+    let loose = git_dir.join(&refname);
+    match fs::symlink_metadata(&loose) {
+        Ok(meta) if meta.is_file() => {
+            return fs::read_to_string(&loose).ok().and_then(|s| object_id(&s));
+        }
+        Ok(_) => return None,
+        Err(_) => {}
+    }
+    let packed = git_dir.join("packed-refs");
+    if !fs::symlink_metadata(&packed).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    fs::read_to_string(&packed)
+        .ok()?
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.starts_with('^'))
+        .find_map(|line| {
+            let (id, name) = line.split_once(' ')?;
+            (name == refname).then(|| object_id(id)).flatten()
+        })
+}
+
 /// Every branch and every tag, as a clone has them.
 const ALL_HEADS: &str = "+refs/heads/*:refs/heads/*";
 const ALL_TAGS: &str = "+refs/tags/*:refs/tags/*";
@@ -476,6 +523,32 @@ fn branch_refspec(branch: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_branch_ref_is_read_loose_or_packed_and_anything_odd_is_left_to_git() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = dir.path();
+        let a = "a".repeat(40);
+        let b = "0123456789abcdef0123456789abcdef01234567";
+        fs::create_dir_all(git.join("refs/heads/team")).unwrap();
+        fs::write(git.join("refs/heads/main"), format!("{a}\n")).unwrap();
+        fs::write(
+            git.join("packed-refs"),
+            format!("# pack-refs with: peeled fully-peeled sorted\n{b} refs/heads/team/x\n^{a}\n"),
+        )
+        .unwrap();
+        assert_eq!(read_branch_ref(git, "main"), Some(a.clone()));
+        assert_eq!(read_branch_ref(git, "team/x"), Some(b.to_owned()));
+        assert_eq!(read_branch_ref(git, "absent"), None, "git is asked");
+        for odd in ["../main", "team/../main", "./main", "team//x", ""] {
+            assert_eq!(read_branch_ref(git, odd), None, "{odd:?}");
+        }
+        fs::write(git.join("refs/heads/short"), "abc\n").unwrap();
+        assert_eq!(read_branch_ref(git, "short"), None, "not an object id");
+        std::os::unix::fs::symlink(git.join("refs/heads/main"), git.join("refs/heads/link"))
+            .unwrap();
+        assert_eq!(read_branch_ref(git, "link"), None, "a link is left to git");
+    }
 
     #[test]
     fn entries_are_keyed_by_the_whole_url() {
