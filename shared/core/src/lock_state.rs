@@ -56,29 +56,34 @@ impl std::str::FromStr for ProviderLockState {
 }
 
 // Stored as text (the column predates the enum), so the database type is text's.
-impl sqlx::Type<sqlx::Postgres> for ProviderLockState {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+#[cfg(feature = "sqlx")]
+mod pg {
+    use super::ProviderLockState;
+
+    impl sqlx::Type<sqlx::Postgres> for ProviderLockState {
+        fn type_info() -> sqlx::postgres::PgTypeInfo {
+            <String as sqlx::Type<sqlx::Postgres>>::type_info()
+        }
+
+        fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+            <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+        }
     }
 
-    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    impl sqlx::Encode<'_, sqlx::Postgres> for ProviderLockState {
+        fn encode_by_ref(
+            &self,
+            buf: &mut sqlx::postgres::PgArgumentBuffer,
+        ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+            <&str as sqlx::Encode<sqlx::Postgres>>::encode(self.as_str(), buf)
+        }
     }
-}
 
-impl sqlx::Encode<'_, sqlx::Postgres> for ProviderLockState {
-    fn encode_by_ref(
-        &self,
-        buf: &mut sqlx::postgres::PgArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-        <&str as sqlx::Encode<sqlx::Postgres>>::encode(self.as_str(), buf)
-    }
-}
-
-impl sqlx::Decode<'_, sqlx::Postgres> for ProviderLockState {
-    fn decode(value: sqlx::postgres::PgValueRef<'_>) -> Result<Self, sqlx::error::BoxDynError> {
-        let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
-        Ok(text.parse()?)
+    impl sqlx::Decode<'_, sqlx::Postgres> for ProviderLockState {
+        fn decode(value: sqlx::postgres::PgValueRef<'_>) -> Result<Self, sqlx::error::BoxDynError> {
+            let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+            Ok(text.parse()?)
+        }
     }
 }
 
