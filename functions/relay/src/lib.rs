@@ -25,9 +25,9 @@ use takosumi_seal::Purpose;
 use takosumi_seal::delivery::{DeliveryKeyPair, open_with_any};
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
 use takosumi_wire::relay::{
-    AppliedReport, ApplyJob, ClaimAnswer, ClaimRequest, ErrorBody, FailReport, JobWork, LogChunk,
-    OneStepJob, PlanJob, PlannedReport, ProgressAnswer, ProgressReport, RelayJob, RelaySecrets,
-    ScanAnswer, ScanResult, WorkerEvent,
+    AppliedReport, ApplyJob, ClaimAnswer, ClaimRequest, ErrorBody, FailReport, JobName, JobWork,
+    LogChunk, NamedClaim, OneStepJob, PlanJob, PlannedReport, ProgressAnswer, ProgressReport,
+    RelayJob, RelaySecrets, ScanAnswer, ScanResult, WorkerEvent,
 };
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroize;
@@ -157,13 +157,18 @@ impl Api {
     }
 
     async fn send<A: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> anyhow::Result<A> {
+        let body = self.send_raw(req).await?;
+        serde_json::from_slice(&body)
+            .map_err(|e| anyhow::anyhow!("the API's answer does not read as expected: {e}"))
+    }
+
+    /// A success's body, or the refusal.
+    async fn send_raw(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Vec<u8>> {
         let resp = req.bearer_auth(self.token.expose()).send().await?;
         let status = resp.status();
-        let body = resp.bytes().await?;
+        let body = resp.bytes().await?.to_vec();
         if status.is_success() {
-            return serde_json::from_slice(&body).map_err(|e| {
-                anyhow::anyhow!("the API's {status} answer does not read as expected: {e}")
-            });
+            return Ok(body);
         }
         // A refusal that is not the API's own (a proxy's page) still ends as a refusal.
         let refusal: Option<ErrorBody> = serde_json::from_slice(&body).ok();
@@ -183,20 +188,29 @@ impl Api {
         key_ids: &[String],
         wait_secs: u64,
         sandbox: takosumi_runner::SandboxMode,
-    ) -> anyhow::Result<Option<RelayJob>> {
+    ) -> anyhow::Result<Option<Claimed>> {
         let request = ClaimRequest {
             delivery_key_ids: key_ids.to_vec(),
             wait_secs,
             sandbox: Some(sandbox.as_str().to_owned()),
         };
-        let answer: ClaimAnswer = self
-            .send(
+        let body = self
+            .send_raw(
                 self.http
                     .post(format!("{}/api/v1/relay/claim", self.base))
                     .json(&request),
             )
             .await?;
-        Ok(answer.job)
+        match serde_json::from_slice::<ClaimAnswer>(&body) {
+            Ok(answer) => Ok(answer.job.map(|j| Claimed::Job(Box::new(j)))),
+            Err(e) => match serde_json::from_slice::<NamedClaim>(&body) {
+                Ok(NamedClaim { job: Some(name) }) => Ok(Some(Claimed::Unreadable {
+                    name,
+                    reason: e.to_string(),
+                })),
+                _ => Err(anyhow::anyhow!("the claim's answer does not read: {e}")),
+            },
+        }
     }
 
     fn run_url(&self, run: &str, what: &str) -> String {
@@ -240,6 +254,21 @@ impl Api {
             .body(bytes.unwrap_or_default());
         self.send(req).await
     }
+}
+
+/// What a claim brought.
+#[derive(Debug)]
+pub enum Claimed {
+    /// A job to work on.
+    Job(Box<RelayJob>),
+    /// A job this worker cannot read in full (an API newer or older than the worker): its
+    /// Run is failed at once with the reason.
+    Unreadable {
+        /// Which Run, under which claim.
+        name: JobName,
+        /// What does not decode.
+        reason: String,
+    },
 }
 
 /// Why a job ended without a result: the code and message the Run fails with.
@@ -382,11 +411,20 @@ pub async fn run(
             () = shutdown.cancelled() => break,
         };
         match claimed {
-            Ok(Some(job)) => {
+            Ok(Some(claimed)) => {
                 backoff = Duration::from_millis(250);
-                let run = job.run_id;
-                tracing::info!(%run, kind = job.work.kind().as_str(), "claimed a job");
-                if let Err(e) = work(&api, &settings, &job).await {
+                let (run, done) = match claimed {
+                    Claimed::Job(job) => {
+                        let run = job.run_id;
+                        tracing::info!(%run, kind = job.work.kind().as_str(), "claimed a job");
+                        (run, work(&api, &settings, &job).await)
+                    }
+                    Claimed::Unreadable { name, reason } => {
+                        tracing::error!(run = %name.run_id, %reason, "claimed a job this worker cannot read");
+                        (name.run_id, fail_unreadable(&api, &name, &reason).await)
+                    }
+                };
+                if let Err(e) = done {
                     tracing::error!(%run, error = %e, "job ended with an error");
                 }
                 if once.is_some() {
@@ -405,6 +443,19 @@ pub async fn run(
             break;
         }
     }
+    Ok(())
+}
+
+/// Fails the Run of a job this worker cannot read, rather than leave it to its lease.
+async fn fail_unreadable(api: &Api, name: &JobName, reason: &str) -> anyhow::Result<()> {
+    let report = FailReport {
+        code: "invalid_configuration".to_owned(),
+        message: format!(
+            "the relay worker cannot read the job ({reason}); run a relay worker of the API's version and submit the run again"
+        ),
+    };
+    api.post::<IgnoredAny>(&name.run_id.to_string(), &name.claim, "fail", &report)
+        .await?;
     Ok(())
 }
 

@@ -42,6 +42,25 @@ pub struct ClaimAnswer {
     pub job: Option<RelayJob>,
 }
 
+/// A claim answer read only for the name of its job: when the rest of a job does not
+/// decode, the worker still knows which Run and claim to fail with the reason, rather than
+/// leave the Run to its lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedClaim {
+    /// The claimed job's name.
+    pub job: Option<JobName>,
+}
+
+/// What names a claimed job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobName {
+    /// The Run.
+    pub run_id: RunId,
+    /// The lease owner.
+    pub claim: String,
+}
+
 /// A claimed job: what is common to every job, and the [`JobWork`] of its kind.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -537,10 +556,13 @@ mod tests {
             json!({ "planRunId": run_id(), "planKind": "plan", "plan": "p",
                     "source": { "repo": "r", "branch": "main", "commit": "c", "treeDigest": "t", "dir": "d" } }),
         );
-        let err = serde_json::from_value::<RelayJob>(no_digest)
+        let err = serde_json::from_value::<RelayJob>(no_digest.clone())
             .unwrap_err()
             .to_string();
         assert!(err.contains("planDigest"), "{err}");
+        // Its name still reads, so the worker can fail the Run with that error.
+        let named: NamedClaim = serde_json::from_value(json!({ "job": no_digest })).unwrap();
+        assert_eq!(named.job.map(|j| j.run_id), Some(run_id()));
         let mut no_claim = common("plan");
         no_claim.as_object_mut().unwrap().remove("claim");
         let err = serde_json::from_value::<RelayJob>(no_claim)
