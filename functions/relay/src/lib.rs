@@ -558,10 +558,11 @@ async fn tool_env(
     if let Some(mut plain) = open(settings, job, "secrets", sealed, Purpose::Credential)? {
         let parsed: Result<RelaySecrets, _> = serde_json::from_slice(&plain);
         plain.zeroize();
-        let secrets = parsed.map_err(|e| {
+        // Not the decoding error: serde's may quote the value it could not read.
+        let secrets = parsed.map_err(|_| {
             failure(
                 "credential_failed",
-                format!("the delivered credentials are not readable: {e}"),
+                "the delivered credentials are not readable",
             )
         })?;
         if let Some(sv) = &secrets.sensitive_vars {
