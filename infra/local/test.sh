@@ -24,6 +24,16 @@ command -v cargo >/dev/null 2>&1 || { log "ERROR: cargo not found: install the R
 export SQLX_OFFLINE=true
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/takosumi-target}
 
+# A relay worker reaches the control plane only through the API: nothing that links a
+# database driver, the broker client or the S3 SDK may be in its dependency graph.
+relay_deps=$(cargo tree -p takosumi-relay -e normal --prefix none)
+forbidden=$(grep -E '^(sqlx|lapin|aws-sdk)' <<<"$relay_deps" | sort -u || true)
+if [ -n "$forbidden" ]; then
+    log "ERROR: takosumi-relay depends on sqlx, lapin or the S3 SDK:"
+    printf '%s\n' "$forbidden" >&2
+    exit 1
+fi
+
 log "cargo build --workspace --bins (target dir $CARGO_TARGET_DIR)"
 cargo build --workspace --bins
 log "cargo test --workspace $*"

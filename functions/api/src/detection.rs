@@ -935,7 +935,7 @@ async fn workspace_drift(
 /// the stored summary was truncated (then the key names only the resources it kept). A
 /// check whose plan changes only outputs has an empty resource list.
 fn drift_key(resource_changes: Option<&Value>) -> Value {
-    let summary: takosumi_core::cost::PlanResources = resource_changes
+    let summary: takosumi_cost::PlanResources = resource_changes
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .unwrap_or_default();
     let mut items: Vec<(String, String, String)> = summary

@@ -27,8 +27,8 @@ use axum::response::IntoResponse;
 use chrono::DateTime;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use takosumi_core::cost::{Catalogue, PlanResources, estimate};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, WorkspaceId};
+use takosumi_cost::{Catalogue, PlanResources, estimate};
 use takosumi_store::records::{self, RunCursor, RunFilter};
 use takosumi_store::{activity, events, runs, workspaces};
 
@@ -70,7 +70,7 @@ pub fn api() -> Api {
         )
         .doc(
             Doc::op("getRunCost", "Cost estimate of the plan")
-                .ok::<takosumi_core::cost::CostEstimate>(200),
+                .ok::<takosumi_cost::CostEstimate>(200),
         )
         .route(
             Method::POST,

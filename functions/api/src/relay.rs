@@ -37,7 +37,6 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use base64::Engine as _;
-use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, Topic};
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
@@ -56,6 +55,13 @@ use takosumi_seal::delivery::DeliveryPublicKey;
 use takosumi_store::pools::{self, WorkerPool};
 use takosumi_store::runs::{self, ApplyClaim};
 use takosumi_store::{bindings, capsules, events, outbox, state_versions};
+use takosumi_wire::UsedBinding;
+use takosumi_wire::relay::{
+    AppliedReport, ApplyJob, BranchSource, ClaimAnswer, ClaimRequest, CommandCredential,
+    FailReport, JobWork, OneStepJob, PinnedSource, PlanJob, PlanSource as JobSource, PlannedReport,
+    ProgressAnswer, ProgressReport, RelayJob, RelaySecrets, ScanAnswer, ScanResult,
+    WORKER_EVENT_KINDS,
+};
 use zeroize::Zeroize;
 
 use crate::error::ErrorCode;
@@ -231,21 +237,6 @@ fn object_error(e: takosumi_objects::ObjectError) -> ApiError {
     }
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ClaimRequest {
-    /// The delivery key ids this worker holds (current first).
-    #[serde(default)]
-    delivery_key_ids: Vec<String>,
-    /// Long-poll: how long to wait for a job (0 to 20 s).
-    #[serde(default)]
-    wait_secs: u64,
-    /// The sandbox the worker runs Capsules in (`bubblewrap` | `none`), recorded on every
-    /// Run it claims.
-    #[serde(default)]
-    sandbox: Option<String>,
-}
-
 /// Which of the pool's keys to seal this worker's secrets to. `Ok(None)`: the pool has
 /// no delivery key. A worker that holds none of the pool's deliverable keys is refused
 /// before anything is claimed (it could open nothing it is sent).
@@ -337,10 +328,10 @@ async fn claim(
     loop {
         drain_wakeups(&st, &pool).await;
         if let Some(job) = claim_once(&st, &pool, key.as_ref(), sandbox).await? {
-            return Ok(Json(json!({ "job": job })));
+            return Ok(Json(ClaimAnswer { job: Some(job) }));
         }
         if tokio::time::Instant::now() >= deadline {
-            return Ok(Json(json!({ "job": null })));
+            return Ok(Json(ClaimAnswer { job: None }));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -356,7 +347,7 @@ fn new_owner(pool: &WorkerPool) -> String {
 
 /// A claimed job, or why the Run failed at once instead.
 enum Prepared {
-    Job(Value),
+    Job(Box<RelayJob>),
     Failed,
 }
 
@@ -389,7 +380,7 @@ async fn claim_once(
     pool: &WorkerPool,
     key: Option<&DeliveryPublicKey>,
     sandbox: Option<&str>,
-) -> Result<Option<Value>, ApiError> {
+) -> Result<Option<RelayJob>, ApiError> {
     // Applies first: a held Capsule waits for them.
     for (run_id, has_plan) in pools::released_applies(&st.pool, pool.id).await? {
         // A one-step apply (no rule covers it) has no saved plan to deliver; the worker
@@ -444,7 +435,7 @@ async fn claim_once(
             one_step_job(st, pool, key, run_id, &owner).await
         };
         match job {
-            Ok(Prepared::Job(job)) => return Ok(Some(job)),
+            Ok(Prepared::Job(job)) => return Ok(Some(*job)),
             Ok(Prepared::Failed) => continue,
             Err(e) => {
                 let _ = end_failed(
@@ -476,7 +467,7 @@ async fn claim_once(
     .map_err(internal)?;
     tx.commit().await?;
     match plan_job(st, pool, key, run_id, &owner).await {
-        Ok(Prepared::Job(job)) => Ok(Some(job)),
+        Ok(Prepared::Job(job)) => Ok(Some(*job)),
         Ok(Prepared::Failed) => Ok(None),
         Err(e) => {
             // Hand it back, counted like the control node's: nothing ran.
@@ -486,8 +477,9 @@ async fn claim_once(
     }
 }
 
-/// The secret inputs of a step: credentials and sensitive variables, as `{env, sensitiveVars}`
-/// plaintext JSON, or `Err(message)` when they cannot be delivered to a relay.
+/// The secret inputs of a step: credentials, sensitive variables and command credentials,
+/// as [`RelaySecrets`] plaintext JSON, or `Err(message)` when they cannot be delivered to a
+/// relay.
 async fn secret_inputs(
     st: &AppState,
     inputs_of: &runs::Run,
@@ -503,7 +495,7 @@ async fn secret_inputs(
         EnvError::Step(e) => internal(e),
     };
     let mut names = Vec::new();
-    let mut sensitive = Value::Null;
+    let mut sensitive = None;
     if let Some((sv_names, sealed)) = bindings::sensitive_vars(&st.pool, inputs_of.id).await? {
         let mut plain = st
             .sealer
@@ -513,9 +505,9 @@ async fn secret_inputs(
                 &sealed,
             )
             .map_err(internal)?;
-        let parsed: Result<Value, _> = serde_json::from_slice(&plain);
+        let parsed: Result<Map<String, Value>, _> = serde_json::from_slice(&plain);
         plain.zeroize();
-        sensitive = parsed.map_err(internal)?;
+        sensitive = Some(parsed.map_err(internal)?);
         names.extend(sv_names.into_iter().map(|n| format!("TF_VAR_{n}")));
     }
     let capsule = capsules::get(&st.pool, capsule_id)
@@ -531,7 +523,7 @@ async fn secret_inputs(
             .map(|k| format!("TF_VAR_{k}"))
             .chain(names.iter().cloned()),
     );
-    let mut env = Map::new();
+    let mut env = std::collections::BTreeMap::new();
     let mut commands = Vec::new();
     let mut used = Vec::new();
     for sealed in bindings::sealed_for_capsule(&st.pool, capsule_id).await? {
@@ -544,35 +536,43 @@ async fn secret_inputs(
             (CredentialSet::Command { command, env_name }, None) => {
                 taken.claim(env_name, &what).map_err(refused)?;
                 names.push(env_name.clone());
-                commands.push(json!({ "what": what, "command": command, "envName": env_name }));
+                commands.push(CommandCredential {
+                    what: what.clone(),
+                    command: command.clone(),
+                    env_name: env_name.clone(),
+                });
                 Vec::new()
             }
             (_, None) => Vec::new(),
         };
         for (k, v) in entries {
             taken.claim(&k, &what).map_err(refused)?;
-            env.insert(k.clone(), json!(v));
+            env.insert(k.clone(), v);
             names.push(k);
         }
-        used.push(json!({ "id": b.id, "name": b.name, "kind": b.kind }));
+        used.push(UsedBinding {
+            id: b.id,
+            name: b.name.clone(),
+            kind: b.kind.clone(),
+        });
     }
     // Every injected name, the plain variables' included, as the control node records.
     names.extend(vars.keys().map(|k| format!("TF_VAR_{k}")));
     names.sort();
     names.dedup();
-    let secrets = if env.is_empty() && sensitive.is_null() && commands.is_empty() {
+    let secrets = if env.is_empty() && sensitive.is_none() && commands.is_empty() {
         None
     } else {
-        Some(
-            serde_json::to_vec(
-                &json!({ "env": env, "sensitiveVars": sensitive, "commands": commands }),
-            )
-            .map_err(internal)?,
-        )
+        let bundle = RelaySecrets {
+            env,
+            sensitive_vars: sensitive,
+            commands,
+        };
+        Some(serde_json::to_vec(&bundle).map_err(internal)?)
     };
     Ok(RelayInputs {
         secrets,
-        used: Value::Array(used),
+        used,
         names,
         vars,
     })
@@ -583,7 +583,7 @@ async fn secret_inputs(
 /// ids and names, every injected variable name, and the plain variables.
 struct RelayInputs {
     secrets: Option<Vec<u8>>,
-    used: Value,
+    used: Vec<UsedBinding>,
     names: Vec<String>,
     vars: Map<String, Value>,
 }
@@ -591,6 +591,33 @@ struct RelayInputs {
 impl RelayInputs {
     fn var_names(&self) -> Vec<String> {
         self.vars.keys().cloned().collect()
+    }
+
+    /// Records on the claimed Run what its job is delivered (names only).
+    async fn record_on(&self, st: &AppState, run_id: RunId, owner: &str) -> Result<(), ApiError> {
+        let used = serde_json::to_value(&self.used).map_err(internal)?;
+        bindings::record_run_env(
+            &st.pool,
+            run_id,
+            owner,
+            &used,
+            &self.names,
+            &self.var_names(),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The secrets, sealed to the delivery key (`None`: there are none).
+    fn sealed_secrets(
+        &self,
+        key: Option<&DeliveryPublicKey>,
+        run_id: RunId,
+    ) -> Result<Option<String>, ApiError> {
+        match &self.secrets {
+            Some(s) => seal_to(key, Purpose::Credential, run_id, s),
+            None => Ok(None),
+        }
     }
 }
 
@@ -601,22 +628,29 @@ fn no_key_message(pool: &WorkerPool, what: &str) -> String {
     )
 }
 
-/// Seals `plain` to the delivery key, or fails the Run `pool_has_no_delivery_key`.
+/// Seals `plain` to the delivery key, base64 (`None`: the pool has no key; the callers
+/// fail the Run `pool_has_no_delivery_key` before anything would need it).
 fn seal_to(
     key: Option<&DeliveryPublicKey>,
     purpose: Purpose,
     run_id: RunId,
     plain: &[u8],
 ) -> Result<Option<String>, ApiError> {
-    match key {
-        None => Ok(None),
-        Some(k) => Ok(Some(
-            B64.encode(
-                k.seal(purpose, &run_id.to_string(), plain)
-                    .map_err(internal)?,
-            ),
-        )),
-    }
+    key.map(|k| seal_with(k, purpose, run_id, plain))
+        .transpose()
+}
+
+/// Seals `plain` to `key`, base64.
+fn seal_with(
+    key: &DeliveryPublicKey,
+    purpose: Purpose,
+    run_id: RunId,
+    plain: &[u8],
+) -> Result<String, ApiError> {
+    let sealed = key
+        .seal(purpose, &run_id.to_string(), plain)
+        .map_err(internal)?;
+    Ok(B64.encode(sealed))
 }
 
 /// The Capsule's current state, opened with the server key and checked against its digest.
@@ -716,29 +750,50 @@ async fn plan_job(
     else {
         return Ok(Prepared::Failed);
     };
-    Ok(Prepared::Job(json!({
-        "runId": run_id,
-        "kind": run.kind,
-        "claim": owner,
-        "leaseSecs": RELAY_LEASE_SECS,
-        "attempt": run.attempts,
-        "source": {
-            "repo": capsule.repo,
-            "branch": source.source_ref.unwrap_or_else(|| capsule.branch.clone()),
-            "commit": source.pinned_commit,
-            "dir": capsule.dir,
+    let work = JobWork::Plan(PlanJob {
+        kind: run.kind,
+        attempt: run.attempts,
+        source: JobSource {
+            repo: capsule.repo.clone(),
+            branch: source.source_ref.unwrap_or_else(|| capsule.branch.clone()),
+            commit: source.pinned_commit,
+            dir: capsule.dir.clone(),
         },
-        "tool": capsule.tool,
-        "vars": inputs.vars,
-        "deliveryKeyId": key.map(|k| k.key_id.clone()),
-        // ids and names of the credential sets delivered (never their values)
-        "providerBindings": inputs.used,
-        "secrets": match &inputs.secrets { Some(s) => seal_to(key, Purpose::Credential, run_id, s)?, None => None },
-        "state": match &state { Some(s) => seal_to(key, Purpose::State, run_id, s)?, None => None },
-        "maxPlanBytes": MAX_RELAY_PLAN_BYTES,
+        max_plan_bytes: MAX_RELAY_PLAN_BYTES,
         // A pull request's plan: refused rather than run when the dry-run scan finds a
         // data source that acts when planned (the worker scans before `plan`).
-        "speculative": source.speculative,
+        speculative: source.speculative,
+    });
+    job(run_id, owner, &capsule, key, inputs, state.as_deref(), work)
+}
+
+/// A job: what every kind carries (the sealed payloads sealed to `key` now), and `work`.
+fn job(
+    run_id: RunId,
+    owner: &str,
+    capsule: &capsules::Capsule,
+    key: Option<&DeliveryPublicKey>,
+    inputs: RelayInputs,
+    state: Option<&[u8]>,
+    work: JobWork,
+) -> Result<Prepared, ApiError> {
+    let secrets = inputs.sealed_secrets(key, run_id)?;
+    let state = match state {
+        Some(s) => seal_to(key, Purpose::State, run_id, s)?,
+        None => None,
+    };
+    Ok(Prepared::Job(Box::new(RelayJob {
+        run_id,
+        claim: owner.to_owned(),
+        lease_secs: RELAY_LEASE_SECS,
+        tool: capsule.tool.clone(),
+        vars: inputs.vars,
+        delivery_key_id: key.map(|k| k.key_id.clone()),
+        // ids and names of the credential sets delivered (never their values)
+        provider_bindings: inputs.used,
+        secrets,
+        state,
+        work,
     })))
 }
 
@@ -818,7 +873,7 @@ async fn apply_job(
         end_failed(st, run_id, owner, "plan_digest_mismatch", "the saved plan does not match the digest that was reviewed; nothing was applied; plan again").await?;
         return Ok(Prepared::Failed);
     }
-    let sealed_plan = seal_to(Some(key), Purpose::Plan, run_id, &plan_bytes)?;
+    let sealed_plan = seal_with(key, Purpose::Plan, run_id, &plan_bytes)?;
     plan_bytes.zeroize();
     // Decided as the apply handler decides it (`Ctx::planned_lockfile`).
     let lockfile = match st.ctx.planned_lockfile(&plan_run).await {
@@ -838,15 +893,7 @@ async fn apply_job(
         Err(e) => return Err(e),
     };
     let state = current_state(st, &capsule).await?;
-    bindings::record_run_env(
-        &st.pool,
-        run_id,
-        owner,
-        &inputs.used,
-        &inputs.names,
-        &inputs.var_names(),
-    )
-    .await?;
+    inputs.record_on(st, run_id, owner).await?;
     events::append(
         &st.pool,
         run_id,
@@ -855,27 +902,32 @@ async fn apply_job(
         json!({ "pin": "planDigest", "planDigest": plan_digest, "deliveredTo": key.key_id }),
     )
     .await?;
-    Ok(Prepared::Job(json!({
-        "runId": run_id,
-        "kind": "apply",
-        "claim": owner,
-        "leaseSecs": RELAY_LEASE_SECS,
-        "planRunId": plan_run_id,
-        "planDigest": plan_digest,
-        "source": { "repo": capsule.repo, "branch": capsule.branch, "commit": commit, "treeDigest": tree, "dir": capsule.dir },
-        "tool": capsule.tool,
-        "vars": inputs.vars,
-        "dependencySnapshot": plan_run.dependency_snapshot,
-        "planKind": plan_run.kind,
-        "providerLockDigest": plan_run.provider_lock_digest,
-        "lockfile": lockfile,
-        "stateGeneration": plan_run.state_generation,
-        "deliveryKeyId": key.key_id,
-        "providerBindings": inputs.used,
-        "plan": sealed_plan,
-        "secrets": match &inputs.secrets { Some(s) => seal_to(Some(key), Purpose::Credential, run_id, s)?, None => None },
-        "state": match &state { Some(s) => seal_to(Some(key), Purpose::State, run_id, s)?, None => None },
-    })))
+    let work = JobWork::Apply(Box::new(ApplyJob {
+        plan_run_id,
+        plan_digest,
+        source: PinnedSource {
+            repo: capsule.repo.clone(),
+            branch: capsule.branch.clone(),
+            commit,
+            tree_digest: tree,
+            dir: capsule.dir.clone(),
+        },
+        dependency_snapshot: plan_run.dependency_snapshot,
+        plan_kind: plan_run.kind,
+        provider_lock_digest: plan_run.provider_lock_digest,
+        lockfile,
+        state_generation: plan_run.state_generation,
+        plan: sealed_plan,
+    }));
+    job(
+        run_id,
+        owner,
+        &capsule,
+        Some(key),
+        inputs,
+        state.as_deref(),
+        work,
+    )
 }
 
 /// What a plan-side or one-step job delivers besides its source: the Run's inputs and the
@@ -915,15 +967,7 @@ async fn delivered_inputs(
         .await?;
         return Ok(None);
     }
-    bindings::record_run_env(
-        &st.pool,
-        run.id,
-        owner,
-        &inputs.used,
-        &inputs.names,
-        &inputs.var_names(),
-    )
-    .await?;
+    inputs.record_on(st, run.id, owner).await?;
     Ok(Some((inputs, state)))
 }
 
@@ -947,21 +991,15 @@ async fn one_step_job(
     else {
         return Ok(Prepared::Failed);
     };
-    Ok(Prepared::Job(json!({
-        "runId": run_id,
-        "kind": "apply",
-        "oneStep": true,
-        "claim": owner,
-        "leaseSecs": RELAY_LEASE_SECS,
-        "source": { "repo": capsule.repo, "branch": capsule.branch, "dir": capsule.dir },
-        "tool": capsule.tool,
-        "vars": inputs.vars,
-        "stateGeneration": run.state_generation,
-        "deliveryKeyId": key.map(|k| k.key_id.clone()),
-        "providerBindings": inputs.used,
-        "secrets": match &inputs.secrets { Some(s) => seal_to(key, Purpose::Credential, run_id, s)?, None => None },
-        "state": match &state { Some(s) => seal_to(key, Purpose::State, run_id, s)?, None => None },
-    })))
+    let work = JobWork::OneStep(OneStepJob {
+        source: BranchSource {
+            repo: capsule.repo.clone(),
+            branch: capsule.branch.clone(),
+            dir: capsule.dir.clone(),
+        },
+        state_generation: run.state_generation,
+    });
+    job(run_id, owner, &capsule, key, inputs, state.as_deref(), work)
 }
 
 /// A relayed one-step apply's record of what it is about to apply (the control node's
@@ -1032,30 +1070,6 @@ async fn held_run(
     Ok((run, claim))
 }
 
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Progress {
-    #[serde(default)]
-    events: Vec<ProgressEvent>,
-    #[serde(default)]
-    logs: Vec<ProgressLog>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ProgressEvent {
-    kind: String,
-    #[serde(default)]
-    data: Value,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ProgressLog {
-    step: String,
-    text: String,
-}
-
 /// A masker holding every secret value the Run's job carries (its credentials and
 /// sensitive variables; for an apply, those of the plan it carries out).
 async fn run_masker(st: &AppState, run: &runs::Run) -> Result<takosumi_runner::Masker, ApiError> {
@@ -1082,16 +1096,6 @@ async fn run_masker(st: &AppState, run: &runs::Run) -> Result<takosumi_runner::M
     Ok(masker)
 }
 
-/// The event kinds a relay worker reports as it goes (see `functions/relay`).
-const WORKER_EVENT_KINDS: &[&str] = &[
-    "checkout_started",
-    "environment_prepared",
-    "checked_out",
-    "tool_started",
-    "dry_run_scan",
-    "pin_checked",
-];
-
 async fn progress(
     State(st): State<AppState>,
     caller: PoolCaller,
@@ -1100,8 +1104,8 @@ async fn progress(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: Progress = if body.iter().all(u8::is_ascii_whitespace) {
-        Progress::default()
+    let req: ProgressReport = if body.iter().all(u8::is_ascii_whitespace) {
+        ProgressReport::default()
     } else {
         crate::routes::parse_body(&body)?
     };
@@ -1138,9 +1142,10 @@ async fn progress(
     }
     let renewed = runs::renew_lease(&st.pool, run.id, &claim, RELAY_LEASE_SECS).await?;
     let cancel = takosumi_store::records::cancel_requested(&st.pool, run.id, &claim).await?;
-    Ok(Json(
-        json!({ "leaseRenewed": renewed, "cancelRequested": cancel }),
-    ))
+    Ok(Json(ProgressAnswer {
+        lease_renewed: renewed,
+        cancel_requested: cancel,
+    }))
 }
 
 async fn plan_file(
@@ -1211,29 +1216,6 @@ async fn plan_file(
     Ok(Json(json!({ "planDigest": digest, "size": size })))
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Planned {
-    source_commit: String,
-    tree_digest: String,
-    tool_version: Value,
-    /// `show -json` of the saved plan.
-    show: Value,
-    /// The raw `.terraform.lock.hcl` (base64), `null` for a provider-free run.
-    lockfile: Option<String>,
-    modules_digest: String,
-    /// Sent by older workers; the report is recorded by `…/scanned` now.
-    #[serde(default)]
-    scan_report: Option<Value>,
-    /// A drift check's `-detailed-exitcode` answer.
-    #[serde(default)]
-    tool_says_drift: Option<bool>,
-    /// A drift check whose saved plan is over the relay limit reports its result without
-    /// it: the plan file's size in bytes (no plan file was uploaded).
-    #[serde(default)]
-    plan_not_kept: Option<u64>,
-}
-
 /// Why an oversized relayed drift check kept no plan (its `planned` event, and the 409 a
 /// reconcile from it gets).
 fn drift_plan_not_kept(size: u64) -> String {
@@ -1266,7 +1248,7 @@ async fn planned(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: Planned = crate::routes::parse_body(&body)?;
+    let req: PlannedReport = crate::routes::parse_body(&body)?;
     drop(body);
     let run_id = run.id;
     let mut event_extra = json!({ "pool": caller.0.name });
@@ -1362,15 +1344,6 @@ async fn planned(
     ))
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Scanned {
-    scan_report: takosumi_policy::scan::ScanReport,
-    /// Asks for the dry-run decision on the checked-out commit (absent: record only).
-    #[serde(default)]
-    commit: Option<String>,
-}
-
 /// A relayed plan's dry-run scan: recorded on the Run at once, and, when the worker asks,
 /// decided by the same [`dry_run::check`] the plan handler calls (before `init` and `plan`
 /// run anything on the worker). `{"hold": true}`: the Run is held; the worker stops.
@@ -1382,14 +1355,14 @@ async fn scanned(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: Scanned = crate::routes::parse_body(&body)?;
+    let req: ScanResult<takosumi_policy::scan::ScanReport> = crate::routes::parse_body(&body)?;
     takosumi_store::gates::set_scan_report(&st.pool, run.id, &req.scan_report.to_json()).await?;
     let Some(commit) = req.commit else {
-        return Ok(Json(json!({ "hold": false })));
+        return Ok(Json(ScanAnswer { hold: false }));
     };
     match dry_run::check(&st.pool, &claim, &run, &req.scan_report, &commit).await {
-        Ok(DryRunDecision::Proceed) => Ok(Json(json!({ "hold": false }))),
-        Ok(DryRunDecision::Held) => Ok(Json(json!({ "hold": true }))),
+        Ok(DryRunDecision::Proceed) => Ok(Json(ScanAnswer { hold: false })),
+        Ok(DryRunDecision::Held) => Ok(Json(ScanAnswer { hold: true })),
         Ok(DryRunDecision::LeaseLost) => Err(ApiError::conflict(
             ErrorCode::NotYourClaim,
             "the lease was lost before the dry-run decision",
@@ -1418,13 +1391,6 @@ const WORKER_CODES: [&str; 16] = [
     "plan_too_large",
 ];
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Fail {
-    code: String,
-    message: String,
-}
-
 async fn fail(
     State(st): State<AppState>,
     caller: PoolCaller,
@@ -1433,7 +1399,7 @@ async fn fail(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: Fail = crate::routes::parse_body(&body)?;
+    let req: FailReport = crate::routes::parse_body(&body)?;
     let Some(code) = WORKER_CODES.iter().find(|c| **c == req.code) else {
         return Err(ApiError::invalid(
             ErrorCode::InvalidCode,
@@ -1445,23 +1411,6 @@ async fn fail(
     Ok(Json(
         json!({ "runId": run.id, "status": "failed", "code": code }),
     ))
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Applied {
-    success: bool,
-    #[serde(default)]
-    exit_code: Option<i32>,
-    /// The state after the tool (base64), when it differs from the delivered one.
-    state: Option<String>,
-    /// Published, masked outputs.
-    #[serde(default)]
-    outputs: Value,
-    /// The tool applied but its outputs could not be read (masked): the Run fails after
-    /// the state is recorded.
-    #[serde(default)]
-    outputs_error: Option<String>,
 }
 
 async fn applied(
@@ -1478,7 +1427,7 @@ async fn applied(
             format!("{} is not applying", run.id),
         ));
     }
-    let req: Applied = crate::routes::parse_body(&body)?;
+    let req: AppliedReport = crate::routes::parse_body(&body)?;
     drop(body);
     let run_id = run.id;
     // A pinned apply moves the generation its plan saw; a one-step apply the one its

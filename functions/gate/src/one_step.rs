@@ -191,17 +191,14 @@ pub(crate) async fn propose_apply(
 pub(crate) async fn cost_estimate(
     ctx: &Ctx,
     plan_run_id: takosumi_core::RunId,
-) -> Result<Option<takosumi_core::cost::CostEstimate>, StepError> {
+) -> Result<Option<takosumi_cost::CostEstimate>, StepError> {
     let Some(summary) = takosumi_store::records::resource_changes(&ctx.pool, plan_run_id)
         .await
         .map_err(store_err)?
     else {
         return Ok(None);
     };
-    let resources: takosumi_core::cost::PlanResources =
+    let resources: takosumi_cost::PlanResources =
         serde_json::from_value(summary).map_err(StepError::internal)?;
-    Ok(Some(takosumi_core::cost::estimate(
-        &ctx.pricing,
-        &resources,
-    )))
+    Ok(Some(takosumi_cost::estimate(&ctx.pricing, &resources)))
 }

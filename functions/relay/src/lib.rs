@@ -15,13 +15,20 @@
 use std::time::Duration;
 
 use base64::Engine as _;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde_json::{Value, json};
 use takosumi_core::{RunKind, Secret};
 use takosumi_policy::scan::ScanReport;
 use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, Workdir};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::{DeliveryKeyPair, open_with_any};
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
+use takosumi_wire::relay::{
+    AppliedReport, ApplyJob, ClaimAnswer, ClaimRequest, ErrorBody, FailReport, JobName, JobWork,
+    LogChunk, NamedClaim, OneStepJob, PlanJob, PlannedReport, ProgressAnswer, ProgressReport,
+    RelayJob, RelaySecrets, ScanAnswer, ScanResult, WorkerEvent,
+};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroize;
 
@@ -149,17 +156,28 @@ impl Api {
         })
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+    async fn send<A: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> anyhow::Result<A> {
+        let body = self.send_raw(req).await?;
+        serde_json::from_slice(&body)
+            .map_err(|e| anyhow::anyhow!("the API's answer does not read as expected: {e}"))
+    }
+
+    /// A success's body, or the refusal.
+    async fn send_raw(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Vec<u8>> {
         let resp = req.bearer_auth(self.token.expose()).send().await?;
         let status = resp.status();
-        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        let body = resp.bytes().await?.to_vec();
         if status.is_success() {
             return Ok(body);
         }
+        // A refusal that is not the API's own (a proxy's page) still ends as a refusal.
+        let refusal: Option<ErrorBody> = serde_json::from_slice(&body).ok();
         Err(ApiRefusal {
             status: status.as_u16(),
-            code: body["code"].as_str().unwrap_or("unknown").to_owned(),
-            message: body["message"].as_str().unwrap_or_default().to_owned(),
+            code: refusal
+                .as_ref()
+                .map_or_else(|| "unknown".to_owned(), |r| r.code.clone()),
+            message: refusal.map(|r| r.message).unwrap_or_default(),
         }
         .into())
     }
@@ -170,29 +188,44 @@ impl Api {
         key_ids: &[String],
         wait_secs: u64,
         sandbox: takosumi_runner::SandboxMode,
-    ) -> anyhow::Result<Option<Value>> {
+    ) -> anyhow::Result<Option<Claimed>> {
+        let request = ClaimRequest {
+            delivery_key_ids: key_ids.to_vec(),
+            wait_secs,
+            sandbox: Some(sandbox.as_str().to_owned()),
+        };
         let body = self
-            .send(
+            .send_raw(
                 self.http
                     .post(format!("{}/api/v1/relay/claim", self.base))
-                    .json(&json!({ "deliveryKeyIds": key_ids, "waitSecs": wait_secs, "sandbox": sandbox.as_str() })),
+                    .json(&request),
             )
             .await?;
-        Ok(Some(body["job"].clone()).filter(|j| !j.is_null()))
+        match serde_json::from_slice::<ClaimAnswer>(&body) {
+            Ok(answer) => Ok(answer.job.map(|j| Claimed::Job(Box::new(j)))),
+            Err(e) => match serde_json::from_slice::<NamedClaim>(&body) {
+                Ok(NamedClaim { job: Some(name) }) => Ok(Some(Claimed::Unreadable {
+                    name,
+                    reason: e.to_string(),
+                })),
+                _ => Err(anyhow::anyhow!("the claim's answer does not read: {e}")),
+            },
+        }
     }
 
     fn run_url(&self, run: &str, what: &str) -> String {
         format!("{}/api/v1/relay/runs/{run}/{what}", self.base)
     }
 
-    /// Posts JSON to a Run's relay endpoint under `claim`.
-    pub async fn post(
+    /// Posts a report to a Run's relay endpoint under `claim`; `A` is the answer's type
+    /// ([`IgnoredAny`] where the worker reads nothing of it).
+    pub async fn post<A: DeserializeOwned>(
         &self,
         run: &str,
         claim: &str,
         what: &str,
-        body: &Value,
-    ) -> anyhow::Result<Value> {
+        body: &impl Serialize,
+    ) -> anyhow::Result<A> {
         self.send(
             self.http
                 .post(self.run_url(run, what))
@@ -210,7 +243,7 @@ impl Api {
         claim: &str,
         size: u64,
         bytes: Option<Vec<u8>>,
-    ) -> anyhow::Result<Value> {
+    ) -> anyhow::Result<IgnoredAny> {
         // An oversized plan is declared by its size alone, never sent.
         let req = self
             .http
@@ -221,6 +254,21 @@ impl Api {
             .body(bytes.unwrap_or_default());
         self.send(req).await
     }
+}
+
+/// What a claim brought.
+#[derive(Debug)]
+pub enum Claimed {
+    /// A job to work on.
+    Job(Box<RelayJob>),
+    /// A job this worker cannot read in full (an API newer or older than the worker): its
+    /// Run is failed at once with the reason.
+    Unreadable {
+        /// Which Run, under which claim.
+        name: JobName,
+        /// What does not decode.
+        reason: String,
+    },
 }
 
 /// Why a job ended without a result: the code and message the Run fails with.
@@ -261,13 +309,21 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    async fn event(&self, kind: &str, data: Value) {
-        let body = json!({ "events": [{ "kind": kind, "data": data }] });
-        if let Err(e) = self
-            .api
-            .post(&self.run, &self.claim, "progress", &body)
+    async fn progress(&self, report: &ProgressReport) -> anyhow::Result<ProgressAnswer> {
+        self.api
+            .post(&self.run, &self.claim, "progress", report)
             .await
-        {
+    }
+
+    async fn event(&self, kind: &str, data: Value) {
+        let report = ProgressReport {
+            events: vec![WorkerEvent {
+                kind: kind.to_owned(),
+                data,
+            }],
+            logs: Vec::new(),
+        };
+        if let Err(e) = self.progress(&report).await {
             tracing::warn!(run = %self.run, error = %e, "could not send an event");
         }
     }
@@ -276,12 +332,14 @@ impl Job<'_> {
         if text.is_empty() {
             return;
         }
-        let body = json!({ "logs": [{ "step": step, "text": masker.mask(text) }] });
-        if let Err(e) = self
-            .api
-            .post(&self.run, &self.claim, "progress", &body)
-            .await
-        {
+        let report = ProgressReport {
+            events: Vec::new(),
+            logs: vec![LogChunk {
+                step: step.to_owned(),
+                text: masker.mask(text),
+            }],
+        };
+        if let Err(e) = self.progress(&report).await {
             tracing::warn!(run = %self.run, error = %e, "could not send a log");
         }
     }
@@ -303,12 +361,15 @@ impl Job<'_> {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                match api.post(&run, &claim, "progress", &json!({})).await {
-                    Ok(v) if v["leaseRenewed"] == json!(false) => {
+                let answer = api
+                    .post::<ProgressAnswer>(&run, &claim, "progress", &ProgressReport::default())
+                    .await;
+                match answer {
+                    Ok(a) if !a.lease_renewed => {
                         token.cancel();
                         return;
                     }
-                    Ok(v) if v["cancelRequested"] == json!(true) => {
+                    Ok(a) if a.cancel_requested => {
                         tracing::info!(%run, "cancel requested: interrupting the tool");
                         token.cancel();
                     }
@@ -350,11 +411,20 @@ pub async fn run(
             () = shutdown.cancelled() => break,
         };
         match claimed {
-            Ok(Some(job)) => {
+            Ok(Some(claimed)) => {
                 backoff = Duration::from_millis(250);
-                let run = job["runId"].as_str().unwrap_or_default().to_owned();
-                tracing::info!(%run, kind = %job["kind"], "claimed a job");
-                if let Err(e) = work(&api, &settings, &job).await {
+                let (run, done) = match claimed {
+                    Claimed::Job(job) => {
+                        let run = job.run_id;
+                        tracing::info!(%run, kind = job.work.kind().as_str(), "claimed a job");
+                        (run, work(&api, &settings, &job).await)
+                    }
+                    Claimed::Unreadable { name, reason } => {
+                        tracing::error!(run = %name.run_id, %reason, "claimed a job this worker cannot read");
+                        (name.run_id, fail_unreadable(&api, &name, &reason).await)
+                    }
+                };
+                if let Err(e) = done {
                     tracing::error!(%run, error = %e, "job ended with an error");
                 }
                 if once.is_some() {
@@ -376,12 +446,25 @@ pub async fn run(
     Ok(())
 }
 
+/// Fails the Run of a job this worker cannot read, rather than leave it to its lease.
+async fn fail_unreadable(api: &Api, name: &JobName, reason: &str) -> anyhow::Result<()> {
+    let report = FailReport {
+        code: "invalid_configuration".to_owned(),
+        message: format!(
+            "the relay worker cannot read the job ({reason}); run a relay worker of the API's version and submit the run again"
+        ),
+    };
+    api.post::<IgnoredAny>(&name.run_id.to_string(), &name.claim, "fail", &report)
+        .await?;
+    Ok(())
+}
+
 /// Works one claimed job to its end: a result or a failure reported to the control node.
-pub async fn work(api: &Api, settings: &RelaySettings, job: &Value) -> anyhow::Result<()> {
+pub async fn work(api: &Api, settings: &RelaySettings, job: &RelayJob) -> anyhow::Result<()> {
     let job_ref = Job {
         api,
-        run: job["runId"].as_str().unwrap_or_default().to_owned(),
-        claim: job["claim"].as_str().unwrap_or_default().to_owned(),
+        run: job.run_id.to_string(),
+        claim: job.claim.clone(),
     };
     // Every 2 s: renews the lease (60 s) and notices a cancel request about as fast as the
     // control node's own handlers do (1 s).
@@ -389,10 +472,12 @@ pub async fn work(api: &Api, settings: &RelaySettings, job: &Value) -> anyhow::R
     let keeper = job_ref.keep_lease(Duration::from_secs(2), cancel.clone());
     let runner = settings.runner.interruptible(cancel.clone());
     let wd = runner.workdir(&job_ref.run)?;
-    let result = if job["kind"] == json!("apply") {
-        apply(&job_ref, settings, &runner, job, &wd).await
-    } else {
-        plan(&job_ref, settings, &runner, job, &wd).await
+    let result = match &job.work {
+        JobWork::Plan(p) => plan(&job_ref, settings, &runner, job, p, &wd).await,
+        JobWork::Apply(a) => apply(&job_ref, settings, &runner, job, Pinned::Plan(a), &wd).await,
+        JobWork::OneStep(o) => {
+            apply(&job_ref, settings, &runner, job, Pinned::OneStep(o), &wd).await
+        }
     };
     keeper.abort();
     let _ = wd.close();
@@ -400,7 +485,7 @@ pub async fn work(api: &Api, settings: &RelaySettings, job: &Value) -> anyhow::R
         // The tool was interrupted (or never started): the Run ends `canceled` if a cancel
         // was requested; a lost claim answers `not_your_claim` and there is nothing to do.
         match api
-            .post(&job_ref.run, &job_ref.claim, "canceled", &json!({}))
+            .post::<IgnoredAny>(&job_ref.run, &job_ref.claim, "canceled", &json!({}))
             .await
         {
             Ok(_) => {
@@ -418,13 +503,12 @@ pub async fn work(api: &Api, settings: &RelaySettings, job: &Value) -> anyhow::R
         }
         Err(f) => {
             tracing::info!(run = %job_ref.run, code = f.code, "job failed");
-            api.post(
-                &job_ref.run,
-                &job_ref.claim,
-                "fail",
-                &json!({ "code": f.code, "message": f.message }),
-            )
-            .await?;
+            let report = FailReport {
+                code: f.code.to_owned(),
+                message: f.message,
+            };
+            api.post::<IgnoredAny>(&job_ref.run, &job_ref.claim, "fail", &report)
+                .await?;
             Ok(())
         }
     }
@@ -435,21 +519,22 @@ pub async fn work(api: &Api, settings: &RelaySettings, job: &Value) -> anyhow::R
 /// `delivery_key_unopenable`: never silently.
 fn open(
     settings: &RelaySettings,
-    job: &Value,
+    job: &RelayJob,
     field: &str,
+    sealed: Option<&str>,
     purpose: Purpose,
 ) -> Result<Option<Vec<u8>>, JobFailure> {
-    let Some(b64) = job[field].as_str() else {
+    let Some(b64) = sealed else {
         return Ok(None);
     };
-    let run = job["runId"].as_str().unwrap_or_default();
+    let run = job.run_id.to_string();
     let sealed = B64.decode(b64).map_err(|_| {
         failure(
             "delivery_key_unopenable",
             format!("the job's {field} is not base64"),
         )
     })?;
-    open_with_any(&settings.keys, purpose, run, &sealed)
+    open_with_any(&settings.keys, purpose, &run, &sealed)
         .map(Some)
         .map_err(|e| {
             failure(
@@ -464,56 +549,43 @@ async fn tool_env(
     settings: &RelaySettings,
     runner: &Runner,
     wd: &Workdir,
-    job: &Value,
+    job: &RelayJob,
 ) -> Result<ToolEnv, JobFailure> {
-    let vars: Map<String, Value> = job["vars"].as_object().cloned().unwrap_or_default();
     let mut env = ToolEnv::new()
-        .with_variables(&vars)
+        .with_variables(&job.vars)
         .map_err(|e| failure("invalid_configuration", e.to_string()))?;
-    if let Some(mut plain) = open(settings, job, "secrets", Purpose::Credential)? {
-        let parsed: Result<Value, _> = serde_json::from_slice(&plain);
+    let sealed = job.secrets.as_deref();
+    if let Some(mut plain) = open(settings, job, "secrets", sealed, Purpose::Credential)? {
+        let parsed: Result<RelaySecrets, _> = serde_json::from_slice(&plain);
         plain.zeroize();
+        // Not the decoding error: serde's may quote the value it could not read.
         let secrets = parsed.map_err(|_| {
             failure(
                 "credential_failed",
                 "the delivered credentials are not readable",
             )
         })?;
-        if let Some(sv) = secrets["sensitiveVars"].as_object() {
+        if let Some(sv) = &secrets.sensitive_vars {
             env = env
                 .with_sensitive_variables(sv)
                 .map_err(|e| failure("invalid_configuration", e.to_string()))?;
         }
-        if let Some(vals) = secrets["env"].as_object() {
-            for (k, v) in vals {
-                env =
-                    env.with_secret_env(k, Secret::new(v.as_str().unwrap_or_default().to_owned()));
-            }
+        for (k, v) in secrets.env {
+            env = env.with_secret_env(&k, Secret::new(v));
         }
         // Command credentials run here, in this run's private directory inside the
         // sandbox, exactly as on the control node (the control node checked the name).
-        for c in secrets["commands"].as_array().into_iter().flatten() {
-            let argv: Vec<String> = serde_json::from_value(c["command"].clone())
-                .map_err(|_| failure("credential_failed", "a delivered command is not readable"))?;
-            let env_name = c["envName"].as_str().unwrap_or_default();
+        for c in &secrets.commands {
             let value = runner
                 .resolve_command(
                     wd,
-                    &argv,
-                    env_name,
-                    takosumi_runtime::inputs::CREDENTIAL_COMMAND_TIMEOUT,
+                    &c.command,
+                    &c.env_name,
+                    takosumi_runner::CREDENTIAL_COMMAND_TIMEOUT,
                 )
                 .await
-                .map_err(|e| {
-                    failure(
-                        "credential_failed",
-                        format!(
-                            "{}: {e}",
-                            c["what"].as_str().unwrap_or("a command credential")
-                        ),
-                    )
-                })?;
-            env = env.with_secret_env(env_name, value);
+                .map_err(|e| failure("credential_failed", format!("{}: {e}", c.what)))?;
+            env = env.with_secret_env(&c.env_name, value);
         }
     }
     Ok(env)
@@ -524,23 +596,21 @@ async fn tool_env(
 async fn prepared_env(
     job: &Job<'_>,
     settings: &RelaySettings,
-    spec: &Value,
+    spec: &RelayJob,
     runner: &Runner,
     wd: &Workdir,
 ) -> Result<ToolEnv, JobFailure> {
     let env = tool_env(settings, runner, wd, spec).await?;
     job.event(
         "environment_prepared",
-        json!({ "providerBindings": spec["providerBindings"], "injectedEnvNames": env.names() }),
+        json!({ "providerBindings": spec.provider_bindings, "injectedEnvNames": env.names() }),
     )
     .await;
     Ok(env)
 }
 
-fn tool_of(job: &Value) -> Result<Tool, JobFailure> {
-    job["tool"]
-        .as_str()
-        .unwrap_or_default()
+fn tool_of(job: &RelayJob) -> Result<Tool, JobFailure> {
+    job.tool
         .parse()
         .map_err(|e: RunnerError| failure("invalid_configuration", e.to_string()))
 }
@@ -554,7 +624,7 @@ fn internal(e: impl std::fmt::Display) -> JobFailure {
 struct RelayHost<'a> {
     job: &'a Job<'a>,
     settings: &'a RelaySettings,
-    spec: &'a Value,
+    spec: &'a RelayJob,
     /// The job's runner (interruptible by a cancel): command credentials run through it.
     runner: &'a Runner,
 }
@@ -575,7 +645,8 @@ impl takosumi_steps::Host for RelayHost<'_> {
         runner: &Runner,
         wd: &Workdir,
     ) -> Result<Option<Vec<u8>>, JobFailure> {
-        let state = open(self.settings, self.spec, "state", Purpose::State)?;
+        let sealed = self.spec.state.as_deref();
+        let state = open(self.settings, self.spec, "state", sealed, Purpose::State)?;
         if let Some(state) = &state {
             runner.restore_state(wd, state).map_err(internal)?;
         }
@@ -589,12 +660,16 @@ impl takosumi_steps::Host for RelayHost<'_> {
 
 impl takosumi_steps::ApplyHost for RelayHost<'_> {
     async fn install_lockfile(&self, wd: &Workdir) -> Result<Option<String>, JobFailure> {
-        if let Some(b64) = self.spec["lockfile"].as_str() {
+        // A one-step apply has no plan and so no lockfile of its own.
+        let JobWork::Apply(pinned) = &self.spec.work else {
+            return Ok(None);
+        };
+        if let Some(b64) = &pinned.lockfile {
             let bytes = B64.decode(b64).map_err(internal)?;
             std::fs::write(wd.config_dir().join(takosumi_runner::LOCKFILE_NAME), bytes)
                 .map_err(internal)?;
         }
-        Ok(self.spec["providerLockDigest"].as_str().map(str::to_owned))
+        Ok(pinned.provider_lock_digest.clone())
     }
 
     /// The job does not carry the plan's JSON: the worker runs `show -json` itself.
@@ -610,10 +685,9 @@ impl takosumi_steps::OneStepHost for RelayHost<'_> {
         &self,
         record: &takosumi_steps::OneStepRecord,
     ) -> Result<(), JobFailure> {
-        let body = serde_json::to_value(record).map_err(internal)?;
         self.job
             .api
-            .post(&self.job.run, &self.job.claim, "one-step", &body)
+            .post::<IgnoredAny>(&self.job.run, &self.job.claim, "one-step", record)
             .await
             .map_err(|e| {
                 failure(
@@ -628,16 +702,14 @@ impl takosumi_steps::OneStepHost for RelayHost<'_> {
 impl takosumi_steps::PlanHost for RelayHost<'_> {
     async fn record_scan(&self, report: &Value) -> Result<(), JobFailure> {
         // The report as audit evidence, recorded at once (a refused plan keeps it too).
-        let report: takosumi_policy::scan::ScanReport =
-            serde_json::from_value(report.clone()).map_err(internal)?;
+        let report: ScanReport = serde_json::from_value(report.clone()).map_err(internal)?;
+        let body = ScanResult {
+            scan_report: report,
+            commit: None,
+        };
         self.job
             .api
-            .post(
-                &self.job.run,
-                &self.job.claim,
-                "scanned",
-                &json!({ "scanReport": report }),
-            )
+            .post::<IgnoredAny>(&self.job.run, &self.job.claim, "scanned", &body)
             .await
             .map_err(internal)?;
         Ok(())
@@ -653,15 +725,14 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
         report: &ScanReport,
         commit: &str,
     ) -> Result<ScanVerdict, JobFailure> {
+        let body = ScanResult {
+            scan_report: report,
+            commit: Some(commit.to_owned()),
+        };
         let answer = match self
             .job
             .api
-            .post(
-                &self.job.run,
-                &self.job.claim,
-                "scanned",
-                &json!({ "scanReport": report, "commit": commit }),
-            )
+            .post::<ScanAnswer>(&self.job.run, &self.job.claim, "scanned", &body)
             .await
         {
             Ok(answer) => answer,
@@ -675,7 +746,7 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
             }
             Err(e) => return Err(internal(e)),
         };
-        Ok(if answer["hold"] == json!(true) {
+        Ok(if answer.hold {
             ScanVerdict::Held
         } else {
             ScanVerdict::Proceed
@@ -687,20 +758,20 @@ async fn plan(
     job: &Job<'_>,
     settings: &RelaySettings,
     runner: &Runner,
-    spec: &Value,
+    spec: &RelayJob,
+    work: &PlanJob,
     wd: &Workdir,
 ) -> Result<(), JobFailure> {
-    let src = &spec["source"];
-    let kind: RunKind = serde_json::from_value(spec["kind"].clone())
-        .map_err(|_| failure("invalid_configuration", "the job names no plan kind"))?;
+    let kind = work.kind;
+    let src = &work.source;
     let inputs = PlanInputs {
         kind,
         tool: tool_of(spec)?,
-        repo: src["repo"].as_str().unwrap_or_default().to_owned(),
-        branch: src["branch"].as_str().unwrap_or_default().to_owned(),
-        commit: src["commit"].as_str().map(str::to_owned),
-        dir: src["dir"].as_str().unwrap_or_default().to_owned(),
-        speculative: spec["speculative"] == json!(true),
+        repo: src.repo.clone(),
+        branch: src.branch.clone(),
+        commit: src.commit.clone(),
+        dir: src.dir.clone(),
+        speculative: work.speculative,
     };
     let host = RelayHost {
         job,
@@ -713,7 +784,7 @@ async fn plan(
         Planned::Held => return Ok(()),
         Planned::Done(out) => *out,
     };
-    let max = spec["maxPlanBytes"].as_u64().unwrap_or(19 * 1024 * 1024);
+    let max = work.max_plan_bytes;
     let size = out.plan_size;
     // An oversized drift check still reports what it found; only its plan stays behind.
     let plan_not_kept = (kind == RunKind::DriftCheck && size > max).then_some(size);
@@ -740,17 +811,22 @@ async fn plan(
         }
     }
     let _ = runner.wipe_plan_file(wd);
-    let body = json!({
-        "sourceCommit": out.source.commit,
-        "treeDigest": out.source.tree_digest,
-        "toolVersion": out.tool_version,
-        "show": out.show,
-        "lockfile": out.lockfile.map(|l| B64.encode(l)),
-        "modulesDigest": out.modules_digest,
-        "toolSaysDrift": out.tool_says_drift,
-        "planNotKept": plan_not_kept,
-    });
-    match job.api.post(&job.run, &job.claim, "planned", &body).await {
+    let body = PlannedReport {
+        source_commit: out.source.commit,
+        tree_digest: out.source.tree_digest,
+        tool_version: out.tool_version,
+        show: out.show,
+        lockfile: out.lockfile.map(|l| B64.encode(l)),
+        modules_digest: out.modules_digest,
+        scan_report: None,
+        tool_says_drift: out.tool_says_drift,
+        plan_not_kept,
+    };
+    let posted = job
+        .api
+        .post::<IgnoredAny>(&job.run, &job.claim, "planned", &body)
+        .await;
+    match posted {
         Ok(_) => Ok(()),
         // The control node failed the Run with its code (a lockfile that does not read
         // back, …): nothing more to report.
@@ -765,11 +841,20 @@ async fn plan(
     }
 }
 
+/// Which apply a job is.
+enum Pinned<'a> {
+    /// The pinned apply of a delivered, reviewed plan.
+    Plan(&'a ApplyJob),
+    /// A one-step apply of the branch head.
+    OneStep(&'a OneStepJob),
+}
+
 async fn apply(
     job: &Job<'_>,
     settings: &RelaySettings,
     runner: &Runner,
-    spec: &Value,
+    spec: &RelayJob,
+    which: Pinned<'_>,
     wd: &Workdir,
 ) -> Result<(), JobFailure> {
     let tool = tool_of(spec)?;
@@ -779,18 +864,19 @@ async fn apply(
         spec,
         runner,
     };
-    let out = if spec["oneStep"] == json!(true) {
-        // No rule covers it: the branch head, `apply -auto-approve`, nothing saved.
-        let src = &spec["source"];
-        let inputs = takosumi_steps::OneStepInputs {
-            tool,
-            repo: src["repo"].as_str().unwrap_or_default().to_owned(),
-            branch: src["branch"].as_str().unwrap_or_default().to_owned(),
-            dir: src["dir"].as_str().unwrap_or_default().to_owned(),
-        };
-        takosumi_steps::one_step_apply(&host, runner, wd, &inputs).await
-    } else {
-        pinned_apply(&host, runner, spec, wd, tool).await?
+    let out = match which {
+        Pinned::OneStep(work) => {
+            // No rule covers it: the branch head, `apply -auto-approve`, nothing saved.
+            let src = &work.source;
+            let inputs = takosumi_steps::OneStepInputs {
+                tool,
+                repo: src.repo.clone(),
+                branch: src.branch.clone(),
+                dir: src.dir.clone(),
+            };
+            takosumi_steps::one_step_apply(&host, runner, wd, &inputs).await
+        }
+        Pinned::Plan(work) => pinned_apply(&host, runner, work, wd, tool).await?,
     }
     .map_err(|e| match e {
         takosumi_steps::PlanError::Runner(e) => {
@@ -805,16 +891,16 @@ async fn apply(
 async fn pinned_apply(
     host: &RelayHost<'_>,
     runner: &Runner,
-    spec: &Value,
+    work: &ApplyJob,
     wd: &Workdir,
     tool: Tool,
 ) -> Result<Result<takosumi_steps::ApplyOutput, takosumi_steps::PlanError<JobFailure>>, JobFailure>
 {
     let settings = host.settings;
     // The saved plan, sealed to this pool's delivery key; it must hash to the reviewed digest.
-    let mut plan_bytes = open(settings, spec, "plan", Purpose::Plan)?
+    let mut plan_bytes = open(settings, host.spec, "plan", Some(&work.plan), Purpose::Plan)?
         .ok_or_else(|| failure("delivery_key_unopenable", "the job carries no plan file"))?;
-    if sha256_hex(&plan_bytes) != spec["planDigest"].as_str().unwrap_or_default() {
+    if sha256_hex(&plan_bytes) != work.plan_digest {
         plan_bytes.zeroize();
         return Err(failure(
             "stale_plan",
@@ -824,17 +910,17 @@ async fn pinned_apply(
     let written = runner.write_plan_file(wd, &plan_bytes);
     plan_bytes.zeroize();
     written.map_err(internal)?;
-    let src = &spec["source"];
+    let src = &work.source;
     let inputs = takosumi_steps::ApplyInputs {
         tool,
-        repo: src["repo"].as_str().unwrap_or_default().to_owned(),
-        branch: src["branch"].as_str().unwrap_or_default().to_owned(),
-        commit: src["commit"].as_str().unwrap_or_default().to_owned(),
-        tree_digest: src["treeDigest"].as_str().unwrap_or_default().to_owned(),
-        dir: src["dir"].as_str().unwrap_or_default().to_owned(),
-        dependency_snapshot: spec["dependencySnapshot"].as_str().map(str::to_owned),
+        repo: src.repo.clone(),
+        branch: src.branch.clone(),
+        commit: src.commit.clone(),
+        tree_digest: src.tree_digest.clone(),
+        dir: src.dir.clone(),
+        dependency_snapshot: work.dependency_snapshot.clone(),
         // what a stale plan's message advises (a reconcile comes from a new check)
-        plan_kind: serde_json::from_value(spec["planKind"].clone()).unwrap_or(RunKind::Plan),
+        plan_kind: work.plan_kind,
     };
     Ok(takosumi_steps::apply(host, runner, wd, inputs).await)
 }
@@ -860,15 +946,15 @@ async fn report_applied(
         takosumi_steps::ApplyEnd::Failed { .. } => (Value::Null, None),
         takosumi_steps::ApplyEnd::OutputsUnreadable { message } => (Value::Null, Some(message)),
     };
-    let body = json!({
-        "success": out.applied.success(),
-        "exitCode": out.applied.exit_code,
-        "state": changed.map(|s| B64.encode(s)),
-        "outputs": outputs,
-        "outputsError": outputs_error,
-    });
+    let body = AppliedReport {
+        success: out.applied.success(),
+        exit_code: Some(out.applied.exit_code),
+        state: changed.map(|s| B64.encode(s)),
+        outputs,
+        outputs_error,
+    };
     job.api
-        .post(&job.run, &job.claim, "applied", &body)
+        .post::<IgnoredAny>(&job.run, &job.claim, "applied", &body)
         .await
         .map_err(|e| {
             failure(

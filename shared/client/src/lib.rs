@@ -37,11 +37,11 @@ pub use dead_letters::{
 };
 pub use pools::{CreatedPool, DeliveryKey, Pool};
 pub use records::{Cost, RunQuery};
-pub use takosumi_core::cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};
 pub use takosumi_core::{
     ActorKind, CapsuleId, Changes, RunGroupId, RunId, RunKind, RunStatus, StateVersionId, TokenId,
     WorkspaceId,
 };
+pub use takosumi_cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};
 pub(crate) use takosumi_wire::null_as_default;
 pub use takosumi_wire::{
     ActivityEntry, ActivityPage, Actor, ApprovalsView, AttributeDiff, Capsule, CapsuleList,

@@ -5,7 +5,7 @@
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use takosumi_core::cost::CostEstimate;
+use takosumi_cost::CostEstimate;
 
 use crate::{
     ActivityPage, CapsuleId, Client, ClientError, Run, RunId, RunKind, RunPage, RunStatus,

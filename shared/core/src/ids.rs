@@ -19,8 +19,8 @@ pub struct IdParseError {
 macro_rules! typed_id {
     ($(#[$doc:meta])* $name:ident, $prefix:literal, $kind:literal) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, sqlx::Type)]
-        #[sqlx(transparent)]
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[cfg_attr(feature = "sqlx", derive(sqlx::Type), sqlx(transparent))]
         pub struct $name(uuid::Uuid);
 
         impl $name {

@@ -1,11 +1,9 @@
 //! Domain types every Takosumi crate shares: prefixed typed ids, the Run kinds, statuses
 //! and lifecycle (which status may follow which), the wake-up message a queue carries,
-//! machine-readable failure codes and the error type a step returns, and the cost estimate
-//! the gate's cost check computes from a plan (`cost`, pure functions over a price
-//! catalogue). It does no I/O.
+//! machine-readable failure codes and the error type a step returns. It does no I/O. (Cost
+//! estimates are `takosumi-cost`'s.)
 #![deny(missing_docs)]
 
-pub mod cost;
 pub mod decisions;
 pub mod error;
 pub mod ids;

@@ -6,10 +6,12 @@ use serde::{Deserialize, Serialize};
 use crate::ids::RunId;
 
 /// What a Run does.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[cfg_attr(
+    feature = "sqlx",
+    derive(sqlx::Type),
+    sqlx(type_name = "run_kind", rename_all = "snake_case")
 )]
-#[sqlx(type_name = "run_kind", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum RunKind {
     /// A plan of the Capsule's configuration.
@@ -51,10 +53,12 @@ pub fn stale_plan_advice(plan_kind: RunKind) -> &'static str {
 
 /// Where a Run is. Which status may follow which is [`RunStatus::TRANSITIONS`]; terminal
 /// statuses never change again.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[cfg_attr(
+    feature = "sqlx",
+    derive(sqlx::Type),
+    sqlx(type_name = "run_status", rename_all = "snake_case")
 )]
-#[sqlx(type_name = "run_status", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     /// Accepted, waiting for its handler.
@@ -185,10 +189,12 @@ impl RunStatus {
 }
 
 /// Who started a Run.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[cfg_attr(
+    feature = "sqlx",
+    derive(sqlx::Type),
+    sqlx(type_name = "actor_kind", rename_all = "snake_case")
 )]
-#[sqlx(type_name = "actor_kind", rename_all = "snake_case")]
 #[serde(rename_all = "snake_case")]
 pub enum ActorKind {
     /// A person with an API token.

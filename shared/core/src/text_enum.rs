@@ -1,7 +1,7 @@
 //! Closed sets stored as Postgres `text` (columns that predate an enum type, with a CHECK on
 //! the names) and sent as JSON strings: one macro gives each the same shape — its list of
-//! values, its name, `Display`/`FromStr`, serde and the sqlx text encoding — so a name is
-//! written once, next to its variant.
+//! values, its name, `Display`/`FromStr`, serde and (with the `sqlx` feature) the sqlx text
+//! encoding — so a name is written once, next to its variant.
 
 /// A name that is not one of a closed set's values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +69,7 @@ macro_rules! text_enum {
             }
         }
 
+        #[cfg(feature = "sqlx")]
         impl ::sqlx::Type<::sqlx::Postgres> for $name {
             fn type_info() -> ::sqlx::postgres::PgTypeInfo {
                 <String as ::sqlx::Type<::sqlx::Postgres>>::type_info()
@@ -79,6 +80,7 @@ macro_rules! text_enum {
             }
         }
 
+        #[cfg(feature = "sqlx")]
         impl ::sqlx::Encode<'_, ::sqlx::Postgres> for $name {
             fn encode_by_ref(
                 &self,
@@ -88,6 +90,7 @@ macro_rules! text_enum {
             }
         }
 
+        #[cfg(feature = "sqlx")]
         impl ::sqlx::Decode<'_, ::sqlx::Postgres> for $name {
             fn decode(
                 value: ::sqlx::postgres::PgValueRef<'_>,

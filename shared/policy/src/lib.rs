@@ -256,7 +256,7 @@ pub struct GateInput<'a> {
     pub auto_apply: bool,
     /// The plan's cost estimate (needed for the cost check; `None` when the plan kept no
     /// resource summary, which holds an apply the cost check covers).
-    pub cost: Option<&'a takosumi_core::cost::CostEstimate>,
+    pub cost: Option<&'a takosumi_cost::CostEstimate>,
 }
 
 /// The gate's decision.
@@ -283,7 +283,7 @@ pub enum Decision {
 /// What the cost check records: the limit, the estimate's figures, every resource the
 /// catalogue could not price (left out of the figures, never guessed), and a sentence naming
 /// them for the approver.
-pub fn cost_finding(limit: f64, est: &takosumi_core::cost::CostEstimate) -> Value {
+pub fn cost_finding(limit: f64, est: &takosumi_cost::CostEstimate) -> Value {
     let unpriced: Vec<Value> = est
         .unpriced
         .iter()
@@ -595,8 +595,8 @@ deny contains msg if {
         }
     }
 
-    fn estimate(delta: f64, unpriced: &[&str]) -> takosumi_core::cost::CostEstimate {
-        use takosumi_core::cost::{Amounts, CostEstimate, UnpricedResource};
+    fn estimate(delta: f64, unpriced: &[&str]) -> takosumi_cost::CostEstimate {
+        use takosumi_cost::{Amounts, CostEstimate, UnpricedResource};
         CostEstimate {
             currency: "USD".into(),
             period: "month".into(),

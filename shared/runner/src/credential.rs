@@ -14,6 +14,9 @@ use crate::{Masker, Runner, RunnerError, Workdir};
 
 /// The most a credential command may print (a credential, not a file).
 pub const MAX_CREDENTIAL_BYTES: usize = 64 * 1024;
+/// How long a command-source credential may take, on the control node and on a relay
+/// worker alike.
+pub const CREDENTIAL_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Runner {
     /// Runs `argv` (program first; a bare name is looked up on [`TOOL_PATH`]) with only

@@ -47,7 +47,7 @@ pub const MAX_DIFF_VALUE_CHARS: usize = 1_000;
 
 /// The diff of `show -json <plan>` (see [`PlanDiff`]). `no-op` resources are left out.
 pub fn plan_diff(show_json: &Value) -> PlanDiff {
-    use takosumi_core::cost::marked_sensitive;
+    use takosumi_cost::marked_sensitive;
     let mut diff = PlanDiff {
         outputs: output_diffs(show_json),
         ..PlanDiff::default()

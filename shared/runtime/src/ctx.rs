@@ -38,7 +38,7 @@ pub struct Ctx {
     pub relay_wake: Arc<Notify>,
     /// The price catalogue the gate's cost check (`maxMonthlyIncrease`) estimates with:
     /// `TAKOSUMI_PRICING_CATALOGUE` when set, else the built-in one.
-    pub pricing: Arc<takosumi_core::cost::Catalogue>,
+    pub pricing: Arc<takosumi_cost::Catalogue>,
     /// Set by [`Ctx::streaming_logs`]: the run whose tool output is stored as it arrives.
     pub live_log: Option<Arc<crate::live_log::LiveLog>>,
 }
@@ -76,10 +76,10 @@ impl Ctx {
         objects.ensure_bucket().await?;
         let sealer = Sealer::from_base64(&settings.seal_key_id, &settings.seal_key)?;
         let pricing = match &settings.pricing_catalogue {
-            None => takosumi_core::cost::Catalogue::embedded().clone(),
+            None => takosumi_cost::Catalogue::embedded().clone(),
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| e.to_string())
-                .and_then(|t| takosumi_core::cost::Catalogue::parse(&t).map_err(|e| e.to_string()))
+                .and_then(|t| takosumi_cost::Catalogue::parse(&t).map_err(|e| e.to_string()))
                 .map_err(|e| crate::SettingsError {
                     problems: vec![format!(
                         "TAKOSUMI_PRICING_CATALOGUE ({}) is not a usable price catalogue: {e}",

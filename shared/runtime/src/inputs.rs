@@ -11,7 +11,6 @@
 //! and vanish with the run's private directory.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -29,8 +28,7 @@ use crate::step::store_err;
 /// The variables a token credential is exposed as: `TAKOSUMI_TOKEN` and, as the seed
 /// names it, `SWITCHTENDER_TOKEN` (the same value under both).
 pub const TOKEN_ENVS: [&str; 2] = ["TAKOSUMI_TOKEN", "SWITCHTENDER_TOKEN"];
-/// How long a command-source credential may take.
-pub const CREDENTIAL_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+pub use takosumi_runner::CREDENTIAL_COMMAND_TIMEOUT;
 
 /// The values of a ProviderBinding, as sealed at rest (JSON, purpose `credential`, subject
 /// = the binding id). Zeroized when dropped; `Debug` shows no value.

@@ -315,10 +315,10 @@ pub async fn commit_plan(
         Some(l) => (Some(l.digest), Some(l.key)),
     };
     let changes = count_changes(&p.show);
-    // What a cost estimate needs, without a sensitive value (see takosumi_core::cost).
-    let mut resources = serde_json::to_value(takosumi_core::cost::summarize(
+    // What a cost estimate needs, without a sensitive value (see takosumi_cost).
+    let mut resources = serde_json::to_value(takosumi_cost::summarize(
         &p.show,
-        takosumi_core::cost::Catalogue::embedded(),
+        takosumi_cost::Catalogue::embedded(),
     ))
     .map_err(StepError::internal)?;
     p.masker.add_plan_sensitive(&p.show);

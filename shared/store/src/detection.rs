@@ -389,7 +389,7 @@ pub struct DriftedCapsule {
     /// The check's change counts (`{add, change, destroy}`).
     pub changes: Option<serde_json::Value>,
     /// The check's resource-change summary from `show -json` (see
-    /// `takosumi_core::cost::PlanResources`): what the Workspace view rolls up by.
+    /// `takosumi_cost::PlanResources`): what the Workspace view rolls up by.
     pub resource_changes: Option<serde_json::Value>,
 }
 

@@ -106,7 +106,7 @@ pub async fn cancel_claimed(
     }))
 }
 
-/// Stores a plan's resource-change summary (see `takosumi_core::cost`), only while the
+/// Stores a plan's resource-change summary (see `takosumi_cost`), only while the
 /// Run is the plan step's (`planning`, this lease holder) or in the same transaction that
 /// recorded it `planned`.
 pub async fn set_resource_changes(

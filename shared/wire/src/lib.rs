@@ -1,10 +1,11 @@
 //! The wire contract: the JSON shapes that cross a process boundary between the API and
-//! its clients (the CLI, the dashboard, users' scripts), as serde types and nothing else.
-//! The API's dashboard reads its own API through these types, so a field the API renames
-//! breaks a build, not a page.
+//! its clients (the CLI, the dashboard, users' scripts, the relay worker), as serde types
+//! and nothing else. The API's dashboard reads its own API through these types, so a field
+//! the API renames breaks a build, not a page.
 //!
-//! Decoding is tolerant: fields that do not apply may be `null` or absent, and unknown
-//! fields are kept in `extra` so they can be printed as received.
+//! Decoding of the client types is tolerant: fields that do not apply may be `null` or
+//! absent, and unknown fields are kept in `extra` so they can be printed as received. The
+//! relay protocol ([`relay`]) is strict about the fields a job needs.
 
 #![deny(missing_docs)]
 
@@ -17,6 +18,7 @@ use takosumi_core::{
 };
 
 mod plan;
+pub mod relay;
 mod stream;
 mod tokens;
 

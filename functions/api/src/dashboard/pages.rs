@@ -11,8 +11,8 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
-use takosumi_core::cost::CostEstimate;
 use takosumi_core::{RunKind, RunStatus, WorkspaceId};
+use takosumi_cost::CostEstimate;
 use takosumi_evidence::{ChainHead, SignedStatement, StatementPage, verify_run_in_chain};
 use takosumi_wire::{
     ActivityPage, ApprovalsView, AttributeDiff, Capsule, CapsuleList, EventList, LogList, PlanView,

@@ -8,6 +8,7 @@
 //! is never copied, only the attribute's name is noted. A resource type or size the
 //! catalogue does not list is reported as unpriced, with the reason; a price is never
 //! guessed. Pure computation: no I/O.
+#![deny(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
