@@ -54,6 +54,7 @@ error_codes! {
     DeliveryKeyExpired => "delivery_key_expired",
     DeliveryKeyIdUsed => "delivery_key_id_used",
     DeliveryKeyUnknown => "delivery_key_unknown",
+    DeliveryKeyUnopenable => "delivery_key_unopenable",
     DependencyChanged => "dependency_changed",
     DryRunScanRefused => "dry_run_scan_refused",
     EnvNameConflict => "env_name_conflict",
@@ -128,6 +129,7 @@ error_codes! {
     PlanNotReady => "plan_not_ready",
     PlanTooLarge => "plan_too_large",
     PoolExists => "pool_exists",
+    PoolHasNoDeliveryKey => "pool_has_no_delivery_key",
     RunFinished => "run_finished",
     RunInFlight => "run_in_flight",
     RunNotEnded => "run_not_ended",
@@ -188,6 +190,8 @@ impl From<takosumi_core::FailureCode> for ErrorCode {
             F::SandboxUnavailable => Self::SandboxUnavailable,
             F::NotApplied => Self::NotApplied,
             F::AfterApplyFailed => Self::AfterApplyFailed,
+            F::PoolHasNoDeliveryKey => Self::PoolHasNoDeliveryKey,
+            F::DeliveryKeyUnopenable => Self::DeliveryKeyUnopenable,
         }
     }
 }

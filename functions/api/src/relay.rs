@@ -38,7 +38,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, Topic};
+use takosumi_core::{CapsuleId, FailureCode, RunId, RunKind, RunStatus, Topic};
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
@@ -357,11 +357,11 @@ async fn fail_unclaimed(
     st: &AppState,
     pool: &WorkerPool,
     run_id: RunId,
-    code: &'static str,
+    code: FailureCode,
     message: &str,
 ) -> Result<(), ApiError> {
     let mut tx = st.pool.begin().await?;
-    if pools::fail_with_code(&mut tx, run_id, None, code, message).await? {
+    if runs::fail(&mut tx, run_id, None, code, message).await? {
         events::append(
             &mut *tx,
             run_id,
@@ -391,7 +391,14 @@ async fn claim_once(
                 "worker pool {:?} has no delivery key, so the saved plan cannot be delivered to it and a gated apply cannot run there; register a delivery key (POST /api/v1/pools/{}/delivery-key) and propose the apply again, or run the Capsule on the control node (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}})",
                 pool.name, pool.name
             );
-            fail_unclaimed(st, pool, run_id, "pool_has_no_delivery_key", &message).await?;
+            fail_unclaimed(
+                st,
+                pool,
+                run_id,
+                FailureCode::PoolHasNoDeliveryKey,
+                &message,
+            )
+            .await?;
             continue;
         }
         if !has_plan
@@ -402,7 +409,7 @@ async fn claim_once(
                 st,
                 pool,
                 run_id,
-                "invalid_configuration",
+                FailureCode::InvalidConfiguration,
                 "an Apply Run without a plan that is not a one-step apply cannot run; submit the apply again",
             )
             .await?;
@@ -442,7 +449,7 @@ async fn claim_once(
                     st,
                     run_id,
                     &owner,
-                    "apply_failed",
+                    FailureCode::ApplyFailed,
                     "the apply could not be prepared for the relay (a storage or internal fault; nothing was applied); submit the apply again",
                 )
                 .await;
@@ -475,6 +482,15 @@ async fn claim_once(
             Err(e)
         }
     }
+}
+
+/// The failure a refused input ends its Run with: the environment's own failure code (a
+/// binding that does not open, a clashing variable); anything else [`secret_inputs`] refuses
+/// for (its Capsule gone) is the Run's configuration.
+fn refusal_code(code: ErrorCode) -> FailureCode {
+    code.as_str()
+        .parse()
+        .unwrap_or(FailureCode::InvalidConfiguration)
 }
 
 /// The secret inputs of a step: credentials, sensitive variables and command credentials,
@@ -685,14 +701,14 @@ async fn end_failed(
     st: &AppState,
     run_id: RunId,
     owner: &str,
-    code: &str,
+    code: FailureCode,
     message: &str,
 ) -> Result<bool, ApiError> {
     let run = runs::get(&st.pool, run_id)
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("Run {run_id}")))?;
     let mut tx = st.pool.begin().await?;
-    let done = pools::fail_with_code(&mut tx, run_id, Some(owner), code, message).await?;
+    let done = runs::fail(&mut tx, run_id, Some(owner), code, message).await?;
     if done {
         if run.kind == RunKind::Apply {
             capsules::release_apply(&mut tx, run.capsule_id, run_id).await?;
@@ -732,7 +748,7 @@ async fn plan_job(
             run.attempts - 1,
             pool.name
         );
-        end_failed(st, run_id, owner, "attempts_exhausted", &message).await?;
+        end_failed(st, run_id, owner, FailureCode::AttemptsExhausted, &message).await?;
         return Ok(Prepared::Failed);
     }
     let capsule = capsules::get(&st.pool, run.capsule_id)
@@ -741,7 +757,7 @@ async fn plan_job(
     let source = match st.ctx.plan_source(&run, &capsule).await {
         Ok(source) => source,
         Err(EnvError::Fail(code, message)) => {
-            end_failed(st, run_id, owner, code.as_str(), &message).await?;
+            end_failed(st, run_id, owner, code, &message).await?;
             return Ok(Prepared::Failed);
         }
         Err(EnvError::Step(e)) => return Err(internal(e)),
@@ -809,7 +825,7 @@ async fn apply_job(
             st,
             run_id,
             owner,
-            "pool_has_no_delivery_key",
+            FailureCode::PoolHasNoDeliveryKey,
             &no_key_message(pool, "the saved plan"),
         )
         .await?;
@@ -823,7 +839,7 @@ async fn apply_job(
             st,
             run_id,
             owner,
-            "invalid_configuration",
+            FailureCode::InvalidConfiguration,
             "an apply without a saved plan cannot run on a worker pool; run it on the control node",
         )
         .await?;
@@ -841,7 +857,7 @@ async fn apply_job(
         plan_run.tree_digest.clone(),
         plan_run.plan_object_key.clone(),
     ) else {
-        end_failed(st, run_id, owner, "stale_plan", "the saved plan was already used or wiped, or its record is incomplete; plan again and apply the new plan").await?;
+        end_failed(st, run_id, owner, FailureCode::StalePlan, "the saved plan was already used or wiped, or its record is incomplete; plan again and apply the new plan").await?;
         return Ok(Prepared::Failed);
     };
     // Pin 1, on the control node: the sealed plan opens under the plan Run's id and hashes
@@ -853,7 +869,7 @@ async fn apply_job(
                 st,
                 run_id,
                 owner,
-                "plan_digest_mismatch",
+                FailureCode::PlanDigestMismatch,
                 "the sealed plan file is missing from storage; plan again",
             )
             .await?;
@@ -865,12 +881,12 @@ async fn apply_job(
         .sealer
         .unseal(Purpose::Plan, &plan_run_id.to_string(), &sealed)
     else {
-        end_failed(st, run_id, owner, "plan_digest_mismatch", "the sealed plan file does not open for this plan (altered, or moved from another run); nothing was applied; plan again").await?;
+        end_failed(st, run_id, owner, FailureCode::PlanDigestMismatch, "the sealed plan file does not open for this plan (altered, or moved from another run); nothing was applied; plan again").await?;
         return Ok(Prepared::Failed);
     };
     if takosumi_store::sha256_hex(&plan_bytes) != plan_digest {
         plan_bytes.zeroize();
-        end_failed(st, run_id, owner, "plan_digest_mismatch", "the saved plan does not match the digest that was reviewed; nothing was applied; plan again").await?;
+        end_failed(st, run_id, owner, FailureCode::PlanDigestMismatch, "the saved plan does not match the digest that was reviewed; nothing was applied; plan again").await?;
         return Ok(Prepared::Failed);
     }
     let sealed_plan = seal_with(key, Purpose::Plan, run_id, &plan_bytes)?;
@@ -879,7 +895,7 @@ async fn apply_job(
     let lockfile = match st.ctx.planned_lockfile(&plan_run).await {
         Ok(found) => found.map(|(bytes, _)| B64.encode(bytes)),
         Err(LockfileError::Refused(code, message)) => {
-            end_failed(st, run_id, owner, code.as_str(), &message).await?;
+            end_failed(st, run_id, owner, code, &message).await?;
             return Ok(Prepared::Failed);
         }
         Err(LockfileError::Step(e)) => return Err(internal(e)),
@@ -887,7 +903,7 @@ async fn apply_job(
     let inputs = match secret_inputs(st, &plan_run, capsule.id).await {
         Ok(s) => s,
         Err(ApiError::Client { code, message, .. }) => {
-            end_failed(st, run_id, owner, code.as_str(), &message).await?;
+            end_failed(st, run_id, owner, refusal_code(code), &message).await?;
             return Ok(Prepared::Failed);
         }
         Err(e) => return Err(e),
@@ -945,7 +961,7 @@ async fn delivered_inputs(
     let inputs = match secret_inputs(st, run, capsule.id).await {
         Ok(s) => s,
         Err(ApiError::Client { code, message, .. }) => {
-            end_failed(st, run.id, owner, code.as_str(), &message).await?;
+            end_failed(st, run.id, owner, refusal_code(code), &message).await?;
             return Ok(None);
         }
         Err(e) => return Err(e),
@@ -961,7 +977,7 @@ async fn delivered_inputs(
             st,
             run.id,
             owner,
-            "pool_has_no_delivery_key",
+            FailureCode::PoolHasNoDeliveryKey,
             &no_key_message(pool, what),
         )
         .await?;
@@ -1180,7 +1196,7 @@ async fn plan_file(
                 "the saved plan is {size} bytes, over the {MAX_RELAY_PLAN_BYTES}-byte ({mib} MiB) limit of a plan file crossing the relay; no apply can be proposed from it. Run it on a queue the control node executes (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}}) or split the configuration"
             )
         };
-        end_failed(&st, run.id, &claim, "plan_too_large", &message).await?;
+        end_failed(&st, run.id, &claim, FailureCode::PlanTooLarge, &message).await?;
         return Err(ApiError::client(
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::PlanTooLarge,
@@ -1230,7 +1246,7 @@ fn drift_plan_not_kept(size: u64) -> String {
 async fn env_error(st: &AppState, run_id: RunId, claim: &str, e: EnvError) -> ApiError {
     match e {
         EnvError::Fail(code, message) => {
-            if let Err(e) = end_failed(st, run_id, claim, code.as_str(), &message).await {
+            if let Err(e) = end_failed(st, run_id, claim, code, &message).await {
                 return e;
             }
             ApiError::conflict(code.into(), message)
@@ -1372,23 +1388,23 @@ async fn scanned(
 }
 
 /// Failure codes a relay worker may end its Run with (the tool's and the pins').
-const WORKER_CODES: [&str; 16] = [
-    "dry_run_scan_refused",
-    "timed_out",
-    "sandbox_unavailable",
-    "checkout_failed",
-    "init_failed",
-    "plan_failed",
-    "apply_failed",
-    "source_changed",
-    "dependency_changed",
-    "lockfile_mismatch",
-    "lockfile_too_large",
-    "invalid_configuration",
-    "credential_failed",
-    "stale_plan",
-    "delivery_key_unopenable",
-    "plan_too_large",
+const WORKER_CODES: [FailureCode; 16] = [
+    FailureCode::DryRunScanRefused,
+    FailureCode::TimedOut,
+    FailureCode::SandboxUnavailable,
+    FailureCode::CheckoutFailed,
+    FailureCode::InitFailed,
+    FailureCode::PlanFailed,
+    FailureCode::ApplyFailed,
+    FailureCode::SourceChanged,
+    FailureCode::DependencyChanged,
+    FailureCode::LockfileMismatch,
+    FailureCode::LockfileTooLarge,
+    FailureCode::InvalidConfiguration,
+    FailureCode::CredentialFailed,
+    FailureCode::StalePlan,
+    FailureCode::DeliveryKeyUnopenable,
+    FailureCode::PlanTooLarge,
 ];
 
 async fn fail(
@@ -1400,10 +1416,11 @@ async fn fail(
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
     let req: FailReport = crate::routes::parse_body(&body)?;
-    let Some(code) = WORKER_CODES.iter().find(|c| **c == req.code) else {
+    let Some(code) = WORKER_CODES.into_iter().find(|c| c.as_str() == req.code) else {
+        let names: Vec<&str> = WORKER_CODES.iter().map(|c| c.as_str()).collect();
         return Err(ApiError::invalid(
             ErrorCode::InvalidCode,
-            format!("code must be one of {WORKER_CODES:?}"),
+            format!("code must be one of {names:?}"),
         ));
     };
     let message: String = req.message.chars().take(2000).collect();
@@ -1545,13 +1562,14 @@ pub(crate) async fn fail_if_pool_has_no_key(
         "worker pool {:?} has no delivery key, so the saved plan cannot be delivered to it and a gated apply cannot run there; register a delivery key (POST /api/v1/pools/{}/delivery-key) and propose the apply again, or run the Capsule on a queue the control node executes (PUT /api/v1/capsules/{capsule_id}/pool {{\"pool\": null}})",
         pool.name, pool.name
     );
-    pools::fail_with_code(tx, run_id, None, "pool_has_no_delivery_key", &message).await?;
+    let code = FailureCode::PoolHasNoDeliveryKey;
+    runs::fail(tx, run_id, None, code, &message).await?;
     events::append(
         &mut **tx,
         run_id,
         "failed",
         "system:relay",
-        json!({ "code": "pool_has_no_delivery_key", "message": message }),
+        json!({ "code": code, "message": message }),
     )
     .await?;
     Ok(true)

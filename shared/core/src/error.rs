@@ -2,108 +2,71 @@
 //! [`StepError`] when it could not, saying whether a retry can help. Failure codes that
 //! end a Run are [`FailureCode`]s, recorded on the Run for people and scripts.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
-
-/// A machine-readable reason a Run failed. The text form is stable API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureCode {
-    /// The tool refused the saved plan as stale.
-    StalePlan,
-    /// The sealed plan no longer matches the digest recorded at plan time.
-    PlanDigestMismatch,
-    /// The checked-out source differs from the plan's.
-    SourceChanged,
-    /// The module tree or provider lock differs from the plan's.
-    DependencyChanged,
-    /// The Capsule's state moved on since the plan.
-    StateGenerationChanged,
-    /// The provider lockfile differs.
-    LockfileMismatch,
-    /// The provider lockfile is over 1 MiB.
-    LockfileTooLarge,
-    /// The Run records a provider lockfile, but its stored artifact (or the reference to
-    /// it) is gone.
-    LockfileMissing,
-    /// The Run's lockfile reference points at an artifact that belongs to another Run.
-    LockfileCrossRun,
-    /// The plan file is over the relay limit.
-    PlanTooLarge,
-    /// Checking the source out failed.
-    CheckoutFailed,
-    /// `init` failed.
-    InitFailed,
-    /// `plan` failed.
-    PlanFailed,
-    /// `apply` failed.
-    ApplyFailed,
-    /// The handler gave up after its bounded attempts.
-    AttemptsExhausted,
-    /// The Run's configuration is not usable (unknown tool, bad directory).
-    InvalidConfiguration,
-    /// A pull request's plan declares a data source that acts (or cannot be read in full),
-    /// so it is refused rather than run.
-    DryRunScanRefused,
-    /// A credential of the Capsule's ProviderBindings could not be resolved (a
-    /// command-source credential failed, or a binding cannot be opened).
-    CredentialFailed,
-    /// The Capsule's current StateVersion does not open or does not hash to its recorded
-    /// digest (altered, replaced or removed in storage): nothing runs on top of it.
-    StateIntegrity,
-    /// An earlier apply of the Capsule ended `unknown_outcome` and no operator has resolved
-    /// it yet: nothing else is applied until a person has inspected the provider side and
-    /// recorded it (`POST /runs/{id}/resolve`).
-    CapsuleNeedsInspection,
-    /// A git or tool step ran past its time limit and was stopped (for an apply whose tool
-    /// had started, the Run is `unknown_outcome` instead).
-    TimedOut,
-    /// The runner sandbox could not start the Run's processes.
-    SandboxUnavailable,
-    /// A drift check of a Capsule with nothing applied to compare against (no StateVersion,
-    /// or its last apply was a destroy): it never plans the branch head instead.
-    NotApplied,
-    /// The tool applied, then a later step of the Run failed (reading its outputs): the
-    /// state it wrote is recorded and current, the Run failed after it.
-    AfterApplyFailed,
-}
-
-impl FailureCode {
-    /// The stable snake_case code.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::StalePlan => "stale_plan",
-            Self::PlanDigestMismatch => "plan_digest_mismatch",
-            Self::SourceChanged => "source_changed",
-            Self::DependencyChanged => "dependency_changed",
-            Self::StateGenerationChanged => "state_generation_changed",
-            Self::LockfileMismatch => "lockfile_mismatch",
-            Self::LockfileTooLarge => "lockfile_too_large",
-            Self::LockfileMissing => "lockfile_missing",
-            Self::LockfileCrossRun => "lockfile_cross_run",
-            Self::PlanTooLarge => "plan_too_large",
-            Self::CheckoutFailed => "checkout_failed",
-            Self::InitFailed => "init_failed",
-            Self::PlanFailed => "plan_failed",
-            Self::ApplyFailed => "apply_failed",
-            Self::AttemptsExhausted => "attempts_exhausted",
-            Self::InvalidConfiguration => "invalid_configuration",
-            Self::DryRunScanRefused => "dry_run_scan_refused",
-            Self::CredentialFailed => "credential_failed",
-            Self::StateIntegrity => "state_integrity",
-            Self::CapsuleNeedsInspection => "capsule_needs_inspection",
-            Self::TimedOut => "timed_out",
-            Self::SandboxUnavailable => "sandbox_unavailable",
-            Self::NotApplied => "not_applied",
-            Self::AfterApplyFailed => "after_apply_failed",
-        }
-    }
-}
-
-impl fmt::Display for FailureCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+crate::text_enum! {
+    /// A machine-readable reason a Run failed. The text form is stable API.
+    pub enum FailureCode("failure code") {
+        /// The tool refused the saved plan as stale.
+        StalePlan = "stale_plan",
+        /// The sealed plan no longer matches the digest recorded at plan time.
+        PlanDigestMismatch = "plan_digest_mismatch",
+        /// The checked-out source differs from the plan's.
+        SourceChanged = "source_changed",
+        /// The module tree or provider lock differs from the plan's.
+        DependencyChanged = "dependency_changed",
+        /// The Capsule's state moved on since the plan.
+        StateGenerationChanged = "state_generation_changed",
+        /// The provider lockfile differs.
+        LockfileMismatch = "lockfile_mismatch",
+        /// The provider lockfile is over 1 MiB.
+        LockfileTooLarge = "lockfile_too_large",
+        /// The Run records a provider lockfile, but its stored artifact (or the reference to
+        /// it) is gone.
+        LockfileMissing = "lockfile_missing",
+        /// The Run's lockfile reference points at an artifact that belongs to another Run.
+        LockfileCrossRun = "lockfile_cross_run",
+        /// The plan file is over the relay limit.
+        PlanTooLarge = "plan_too_large",
+        /// Checking the source out failed.
+        CheckoutFailed = "checkout_failed",
+        /// `init` failed.
+        InitFailed = "init_failed",
+        /// `plan` failed.
+        PlanFailed = "plan_failed",
+        /// `apply` failed.
+        ApplyFailed = "apply_failed",
+        /// The handler gave up after its bounded attempts.
+        AttemptsExhausted = "attempts_exhausted",
+        /// The Run's configuration is not usable (unknown tool, bad directory).
+        InvalidConfiguration = "invalid_configuration",
+        /// A pull request's plan declares a data source that acts (or cannot be read in full),
+        /// so it is refused rather than run.
+        DryRunScanRefused = "dry_run_scan_refused",
+        /// A credential of the Capsule's ProviderBindings could not be resolved (a
+        /// command-source credential failed, or a binding cannot be opened).
+        CredentialFailed = "credential_failed",
+        /// The Capsule's current StateVersion does not open or does not hash to its recorded
+        /// digest (altered, replaced or removed in storage): nothing runs on top of it.
+        StateIntegrity = "state_integrity",
+        /// An earlier apply of the Capsule ended `unknown_outcome` and no operator has resolved
+        /// it yet: nothing else is applied until a person has inspected the provider side and
+        /// recorded it (`POST /runs/{id}/resolve`).
+        CapsuleNeedsInspection = "capsule_needs_inspection",
+        /// A git or tool step ran past its time limit and was stopped (for an apply whose tool
+        /// had started, the Run is `unknown_outcome` instead).
+        TimedOut = "timed_out",
+        /// The runner sandbox could not start the Run's processes.
+        SandboxUnavailable = "sandbox_unavailable",
+        /// A drift check of a Capsule with nothing applied to compare against (no StateVersion,
+        /// or its last apply was a destroy): it never plans the branch head instead.
+        NotApplied = "not_applied",
+        /// The tool applied, then a later step of the Run failed (reading its outputs): the
+        /// state it wrote is recorded and current, the Run failed after it.
+        AfterApplyFailed = "after_apply_failed",
+        /// A gated apply's Capsule runs on a worker pool that has no delivery key, so its
+        /// saved plan cannot be delivered there.
+        PoolHasNoDeliveryKey = "pool_has_no_delivery_key",
+        /// A relay worker could not open what was sealed to its delivery key.
+        DeliveryKeyUnopenable = "delivery_key_unopenable",
     }
 }
 

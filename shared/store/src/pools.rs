@@ -261,34 +261,6 @@ pub async fn released_applies<'e, E: sqlx::PgExecutor<'e>>(
         .collect())
 }
 
-/// Ends a Run `failed` with a pool-specific `code` (text: these codes are the relay's,
-/// e.g. `pool_has_no_delivery_key`). With `owner`, only the lease holder may; without,
-/// only a Run no step holds.
-pub async fn fail_with_code(
-    tx: &mut Tx,
-    id: RunId,
-    owner: Option<&str>,
-    code: &str,
-    message: &str,
-) -> Result<bool, StoreError> {
-    // Without an owner: a Run no step holds; with one: the lease holder's running Run.
-    crate::transitions!(Queued => Failed, Held => Failed, Planning => Failed, Applying => Failed);
-    let done = sqlx::query!(
-        "UPDATE runs SET status = 'failed', error_code = $3, error_message = $4,
-                lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
-          WHERE id = $1
-            AND CASE WHEN $2::text IS NULL THEN status IN ('queued', 'held')
-                     ELSE status IN ('planning', 'applying') AND lease_owner = $2 END",
-        id.as_uuid(),
-        owner,
-        code,
-        message
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
 /// The lease owner of a Run, if a step holds it.
 pub async fn lease_owner<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
