@@ -38,7 +38,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, FailureCode, RunId, RunKind, RunStatus, Topic};
+use takosumi_core::{CapsuleId, FailureCode, RunId, RunKind, RunStatus};
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
@@ -54,7 +54,7 @@ use takosumi_seal::Purpose;
 use takosumi_seal::delivery::DeliveryPublicKey;
 use takosumi_store::pools::{self, WorkerPool};
 use takosumi_store::runs::{self, ApplyClaim};
-use takosumi_store::{bindings, capsules, events, outbox, state_versions};
+use takosumi_store::{bindings, capsules, events, state_versions};
 use takosumi_wire::UsedBinding;
 use takosumi_wire::relay::{
     AppliedReport, ApplyJob, BranchSource, ClaimAnswer, ClaimRequest, CommandCredential,
@@ -711,10 +711,7 @@ async fn end_failed(
     let done = runs::fail(&mut tx, run_id, Some(owner), code, message).await?;
     if done {
         if run.kind == RunKind::Apply {
-            capsules::release_apply(&mut tx, run.capsule_id, run_id).await?;
-            if let Some(next) = runs::next_waiting_apply(&mut tx, run.capsule_id).await? {
-                outbox::enqueue(&mut tx, Topic::Apply, next).await?;
-            }
+            runs::release_capsule_and_wake_next(&mut tx, run.capsule_id, run_id).await?;
         }
         events::append(
             &mut *tx,
@@ -1593,10 +1590,7 @@ async fn canceled(
         ));
     };
     if run.kind == RunKind::Apply {
-        capsules::release_apply(&mut tx, run.capsule_id, run.id).await?;
-        if let Some(next) = runs::next_waiting_apply(&mut tx, run.capsule_id).await? {
-            outbox::enqueue(&mut tx, Topic::Apply, next).await?;
-        }
+        runs::release_capsule_and_wake_next(&mut tx, run.capsule_id, run.id).await?;
     }
     let actor = format!("handler:{claim}");
     events::append(

@@ -82,29 +82,13 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 // The apply continues its plan's trace.
                 traceparent: None,
             };
-            let apply_id = runs::insert(&mut tx, &new).await.map_err(store_err)?;
-            events::append(
-                &mut *tx,
-                apply_id,
-                "queued",
-                &actor,
-                json!({ "kind": "apply", "planRunId": run_id, "autoApplyRequested": true }),
-            )
-            .await
-            .map_err(store_err)?;
-            activity::append(
-                &mut *tx,
-                run.workspace_id,
-                "run_started",
-                &apply_id.to_string(),
-                &actor,
-                json!({ "kind": "apply", "planRunId": run_id, "autoApply": true }),
-            )
-            .await
-            .map_err(store_err)?;
-            outbox::enqueue(&mut tx, Topic::Gate, apply_id)
-                .await
-                .map_err(store_err)?;
+            let start = runs::Start {
+                actor: &actor,
+                event: json!({ "kind": "apply", "planRunId": run_id, "autoApplyRequested": true }),
+                activity: json!({ "kind": "apply", "planRunId": run_id, "autoApply": true }),
+                wake: Some(Topic::Gate),
+            };
+            runs::start(&mut tx, &new, start).await.map_err(store_err)?;
         }
         tx.commit().await.map_err(|e| store_err(e.into()))?;
         ctx.relay_wake.notify_one();

@@ -111,7 +111,7 @@ pub(crate) async fn propose_apply(
     run: &runs::Run,
     actor: &str,
 ) -> Result<Outcome, StepError> {
-    use takosumi_store::{activity, apply_modes};
+    use takosumi_store::apply_modes;
     let run_id = run.id;
     let (require_approval, _, _, _) = gates::gate_fields(&ctx.pool, run_id)
         .await
@@ -152,34 +152,18 @@ pub(crate) async fn propose_apply(
             // The apply continues its plan's trace.
             traceparent: None,
         };
-        let apply_id = runs::insert(&mut tx, &new).await.map_err(store_err)?;
+        let start = runs::Start {
+            actor,
+            event: json!({ "kind": "apply", "planRunId": run_id, "planDigest": run.plan_digest, "proposedBy": "apply_submission" }),
+            activity: json!({ "kind": "apply", "planRunId": run_id }),
+            wake: Some(Topic::Gate),
+        };
+        let apply_id = runs::start(&mut tx, &new, start).await.map_err(store_err)?;
         if require_approval {
             gates::set_require_approval(&mut tx, apply_id)
                 .await
                 .map_err(store_err)?;
         }
-        events::append(
-            &mut *tx,
-            apply_id,
-            "queued",
-            actor,
-            json!({ "kind": "apply", "planRunId": run_id, "planDigest": run.plan_digest, "proposedBy": "apply_submission" }),
-        )
-        .await
-        .map_err(store_err)?;
-        activity::append(
-            &mut *tx,
-            run.workspace_id,
-            "run_started",
-            &apply_id.to_string(),
-            actor,
-            json!({ "kind": "apply", "planRunId": run_id }),
-        )
-        .await
-        .map_err(store_err)?;
-        outbox::enqueue(&mut tx, Topic::Gate, apply_id)
-            .await
-            .map_err(store_err)?;
     }
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();

@@ -8,8 +8,8 @@
 //! and holds it in Postgres when storage refuses; see `functions/apply`).
 
 use serde_json::{Value, json};
-use takosumi_core::{CapsuleId, FailureCode, RunId, StepError, Topic};
-use takosumi_store::{capsules, events, outbox, runs, state_versions};
+use takosumi_core::{CapsuleId, FailureCode, RunId, StepError};
+use takosumi_store::{capsules, events, runs, state_versions};
 
 use crate::Ctx;
 use crate::step::store_err;
@@ -182,14 +182,9 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             fail_after_tool(&mut tx, c.owner, run_id, sv_id, code, message, data).await?;
         }
     }
-    if let Some(next) = runs::next_waiting_apply(&mut tx, c.capsule_id)
+    runs::wake_next_apply(&mut tx, c.capsule_id)
         .await
-        .map_err(store_err)?
-    {
-        outbox::enqueue(&mut tx, Topic::Apply, next)
-            .await
-            .map_err(store_err)?;
-    }
+        .map_err(store_err)?;
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();
     Ok(new_generation)

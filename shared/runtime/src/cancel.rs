@@ -3,8 +3,8 @@
 //! when, an event and an activity entry. An apply also lets go of its Capsule and wakes
 //! the next waiting apply, exactly as a failed apply does.
 
-use takosumi_core::{CapsuleId, Outcome, RunId, StepError, Topic, WorkspaceId};
-use takosumi_store::{Tx, activity, events, outbox, records, runs};
+use takosumi_core::{CapsuleId, Outcome, RunId, StepError, WorkspaceId};
+use takosumi_store::{Tx, activity, events, records, runs};
 use tokio_util::sync::CancellationToken;
 
 use crate::Ctx;
@@ -71,17 +71,9 @@ pub async fn cancel_claimed_in(
         return Ok(false);
     };
     if let Some(capsule_id) = capsule_for_apply {
-        takosumi_store::capsules::release_apply(tx, capsule_id, run_id)
+        runs::release_capsule_and_wake_next(tx, capsule_id, run_id)
             .await
             .map_err(store_err)?;
-        if let Some(next) = runs::next_waiting_apply(tx, capsule_id)
-            .await
-            .map_err(store_err)?
-        {
-            outbox::enqueue(tx, Topic::Apply, next)
-                .await
-                .map_err(store_err)?;
-        }
     }
     let actor = format!("handler:{owner}");
     let mut data = serde_json::json!({ "canceledBy": canceled.by, "whileRunning": true });

@@ -176,17 +176,9 @@ impl Ctx {
             ));
         }
         if let Some(capsule_id) = capsule_for_apply {
-            takosumi_store::capsules::release_apply(&mut tx, capsule_id, run_id)
+            runs::release_capsule_and_wake_next(&mut tx, capsule_id, run_id)
                 .await
                 .map_err(store_err)?;
-            if let Some(next) = runs::next_waiting_apply(&mut tx, capsule_id)
-                .await
-                .map_err(store_err)?
-            {
-                takosumi_store::outbox::enqueue(&mut tx, takosumi_core::Topic::Apply, next)
-                    .await
-                    .map_err(store_err)?;
-            }
         }
         let actor = format!("handler:{}", self.owner);
         events::append(

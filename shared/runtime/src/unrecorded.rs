@@ -17,11 +17,11 @@
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
-use takosumi_core::{CapsuleId, Outcome, RunId, StateVersionId, StepError, Topic};
+use takosumi_core::{CapsuleId, Outcome, RunId, StateVersionId, StepError};
 use takosumi_objects::ObjectError;
 use takosumi_seal::Purpose;
 use takosumi_store::unrecorded::{self, HeldState};
-use takosumi_store::{StoreError, events, outbox, runs, state_versions};
+use takosumi_store::{StoreError, events, runs, state_versions};
 
 use crate::Ctx;
 use crate::step::{state_key, store_err};
@@ -177,9 +177,7 @@ pub async fn end_unknown_outcome(
             serde_json::json!({ "message": message, "toolStarted": true, "heldStateVersionIds": held }),
         )
         .await?;
-        if let Some(next) = runs::next_waiting_apply(&mut tx, capsule_id).await? {
-            outbox::enqueue(&mut tx, Topic::Apply, next).await?;
-        }
+        runs::wake_next_apply(&mut tx, capsule_id).await?;
         tx.commit().await?;
         Ok::<bool, StoreError>(true)
     };

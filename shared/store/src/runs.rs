@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 use takosumi_core::{
     ActorKind, ApplyMode, CapsuleId, Changes, FailureCode, GateDecision, ProviderLockState,
-    RunGroupId, RunId, RunKind, RunStatus, StateVersionId, WorkspaceId,
+    RunGroupId, RunId, RunKind, RunStatus, StateVersionId, Topic, WorkspaceId,
 };
 
 use crate::{StoreError, Tx};
@@ -189,8 +189,43 @@ pub struct NewRun {
     pub traceparent: Option<String>,
 }
 
+/// What a new Run's start records beside its row: who started it, what its `queued` event
+/// and the Workspace's `run_started` activity say, and the queue that wakes it.
+#[derive(Debug)]
+pub struct Start<'a> {
+    /// Who started it, as events and activity name an actor (`token:…`, `handler:…`).
+    pub actor: &'a str,
+    /// The `queued` event's data.
+    pub event: serde_json::Value,
+    /// The `run_started` activity's data.
+    pub activity: serde_json::Value,
+    /// The wake-up; `None` when the caller holds the Run instead (an agent's Run).
+    pub wake: Option<Topic>,
+}
+
+/// Starts a Run: the row ([`insert`]), its `queued` event, the Workspace's `run_started`
+/// activity and its wake-up, all in the caller's transaction. The one way a Run is created
+/// (the sweep's bulk drift checks write the same four in one statement per batch).
+pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId, StoreError> {
+    let id = insert(tx, new).await?;
+    crate::events::append(&mut **tx, id, "queued", start.actor, start.event).await?;
+    crate::activity::append(
+        &mut **tx,
+        new.workspace_id,
+        "run_started",
+        &id.to_string(),
+        start.actor,
+        start.activity,
+    )
+    .await?;
+    if let Some(topic) = start.wake {
+        crate::outbox::enqueue(tx, topic, id).await?;
+    }
+    Ok(id)
+}
+
 /// Inserts a queued Run. An Apply Run copies its plan's pins so the record shows what it
-/// is bound to from the start.
+/// is bound to from the start. Callers start Runs with [`start`].
 pub async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
     // The row takes the column's default status, which is where the lifecycle starts.
     const _: () = assert!(matches!(RunStatus::INITIAL, RunStatus::Queued));
@@ -596,8 +631,29 @@ pub async fn clear_plan_object(tx: &mut Tx, id: RunId) -> Result<(), StoreError>
     Ok(())
 }
 
+/// Wakes the oldest released Apply Run still waiting for the Capsule (a wake-up in the
+/// caller's transaction), if there is one: what follows every end of an apply that held it.
+pub async fn wake_next_apply(tx: &mut Tx, capsule_id: CapsuleId) -> Result<(), StoreError> {
+    if let Some(next) = next_waiting_apply(tx, capsule_id).await? {
+        crate::outbox::enqueue(tx, Topic::Apply, next).await?;
+    }
+    Ok(())
+}
+
+/// An apply that held the Capsule ended without a new StateVersion: lets go of the Capsule
+/// (only if this apply holds it) and wakes the next apply waiting for it, in the caller's
+/// transaction.
+pub async fn release_capsule_and_wake_next(
+    tx: &mut Tx,
+    capsule_id: CapsuleId,
+    run_id: RunId,
+) -> Result<(), StoreError> {
+    crate::capsules::release_apply(tx, capsule_id, run_id).await?;
+    wake_next_apply(tx, capsule_id).await
+}
+
 /// The oldest released Apply Run of a Capsule still waiting for it.
-pub async fn next_waiting_apply(
+async fn next_waiting_apply(
     tx: &mut Tx,
     capsule_id: CapsuleId,
 ) -> Result<Option<RunId>, StoreError> {
