@@ -251,13 +251,16 @@ async fn workload(
     let client = &stack.client;
     // A drift check needs an applied state to check against.
     let mut ever_applied = false;
-    // Past `rounds`, rounds go on (up to three times as many) until `extend_until` is set:
-    // the kill loop sets it once its kills meet what the test asserts (the minimum, every
-    // aim landed), so a fast machine cannot end the workload before the kills do.
+    // Past `rounds`, rounds go on (for up to ten minutes of workload) until `extend_until`
+    // is set: the kill loop sets it once its kills meet what the test asserts (the
+    // minimum, every aim landed), so a fast machine cannot end the workload before the
+    // kills do. A cap in rounds did: a faster pipeline spent them before 25 kills landed.
+    let extend_deadline = Instant::now() + Duration::from_secs(600);
     let more = |round: usize| {
         round < rounds
-            || extend_until
-                .is_some_and(|enough| !enough.load(Ordering::SeqCst) && round < rounds * 3)
+            || extend_until.is_some_and(|enough| {
+                !enough.load(Ordering::SeqCst) && Instant::now() < extend_deadline
+            })
     };
     for round in (0..).take_while(|r| more(*r)) {
         repo.commit(
