@@ -56,23 +56,24 @@ pub fn runner_err(e: RunnerError) -> StepError {
     }
 }
 
-/// [`runs::hand_back`] with its `requeued` event; a failure is logged (the reaper takes the
-/// Run back when the lease runs out). The control node's handlers and the relay endpoint
-/// both hand back through it.
+/// [`runs::hand_back`] (the row and its `requeued` event in one transaction); a failure
+/// is logged (the reaper takes the Run back when the lease runs out). The control node's
+/// handlers and the relay endpoint both hand back through it.
 pub async fn hand_back(pool: &takosumi_store::Pool, run_id: RunId, owner: &str) {
-    match runs::hand_back(pool, run_id, owner).await {
-        Ok(true) => {
-            let data = serde_json::json!({ "reason": "transient fault; the step is retried" });
-            if let Err(e) =
-                events::append(pool, run_id, "requeued", &format!("handler:{owner}"), data).await
-            {
-                tracing::warn!(%run_id, error = %e, "could not record event");
-            }
-        }
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(%run_id, error = %e, "could not hand the run back; the reaper will")
-        }
+    let handed = async {
+        let mut tx = pool.begin().await?;
+        let done = runs::hand_back(
+            &mut tx,
+            run_id,
+            owner,
+            "transient fault; the step is retried",
+        )
+        .await?;
+        tx.commit().await?;
+        Ok::<bool, takosumi_store::StoreError>(done)
+    };
+    if let Err(e) = handed.await {
+        tracing::warn!(%run_id, error = %e, "could not hand the run back; the reaper will");
     }
 }
 

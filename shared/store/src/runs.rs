@@ -341,12 +341,15 @@ pub async fn claim(
 }
 
 /// Hands a planning Run `owner` holds back to the queue after a transient fault (or a job
-/// that could not be prepared): the hand-back is counted (`handbacks`), so it does not use
-/// up the Run's attempts, which bound handlers that vanished. `false`: not `owner`'s.
-pub async fn hand_back<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
+/// that could not be prepared), with its `requeued` event, in the caller's transaction: the
+/// hand-back is counted (`handbacks`), so it does not use up the Run's attempts, which bound
+/// handlers that vanished. The wake-up is the caller's (its message goes back to the
+/// queue, or the relay worker asks again). `false`: not `owner`'s, nothing written.
+pub async fn hand_back(
+    tx: &mut Tx,
     id: RunId,
     owner: &str,
+    reason: &str,
 ) -> Result<bool, StoreError> {
     crate::transitions!(Planning => Queued);
     let done = sqlx::query!(
@@ -356,9 +359,20 @@ pub async fn hand_back<'e, E: sqlx::PgExecutor<'e>>(
         id.as_uuid(),
         owner
     )
-    .execute(executor)
+    .execute(&mut **tx)
     .await?;
-    Ok(done.rows_affected() == 1)
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    crate::events::append(
+        &mut **tx,
+        id,
+        "requeued",
+        &format!("handler:{owner}"),
+        serde_json::json!({ "reason": reason }),
+    )
+    .await?;
+    Ok(true)
 }
 
 /// Records which sandbox executes the Run, while `owner` holds its claim (on the control
