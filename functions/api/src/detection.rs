@@ -26,11 +26,11 @@ use takosumi_core::{
     ActorKind, CapsuleId, Role, RunGroupId, RunId, RunKind, RunStatus, Topic, WorkspaceId,
 };
 use takosumi_seal::Purpose;
-use takosumi_store::{Tx, activity, capsules, detection, events, outbox, runs, workspaces};
+use takosumi_store::{Tx, activity, capsules, detection, events, outbox, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState, views};
+use crate::{ApiError, AppState, extract, views};
 
 pub fn api() -> Api {
     Api::new()
@@ -161,36 +161,6 @@ pub fn api() -> Api {
         )
 }
 
-fn bad_id(e: takosumi_core::IdParseError) -> ApiError {
-    ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-}
-
-async fn load_workspace(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<WorkspaceId, ApiError> {
-    let ws: WorkspaceId = raw.parse().map_err(bad_id)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
-    Ok(ws)
-}
-
-async fn load_capsule(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<capsules::Capsule, ApiError> {
-    let id: CapsuleId = raw.parse().map_err(bad_id)?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
-    caller.require(Action::Read, Some(capsule.workspace_id))?;
-    Ok(capsule)
-}
-
 /// What a new Run is, for [`create_run`].
 struct Start<'a> {
     kind: RunKind,
@@ -282,8 +252,7 @@ async fn create_webhook_secret(
     caller: Caller,
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
-    caller.require(Action::Administer, Some(ws))?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Administer).await?;
     let secret = format!("whsec_{}", crate::new_token().trim_start_matches("tks_"));
     let sealed = st
         .sealer
@@ -705,8 +674,7 @@ async fn capsule_settings(
     Path(cap): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
-    caller.require(Action::Operate, Some(capsule.workspace_id))?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Operate).await?;
     let req: CapsuleSettings = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
     if let Some(secs) = req.drift_interval_secs {
@@ -752,8 +720,7 @@ async fn workspace_settings(
     Path(ws): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
-    caller.require(Action::Administer, Some(ws))?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Administer).await?;
     let req: WorkspaceSettings = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
     let mut tx = st.pool.begin().await?;
@@ -783,8 +750,7 @@ async fn capsule_drift_check(
     caller: Caller,
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
-    caller.require(Action::Submit, Some(capsule.workspace_id))?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Submit).await?;
     // Reality is compared with what was applied; a Capsule never applied (or destroyed)
     // has nothing to drift from, and planning its branch instead would report changes
     // nobody applied.
@@ -875,7 +841,7 @@ async fn workspace_drift_check(
     caller: Caller,
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     start_group(&st, &caller, ws, RunKind::DriftCheck, false).await
 }
 
@@ -892,7 +858,7 @@ async fn plan_update(
     Path(ws): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let req: PlanUpdate = if body.iter().all(u8::is_ascii_whitespace) {
         PlanUpdate::default()
     } else {
@@ -912,7 +878,7 @@ async fn workspace_drift(
     caller: Caller,
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let drifted = detection::drifted_capsules(&st.pool, ws).await?;
     let mut rows: Vec<(Value, Vec<Value>)> = Vec::new();
     for d in drifted {
@@ -968,26 +934,13 @@ async fn get_group(
     caller: Caller,
     Path(rg): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let group = load_group(&st, &caller, &rg).await?;
+    let group = extract::run_group(&st, &caller, &rg, Action::Read).await?;
     let ids = detection::group_runs(&st.pool, group.id).await?;
     let runs = runs::get_many(&st.pool, &ids).await?;
     let items: Vec<views::RunView<'_>> = runs.iter().map(views::RunView::of).collect();
     Ok(Json(
         json!({ "id": group.id, "workspaceId": group.workspace_id, "kind": group.kind, "createdBy": group.created_by, "createdAt": group.created_at, "runs": items }),
     ))
-}
-
-async fn load_group(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<detection::RunGroup, ApiError> {
-    let id: RunGroupId = raw.parse().map_err(bad_id)?;
-    let group = detection::group(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("RunGroup {id}")))?;
-    caller.require(Action::Read, Some(group.workspace_id))?;
-    Ok(group)
 }
 
 /// Approves every held Run of the group, each with its own approval record (bound to
@@ -997,7 +950,7 @@ async fn approve_group(
     caller: Caller,
     Path(rg): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let group = load_group(&st, &caller, &rg).await?;
+    let group = extract::run_group(&st, &caller, &rg, Action::Read).await?;
     let mut results = Vec::new();
     for id in detection::group_runs(&st.pool, group.id).await? {
         let Some(run) = runs::get(&st.pool, id).await? else {
@@ -1024,8 +977,7 @@ async fn apply_group(
     caller: Caller,
     Path(rg): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let group = load_group(&st, &caller, &rg).await?;
-    caller.require(Action::Submit, Some(group.workspace_id))?;
+    let group = extract::run_group(&st, &caller, &rg, Action::Submit).await?;
     let mut results = Vec::new();
     for id in detection::group_runs(&st.pool, group.id).await? {
         let Some(run) = runs::get(&st.pool, id).await? else {

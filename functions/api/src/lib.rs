@@ -15,6 +15,7 @@ mod dead_letters;
 mod detection;
 mod error;
 mod evidence;
+mod extract;
 mod gates;
 mod listing;
 mod observe;

@@ -17,13 +17,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{ApplyMode, CapsuleId, Role, RunKind, Topic};
+use takosumi_core::{ApplyMode, Role, RunKind, Topic};
 use takosumi_policy::RuleSet;
 use takosumi_store::{activity, apply_modes, capsules, events, gates, outbox, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, extract};
 
 pub fn api() -> Api {
     Api::new()
@@ -75,21 +75,14 @@ async fn apply_capsule(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id: CapsuleId = cap.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
-    caller.require(Action::Read, Some(capsule.workspace_id))?;
-    caller.require(Action::Submit, Some(capsule.workspace_id))?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Submit).await?;
     let req: ApplyCapsule = if body.iter().all(u8::is_ascii_whitespace) {
         ApplyCapsule::default()
     } else {
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
     };
-    let key = crate::routes::idempotency_key(&headers)?;
+    let key = extract::idempotency_key(&headers)?;
     if let Some(run) = replay(&st, &capsule, key.as_deref()).await? {
         return Ok((StatusCode::ACCEPTED, crate::views::run_json(&run)));
     }

@@ -9,15 +9,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use takosumi_core::{ActorKind, CapsuleId, Role, RunId, RunKind, RunStatus, Topic, WorkspaceId};
+use takosumi_core::{ActorKind, Role, RunKind, RunStatus, Topic, WorkspaceId};
 use takosumi_runner::{Runner, Tool};
 use takosumi_store::{activity, capsules, events, outbox, runs, workspaces};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState, views};
+use crate::{ApiError, AppState, extract, views};
 
 pub fn api() -> Api {
     Api::new()
@@ -167,55 +166,6 @@ pub fn router() -> Router<AppState> {
         .layer(axum::middleware::from_fn(crate::observe::trace))
 }
 
-pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::invalid_json(
-            "the request body is empty; send a JSON object",
-        ));
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
-}
-
-pub(crate) fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
-    raw: &str,
-) -> Result<T, ApiError> {
-    raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })
-}
-
-pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else {
-        return Ok(None);
-    };
-    let key = v.to_str().map_err(|_| {
-        ApiError::invalid(
-            ErrorCode::InvalidIdempotencyKey,
-            "Idempotency-Key must be printable text",
-        )
-    })?;
-    if key.is_empty() || key.len() > 200 {
-        return Err(ApiError::invalid(
-            ErrorCode::InvalidIdempotencyKey,
-            "Idempotency-Key must be 1 to 200 characters",
-        ));
-    }
-    Ok(Some(key.to_owned()))
-}
-
-pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-}
-
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewWorkspace {
@@ -255,8 +205,8 @@ async fn create_workspace(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     caller.require(Action::Administer, None)?;
-    let req: NewWorkspace = parse_body(&body)?;
-    if !valid_name(&req.name) {
+    let req: NewWorkspace = extract::parse_body(&body)?;
+    if !extract::valid_name(&req.name) {
         return Err(ApiError::invalid(
             ErrorCode::InvalidName,
             "a Workspace name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
@@ -320,14 +270,9 @@ async fn create_capsule(
     Path(ws): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws: WorkspaceId = parse_id(&ws)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
-    caller.require(Action::Operate, Some(ws))?;
-    let req: NewCapsule = parse_body(&body)?;
-    if !valid_name(&req.name) {
+    let ws = extract::workspace(&st, &caller, &ws, Action::Operate).await?;
+    let req: NewCapsule = extract::parse_body(&body)?;
+    if !extract::valid_name(&req.name) {
         return Err(ApiError::invalid(
             ErrorCode::InvalidName,
             "a Capsule name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
@@ -410,38 +355,12 @@ async fn create_capsule(
     ))
 }
 
-async fn load_capsule(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<capsules::Capsule, ApiError> {
-    let id: CapsuleId = parse_id(raw)?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
-    caller.require(Action::Read, Some(capsule.workspace_id))?;
-    Ok(capsule)
-}
-
-pub(crate) async fn load_run(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<runs::Run, ApiError> {
-    let id: RunId = parse_id(raw)?;
-    let run = runs::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
-    caller.require(Action::Read, Some(run.workspace_id))?;
-    Ok(run)
-}
-
 async fn get_capsule(
     State(st): State<AppState>,
     caller: Caller,
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Read).await?;
     let mut body = views::capsule(
         &capsule,
         caller.may(Action::Operate, Some(capsule.workspace_id)),
@@ -526,9 +445,8 @@ async fn submit_plan(
     kind: RunKind,
     inputs: crate::bindings::PlanInputs,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
-    caller.require(Action::Submit, Some(capsule.workspace_id))?;
-    let key = idempotency_key(&headers)?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Submit).await?;
+    let key = extract::idempotency_key(&headers)?;
     let vars = inputs.effective_vars(&capsule)?;
     if inputs.auto_apply_requested {
         // The seed: "when a user starts an install … the Run records autoApplyRequested".
@@ -641,13 +559,12 @@ async fn apply_run(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let plan = load_run(&st, &caller, &run).await?;
-    caller.require(Action::Submit, Some(plan.workspace_id))?;
-    let key = idempotency_key(&headers)?;
+    let plan = extract::run(&st, &caller, &run, Action::Submit).await?;
+    let key = extract::idempotency_key(&headers)?;
     let options: ApplyOptions = if body.iter().all(u8::is_ascii_whitespace) {
         ApplyOptions::default()
     } else {
-        parse_body(&body)?
+        extract::parse_body(&body)?
     };
     let run = propose_apply(&st, &caller, &plan, key, options.require_approval).await?;
     Ok((StatusCode::ACCEPTED, views::run_json(&run)))
@@ -820,7 +737,7 @@ async fn get_run(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     Ok(crate::views::run_json(&run))
 }
 
@@ -829,7 +746,7 @@ async fn run_events(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     let list = events::list(&st.pool, run.id).await?;
     let items: Vec<Value> = list
         .iter()
@@ -845,7 +762,7 @@ async fn run_logs(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     let logs = takosumi_store::logs::read(&st.pool, run.id).await?;
     let items: Vec<Value> = logs
         .iter()
