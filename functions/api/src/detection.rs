@@ -22,15 +22,13 @@ use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Sha256;
-use takosumi_core::{
-    ActorKind, CapsuleId, Role, RunGroupId, RunId, RunKind, RunStatus, Topic, WorkspaceId,
-};
+use takosumi_core::{ActorKind, CapsuleId, RunKind, RunStatus, WorkspaceId};
 use takosumi_seal::Purpose;
-use takosumi_store::{Tx, activity, capsules, detection, events, outbox, runs};
+use takosumi_store::{Tx, activity, capsules, detection, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState, extract, views};
+use crate::{ApiError, AppState, extract, proposals, views};
 
 pub fn api() -> Api {
     Api::new()
@@ -159,90 +157,6 @@ pub fn api() -> Api {
             )
             .ok_object(202, "The Apply Runs, and what was not proposed with why."),
         )
-}
-
-/// What a new Run is, for [`create_run`].
-struct Start<'a> {
-    kind: RunKind,
-    capsule: &'a capsules::Capsule,
-    group: Option<RunGroupId>,
-    actor_kind: ActorKind,
-    actor_id: String,
-    actor: String,
-    auto_apply: bool,
-    /// The agent whose Run this is, when it must be held before anything plans: planning
-    /// runs provider code with the server's credentials, so a person looks first.
-    hold_for: Option<&'a Caller>,
-}
-
-/// Inserts a queued Run with its `queued` event, its activity line and its wake-up — or,
-/// for an agent's Run, holds it for a person instead of waking a step.
-async fn create_run(tx: &mut Tx, s: &Start<'_>) -> Result<RunId, ApiError> {
-    let new = runs::NewRun {
-        kind: s.kind,
-        workspace_id: s.capsule.workspace_id,
-        capsule_id: s.capsule.id,
-        run_group_id: s.group,
-        plan_run_id: None,
-        actor_kind: s.actor_kind,
-        actor_id: s.actor_id.clone(),
-        auto_apply_requested: s.auto_apply,
-        idempotency_key: None,
-        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
-    };
-    let id = runs::insert(tx, &new).await?;
-    events::append(
-        &mut **tx,
-        id,
-        "queued",
-        &s.actor,
-        json!({ "kind": s.kind, "runGroupId": s.group, "autoApplyRequested": s.auto_apply }),
-    )
-    .await?;
-    activity::append(
-        &mut **tx,
-        s.capsule.workspace_id,
-        "run_started",
-        &id.to_string(),
-        &s.actor,
-        json!({ "kind": s.kind, "capsuleId": s.capsule.id }),
-    )
-    .await?;
-    if let Some(agent) = s.hold_for {
-        crate::gates::hold_agent_plan(tx, id, agent).await?;
-        return Ok(id);
-    }
-    let topic = if s.kind == RunKind::DriftCheck {
-        Topic::Drift
-    } else {
-        Topic::Plan
-    };
-    outbox::enqueue(tx, topic, id).await?;
-    Ok(id)
-}
-
-/// The caller, when it is an agent the rules do not exempt for this Capsule: its Runs are
-/// held before anything plans, as `submit_plan` holds an agent's plan.
-async fn agent_to_hold<'a>(
-    st: &AppState,
-    caller: &'a Caller,
-    capsule: &capsules::Capsule,
-) -> Result<Option<&'a Caller>, ApiError> {
-    if caller.0.role == Role::Agent
-        && !crate::gates::agent_exempt(st, capsule, &caller.0.name).await?
-    {
-        Ok(Some(caller))
-    } else {
-        Ok(None)
-    }
-}
-
-fn actor_kind(caller: &Caller) -> ActorKind {
-    if caller.0.role == Role::Agent {
-        ActorKind::Agent
-    } else {
-        ActorKind::User
-    }
 }
 
 // ---- webhooks -------------------------------------------------------------------------
@@ -522,9 +436,9 @@ async fn push(
             continue;
         };
         let on_behalf = t.auto_update_by.clone().unwrap_or_default();
-        let id = create_run(
+        let id = proposals::start_run(
             &mut tx,
-            &Start {
+            &proposals::RunStart {
                 kind: RunKind::Plan,
                 capsule: &capsule,
                 group: None,
@@ -607,9 +521,9 @@ async fn pull_request(
         let Some(capsule) = capsules::get(&mut *tx, t.id).await? else {
             continue;
         };
-        let id = create_run(
+        let id = proposals::start_run(
             &mut tx,
-            &Start {
+            &proposals::RunStart {
                 kind: RunKind::Plan,
                 capsule: &capsule,
                 group: None,
@@ -760,19 +674,19 @@ async fn capsule_drift_check(
             format!("Capsule {}: {}", capsule.id, detection::NOT_APPLIED),
         ));
     }
-    let hold_for = agent_to_hold(&st, &caller, &capsule).await?;
+    let hold_for = proposals::agent_to_hold(&st, &caller, &capsule).await?;
     let mut tx = st.pool.begin().await?;
-    let start = Start {
+    let start = proposals::RunStart {
         kind: RunKind::DriftCheck,
         capsule: &capsule,
         group: None,
-        actor_kind: actor_kind(&caller),
+        actor_kind: proposals::actor_kind(&caller),
         actor_id: caller.0.id.to_string(),
         actor: caller.actor(),
         auto_apply: false,
         hold_for,
     };
-    let id = create_run(&mut tx, &start).await?;
+    let id = proposals::start_run(&mut tx, &start).await?;
     let run = runs::get(&mut *tx, id)
         .await?
         .ok_or_else(|| ApiError::not_found("the new Run"))?;
@@ -813,18 +727,18 @@ async fn start_group(
             skipped.push(json!({ "capsuleId": capsule.id, "code": "not_applied" }));
             continue;
         }
-        let hold_for = agent_to_hold(st, caller, &capsule).await?;
-        let start = Start {
+        let hold_for = proposals::agent_to_hold(st, caller, &capsule).await?;
+        let start = proposals::RunStart {
             kind,
             capsule: &capsule,
             group: Some(group),
-            actor_kind: actor_kind(caller),
+            actor_kind: proposals::actor_kind(caller),
             actor_id: caller.0.id.to_string(),
             actor: caller.actor(),
             auto_apply: false,
             hold_for,
         };
-        created.push(create_run(&mut tx, &start).await?);
+        created.push(proposals::start_run(&mut tx, &start).await?);
     }
     tx.commit().await?;
     st.relay_wake.notify_one();
@@ -986,7 +900,7 @@ async fn apply_group(
         if !run.kind.is_plan_like() || run.status != RunStatus::Planned {
             continue;
         }
-        match crate::routes::propose_apply(&st, &caller, &run, None, false).await {
+        match proposals::propose_apply(&st, &caller, &run, None, false).await {
             Ok(apply) => results.push(json!({ "planRunId": id, "applyRunId": apply.id })),
             Err(ApiError::Client { code, message, .. }) => results
                 .push(json!({ "planRunId": id, "error": { "code": code, "message": message } })),

@@ -22,10 +22,12 @@ mod observe;
 mod one_step;
 pub mod openapi;
 mod pools;
+mod proposals;
 mod records;
 mod relay;
 mod resolve_state;
 mod review;
+mod router;
 mod routes;
 mod token_cache;
 mod tokens;
@@ -73,7 +75,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     // Every route's guard reads the state from the request (it is mounted before the
     // state exists).
-    routes::router()
+    router::router()
         .layer(axum::middleware::from_fn(observe::measure))
         .layer(axum::Extension(state.clone()))
         .with_state(state)

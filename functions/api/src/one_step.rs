@@ -108,7 +108,7 @@ async fn apply_capsule(
         capsule_id: capsule.id,
         run_group_id: None,
         plan_run_id: None,
-        actor_kind: crate::routes::actor_kind(&caller),
+        actor_kind: crate::proposals::actor_kind(&caller),
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: false,
         idempotency_key: key.clone(),
