@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde_json::json;
 use takosumi_core::{ActorKind, Role, RunGroupId, RunId, RunKind, RunStatus, Topic, WorkspaceId};
-use takosumi_store::{Tx, activity, capsules, events, outbox, runs};
+use takosumi_store::{Tx, capsules, outbox, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -107,8 +107,16 @@ pub(crate) async fn submit_plan(
         idempotency_key: key.clone(),
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
+    let actor = caller.actor();
+    let start = runs::Start {
+        actor: &actor,
+        event: json!({ "kind": kind, "autoApplyRequested": inputs.auto_apply_requested }),
+        activity: json!({ "kind": kind, "capsuleId": capsule.id }),
+        // An agent's plan is held for a person below instead of woken.
+        wake: (!hold_agent).then_some(Topic::Plan),
+    };
     let mut tx = st.pool.begin().await?;
-    let id = match runs::insert(&mut tx, &new).await {
+    let id = match runs::start(&mut tx, &new, start).await {
         Ok(id) => id,
         Err(e) if e.is_unique_violation() && key.is_some() => {
             drop(tx);
@@ -131,27 +139,8 @@ pub(crate) async fn submit_plan(
         Err(e) => return Err(e.into()),
     };
     inputs.store(&st, &mut tx, id, &vars).await?;
-    events::append(
-        &mut *tx,
-        id,
-        "queued",
-        &caller.actor(),
-        json!({ "kind": kind, "autoApplyRequested": inputs.auto_apply_requested }),
-    )
-    .await?;
-    activity::append(
-        &mut *tx,
-        capsule.workspace_id,
-        "run_started",
-        &id.to_string(),
-        &caller.actor(),
-        json!({ "kind": kind, "capsuleId": capsule.id }),
-    )
-    .await?;
     if hold_agent {
         crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
-    } else {
-        outbox::enqueue(&mut tx, Topic::Plan, id).await?;
     }
     let run = runs::get(&mut *tx, id)
         .await?
@@ -267,8 +256,16 @@ pub(crate) async fn propose_apply(
         idempotency_key: key.clone(),
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
+    let actor = caller.actor();
+    let start = runs::Start {
+        actor: &actor,
+        event: json!({ "kind": "apply", "planRunId": plan.id, "planDigest": plan.plan_digest }),
+        activity: json!({ "kind": "apply", "planRunId": plan.id }),
+        // Woken below, unless its pool can never receive the plan.
+        wake: None,
+    };
     let mut tx = st.pool.begin().await?;
-    let id = match runs::insert(&mut tx, &new).await {
+    let id = match runs::start(&mut tx, &new, start).await {
         Ok(id) => id,
         Err(e) if e.is_unique_violation() => {
             drop(tx);
@@ -290,23 +287,6 @@ pub(crate) async fn propose_apply(
         }
         Err(e) => return Err(e.into()),
     };
-    events::append(
-        &mut *tx,
-        id,
-        "queued",
-        &caller.actor(),
-        json!({ "kind": "apply", "planRunId": plan.id, "planDigest": plan.plan_digest }),
-    )
-    .await?;
-    activity::append(
-        &mut *tx,
-        plan.workspace_id,
-        "run_started",
-        &id.to_string(),
-        &caller.actor(),
-        json!({ "kind": "apply", "planRunId": plan.id }),
-    )
-    .await?;
     if require_approval {
         takosumi_store::gates::set_require_approval(&mut tx, id).await?;
     }
@@ -352,34 +332,25 @@ pub(crate) async fn start_run(tx: &mut Tx, s: &RunStart<'_>) -> Result<RunId, Ap
         idempotency_key: None,
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
-    let id = runs::insert(tx, &new).await?;
-    events::append(
-        &mut **tx,
-        id,
-        "queued",
-        &s.actor,
-        json!({ "kind": s.kind, "runGroupId": s.group, "autoApplyRequested": s.auto_apply }),
-    )
-    .await?;
-    activity::append(
-        &mut **tx,
-        s.capsule.workspace_id,
-        "run_started",
-        &id.to_string(),
-        &s.actor,
-        json!({ "kind": s.kind, "capsuleId": s.capsule.id }),
-    )
-    .await?;
-    if let Some(agent) = s.hold_for {
-        crate::gates::hold_agent_plan(tx, id, agent).await?;
-        return Ok(id);
-    }
     let topic = if s.kind == RunKind::DriftCheck {
         Topic::Drift
     } else {
         Topic::Plan
     };
-    outbox::enqueue(tx, topic, id).await?;
+    let start = runs::Start {
+        actor: &s.actor,
+        event: json!({ "kind": s.kind, "runGroupId": s.group, "autoApplyRequested": s.auto_apply }),
+        activity: json!({ "kind": s.kind, "capsuleId": s.capsule.id }),
+        wake: if s.hold_for.is_some() {
+            None
+        } else {
+            Some(topic)
+        },
+    };
+    let id = runs::start(tx, &new, start).await?;
+    if let Some(agent) = s.hold_for {
+        crate::gates::hold_agent_plan(tx, id, agent).await?;
+    }
     Ok(id)
 }
 
