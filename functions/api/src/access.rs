@@ -186,7 +186,7 @@ impl Api {
 /// Every route the API mounts, with what it requires (the role matrix and the fuzzer read
 /// this; nothing else decides).
 pub fn endpoints() -> Vec<Endpoint> {
-    crate::routes::api().into_parts().1
+    crate::router::api().into_parts().1
 }
 
 /// The guard in front of every handler. The handler's own `Caller` / `PoolCaller`

@@ -25,17 +25,17 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, ProviderBindingId, RunId, WorkspaceId};
+use takosumi_core::{CapsuleId, ProviderBindingId, RunId};
 use takosumi_runner::{ToolEnv, check_env_name};
 use takosumi_runtime::inputs::{CredentialSet, sensitive_vars_subject};
 use takosumi_seal::Purpose;
 use takosumi_store::bindings::{self, Binding, NewBinding};
-use takosumi_store::{Tx, activity, capsules, workspaces};
+use takosumi_store::{Tx, activity, capsules};
 use zeroize::Zeroize;
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, extract};
 
 /// Most entries in one env credential set.
 const MAX_ENTRIES: usize = 100;
@@ -131,26 +131,6 @@ fn parse_secret_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
             e.column()
         ))
     })
-}
-
-fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
-    raw: &str,
-) -> Result<T, ApiError> {
-    raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })
-}
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
 }
 
 fn invalid(message: impl Into<String>) -> ApiError {
@@ -300,32 +280,6 @@ fn binding_view(b: &Binding) -> Value {
     })
 }
 
-async fn load_workspace(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<WorkspaceId, ApiError> {
-    let ws: WorkspaceId = parse_id(raw)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
-    Ok(ws)
-}
-
-async fn load_capsule(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<capsules::Capsule, ApiError> {
-    let id: CapsuleId = parse_id(raw)?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
-    caller.require(Action::Read, Some(capsule.workspace_id))?;
-    Ok(capsule)
-}
-
 /// `POST /api/v1/workspaces/{ws}/provider-bindings` → 201 `{id, name, kind, envNames, …}`.
 /// A command binding runs a program on the workers, so only an admin may create one.
 async fn create_binding(
@@ -334,15 +288,14 @@ async fn create_binding(
     Path(ws): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
-    caller.require(Action::Operate, Some(ws))?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Operate).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid_json(
             "the request body is empty; send a JSON object",
         ));
     }
     let mut req: NewBindingReq = parse_secret_body(&body)?;
-    if !valid_name(&req.name) {
+    if !extract::valid_name(&req.name) {
         return Err(ApiError::invalid(
             ErrorCode::InvalidName,
             "a ProviderBinding name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
@@ -411,7 +364,7 @@ async fn list_bindings(
     caller: Caller,
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let list = bindings::list_for_workspace(&st.pool, ws).await?;
     Ok(Json(json!({
         "workspaceId": ws,
@@ -441,8 +394,7 @@ async fn attach_binding(
     Path(cap): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
-    caller.require(Action::Operate, Some(capsule.workspace_id))?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Operate).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::invalid_json(
             "the request body is empty; send {\"bindingId\": \"pb_…\"}",
@@ -450,7 +402,7 @@ async fn attach_binding(
     }
     let req: AttachReq = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
-    let binding_id: ProviderBindingId = parse_id(&req.binding_id)?;
+    let binding_id: ProviderBindingId = extract::parse_id(&req.binding_id)?;
     let binding = bindings::get(&st.pool, binding_id)
         .await?
         .filter(|b| b.workspace_id == capsule.workspace_id)
@@ -518,7 +470,7 @@ async fn capsule_bindings(
     caller: Caller,
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Read).await?;
     let list = bindings::for_capsule(&st.pool, capsule.id).await?;
     Ok(Json(attached_view(capsule.id, &list)))
 }
@@ -530,9 +482,8 @@ async fn detach_binding(
     caller: Caller,
     Path((cap, pb)): Path<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
-    caller.require(Action::Operate, Some(capsule.workspace_id))?;
-    let binding_id: ProviderBindingId = parse_id(&pb)?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Operate).await?;
+    let binding_id: ProviderBindingId = extract::parse_id(&pb)?;
     let mut tx = st.pool.begin().await?;
     if !bindings::detach(&mut tx, capsule.id, binding_id).await? {
         return Err(ApiError::not_found(&format!(

@@ -18,16 +18,14 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use sqlx::postgres::PgListener;
-use takosumi_core::{RunId, WorkspaceId};
 use takosumi_evidence::{Signer, StatementPage};
-use takosumi_store::{Pool, evidence, runs, workspaces};
+use takosumi_store::{Pool, evidence};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::routes::parse_id;
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, extract};
 
 /// Page size when `limit` is not given (and the largest page).
 const MAX_LIMIT: i64 = 200;
@@ -79,11 +77,8 @@ async fn run_evidence(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id: RunId = parse_id(&run)?;
-    let run = runs::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
-    caller.require(Action::Read, Some(run.workspace_id))?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
+    let id = run.id;
     if let Some(s) = evidence::of_run(&st.pool, id).await? {
         return Ok(Json(s.to_signed()));
     }
@@ -167,11 +162,7 @@ async fn workspace_evidence(
     Path(ws): Path<String>,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws: WorkspaceId = parse_id(&ws)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let Query(q) = q.map_err(|e| {
         ApiError::client(
             StatusCode::BAD_REQUEST,

@@ -15,11 +15,11 @@ use serde::Deserialize;
 use serde_json::json;
 use takosumi_core::{CapsuleId, RunId, RunStatus, Topic, WorkspaceId};
 use takosumi_policy::RuleSet;
-use takosumi_store::{activity, capsules, events, gates, outbox, runs, workspaces};
+use takosumi_store::{activity, capsules, events, gates, outbox, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState, views};
+use crate::{ApiError, AppState, extract, views};
 
 pub fn api() -> Api {
     Api::new()
@@ -123,24 +123,13 @@ async fn store_rules(
     ))
 }
 
-fn ws_id(raw: &str) -> Result<WorkspaceId, ApiError> {
-    raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })
-}
-
 async fn set_workspace_rules(
     State(st): State<AppState>,
     caller: Caller,
     Path(ws): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = ws_id(&ws)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
-    caller.require(Action::Administer, Some(ws))?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Administer).await?;
     let rules = parse_rules(&body)?;
     store_rules(&st, &caller, ws, None, &rules).await
 }
@@ -150,30 +139,11 @@ async fn get_workspace_rules(
     caller: Caller,
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = ws_id(&ws)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let cur = gates::current_rules(&st.pool, ws, None).await?;
     Ok(Json(
         json!({ "scope": ws, "version": cur.as_ref().map(|r| r.version), "rules": cur.map(|r| r.rules).unwrap_or_else(|| json!({})) }),
     ))
-}
-
-async fn load_capsule(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<capsules::Capsule, ApiError> {
-    let id: CapsuleId = raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
-    caller.require(Action::Read, Some(capsule.workspace_id))?;
-    Ok(capsule)
 }
 
 async fn set_capsule_rules(
@@ -182,8 +152,7 @@ async fn set_capsule_rules(
     Path(cap): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
-    caller.require(Action::Administer, Some(capsule.workspace_id))?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Administer).await?;
     let rules = parse_rules(&body)?;
     store_rules(&st, &caller, capsule.workspace_id, Some(capsule.id), &rules).await
 }
@@ -193,7 +162,7 @@ async fn get_capsule_rules(
     caller: Caller,
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Read).await?;
     let cur = gates::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?;
     Ok(Json(
         json!({ "scope": capsule.id, "version": cur.as_ref().map(|r| r.version), "rules": cur.map(|r| r.rules).unwrap_or_else(|| json!({})) }),
@@ -216,13 +185,7 @@ async fn approve(
     Path(run): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id: RunId = run.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })?;
-    let run = runs::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
-    caller.require(Action::Read, Some(run.workspace_id))?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     let req: ApproveBody = if body.iter().all(u8::is_ascii_whitespace) {
         ApproveBody::default()
     } else {

@@ -3,7 +3,7 @@
 //! it never runs the tool and never shows an object key or a sealed value. It opens sealed
 //! objects only to hand them on: to a worker pool, re-sealed to the pool's delivery key
 //! (`relay`), a held state an operator restores (`resolve_state`), a webhook secret to
-//! check a signature (`detection`). Beside it run the outbox relay, the lease reaper, the
+//! check a signature (`webhooks`). Beside it run the outbox relay, the lease reaper, the
 //! evidence writer (which signs each ended Run's statement), the dead-letter collector and,
 //! on `TAKOSUMI_METRICS_LISTEN`, `/metrics`.
 
@@ -12,23 +12,29 @@ mod auth;
 mod bindings;
 mod dashboard;
 mod dead_letters;
-mod detection;
+mod drift;
 mod error;
 mod evidence;
+mod extract;
 mod gates;
+mod groups;
 mod listing;
 mod observe;
 mod one_step;
 pub mod openapi;
 mod pools;
+mod proposals;
 mod records;
 mod relay;
 mod resolve_state;
 mod review;
+mod router;
 mod routes;
+mod settings;
 mod token_cache;
 mod tokens;
 mod views;
+mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,7 +78,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     // Every route's guard reads the state from the request (it is mounted before the
     // state exists).
-    routes::router()
+    router::router()
         .layer(axum::middleware::from_fn(observe::measure))
         .layer(axum::Extension(state.clone()))
         .with_state(state)

@@ -6,15 +6,12 @@ use crate::access::{Access, Api, Doc, Scope};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::Method;
-use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde_json::json;
-use takosumi_core::WorkspaceId;
-use takosumi_store::{listing, workspaces};
+use takosumi_store::listing;
 
 use crate::auth::{Action, Caller};
-use crate::error::ErrorCode;
-use crate::{ApiError, AppState, views};
+use crate::{ApiError, AppState, extract, views};
 
 pub fn api() -> Api {
     Api::new()
@@ -58,13 +55,7 @@ async fn list_capsules(
     caller: Caller,
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws: WorkspaceId = ws.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let list = listing::capsules(&st.pool, ws).await?;
     let may_edit = caller.may(Action::Operate, Some(ws));
     let items: Vec<_> = list.iter().map(|c| views::capsule(c, may_edit)).collect();

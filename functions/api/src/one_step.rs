@@ -17,13 +17,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{ApplyMode, CapsuleId, Role, RunKind, Topic};
+use takosumi_core::{ApplyMode, Role, RunKind, Topic};
 use takosumi_policy::RuleSet;
-use takosumi_store::{activity, apply_modes, capsules, events, gates, outbox, runs};
+use takosumi_store::{apply_modes, capsules, gates, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, extract};
 
 pub fn api() -> Api {
     Api::new()
@@ -75,21 +75,14 @@ async fn apply_capsule(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id: CapsuleId = cap.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
-    caller.require(Action::Read, Some(capsule.workspace_id))?;
-    caller.require(Action::Submit, Some(capsule.workspace_id))?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Submit).await?;
     let req: ApplyCapsule = if body.iter().all(u8::is_ascii_whitespace) {
         ApplyCapsule::default()
     } else {
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
     };
-    let key = crate::routes::idempotency_key(&headers)?;
+    let key = extract::idempotency_key(&headers)?;
     if let Some(run) = replay(&st, &capsule, key.as_deref()).await? {
         return Ok((StatusCode::ACCEPTED, crate::views::run_json(&run)));
     }
@@ -115,14 +108,34 @@ async fn apply_capsule(
         capsule_id: capsule.id,
         run_group_id: None,
         plan_run_id: None,
-        actor_kind: crate::routes::actor_kind(&caller),
+        actor_kind: crate::proposals::actor_kind(&caller),
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: false,
         idempotency_key: key.clone(),
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
     };
+    let mode = if one_step {
+        ApplyMode::OneStep
+    } else {
+        ApplyMode::ProposesApply
+    };
+    let kind = if one_step { "apply" } else { "plan" };
+    let actor = caller.actor();
+    let start = runs::Start {
+        actor: &actor,
+        event: json!({ "kind": kind, "applyMode": mode, "coveredBy": covered_by }),
+        activity: json!({ "kind": kind, "capsuleId": capsule.id, "applyMode": mode }),
+        wake: if one_step {
+            // The gate reads the rules again when it decides, and releases it to run in one step.
+            Some(Topic::Gate)
+        } else if hold_agent {
+            None
+        } else {
+            Some(Topic::Plan)
+        },
+    };
     let mut tx = st.pool.begin().await?;
-    let run_id = match runs::insert(&mut tx, &new).await {
+    let run_id = match runs::start(&mut tx, &new, start).await {
         Ok(id) => id,
         Err(e) if e.is_unique_violation() && key.is_some() => {
             drop(tx);
@@ -138,40 +151,12 @@ async fn apply_capsule(
         }
         Err(e) => return Err(e.into()),
     };
-    let mode = if one_step {
-        ApplyMode::OneStep
-    } else {
-        ApplyMode::ProposesApply
-    };
     apply_modes::set(&mut tx, run_id, mode).await?;
     if req.require_approval {
         gates::set_require_approval(&mut tx, run_id).await?;
     }
-    let kind = if one_step { "apply" } else { "plan" };
-    events::append(
-        &mut *tx,
-        run_id,
-        "queued",
-        &caller.actor(),
-        json!({ "kind": kind, "applyMode": mode, "coveredBy": covered_by }),
-    )
-    .await?;
-    activity::append(
-        &mut *tx,
-        capsule.workspace_id,
-        "run_started",
-        &run_id.to_string(),
-        &caller.actor(),
-        json!({ "kind": kind, "capsuleId": capsule.id, "applyMode": mode }),
-    )
-    .await?;
-    if one_step {
-        // The gate reads the rules again when it decides, and releases it to run in one step.
-        outbox::enqueue(&mut tx, Topic::Gate, run_id).await?;
-    } else if hold_agent {
+    if !one_step && hold_agent {
         crate::gates::hold_agent_plan(&mut tx, run_id, &caller).await?;
-    } else {
-        outbox::enqueue(&mut tx, Topic::Plan, run_id).await?;
     }
     let run = runs::get(&mut *tx, run_id)
         .await?

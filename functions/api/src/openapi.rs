@@ -591,7 +591,7 @@ pub fn document(endpoints: &[Endpoint]) -> OpenApi {
 pub fn json() -> &'static str {
     static DOC: OnceLock<String> = OnceLock::new();
     DOC.get_or_init(|| {
-        let (_, endpoints) = crate::routes::api().into_parts();
+        let (_, endpoints) = crate::router::api().into_parts();
         document(&endpoints)
             .to_pretty_json()
             .expect("the OpenAPI document serializes")

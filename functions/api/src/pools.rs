@@ -13,14 +13,13 @@ use axum::response::IntoResponse;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use takosumi_core::{CapsuleId, WorkspaceId};
 use takosumi_seal::delivery::DeliveryPublicKey;
+use takosumi_store::activity;
 use takosumi_store::pools::{self, WorkerPool};
-use takosumi_store::{activity, capsules, workspaces};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState, views};
+use crate::{ApiError, AppState, extract, views};
 
 /// How long a rotated-out delivery key is still delivered to, unless the rotation says.
 pub const DEFAULT_GRACE_SECS: i64 = 24 * 3600;
@@ -136,14 +135,9 @@ async fn create_pool(
     Path(ws): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws: WorkspaceId = crate::routes::parse_id(&ws)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
-    caller.require(Action::Administer, Some(ws))?;
-    let req: NewPool = crate::routes::parse_body(&body)?;
-    if !crate::routes::valid_name(&req.name) || req.name.len() > 48 {
+    let ws = extract::workspace(&st, &caller, &ws, Action::Administer).await?;
+    let req: NewPool = extract::parse_body(&body)?;
+    if !extract::valid_name(&req.name) || req.name.len() > 48 {
         return Err(ApiError::invalid(
             ErrorCode::InvalidName,
             "a pool name is 1-48 letters, digits, '-', '_' or '.', starting with a letter or digit (it names the pool's queues)",
@@ -199,7 +193,7 @@ async fn rotate_key(
         .ok_or_else(|| ApiError::not_found(&format!("worker pool {name:?}")))?;
     caller.require(Action::Read, Some(pool.workspace_id))?;
     caller.require(Action::Administer, Some(pool.workspace_id))?;
-    let req: KeyBody = crate::routes::parse_body(&body)?;
+    let req: KeyBody = extract::parse_body(&body)?;
     let key = parse_key(&req)?;
     let grace = req.grace_secs.unwrap_or(DEFAULT_GRACE_SECS);
     if !(0..=30 * 24 * 3600).contains(&grace) {
@@ -249,13 +243,8 @@ async fn set_capsule_pool(
     Path(cap): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let id: CapsuleId = crate::routes::parse_id(&cap)?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
-    caller.require(Action::Read, Some(capsule.workspace_id))?;
-    caller.require(Action::Operate, Some(capsule.workspace_id))?;
-    let req: SetPool = crate::routes::parse_body(&body)?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Operate).await?;
+    let req: SetPool = extract::parse_body(&body)?;
     let pool = match &req.pool {
         None => None,
         Some(name) => {

@@ -30,12 +30,12 @@ use serde_json::{Map, Value, json};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, WorkspaceId};
 use takosumi_cost::{Catalogue, PlanResources, estimate};
 use takosumi_store::records::{self, RunCursor, RunFilter};
-use takosumi_store::{activity, events, runs, workspaces};
+use takosumi_store::{activity, events, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
 use crate::views::RunView;
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, extract};
 
 /// Page size when `limit` is not given.
 const DEFAULT_LIMIT: i64 = 20;
@@ -119,36 +119,6 @@ pub fn api() -> Api {
         )
 }
 
-fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
-    raw: &str,
-) -> Result<T, ApiError> {
-    raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })
-}
-
-async fn load_run(st: &AppState, caller: &Caller, raw: &str) -> Result<runs::Run, ApiError> {
-    let id: RunId = parse_id(raw)?;
-    let run = runs::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
-    caller.require(Action::Read, Some(run.workspace_id))?;
-    Ok(run)
-}
-
-async fn load_workspace(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<WorkspaceId, ApiError> {
-    let ws: WorkspaceId = parse_id(raw)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
-    Ok(ws)
-}
-
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(t)| t).map_err(|e| {
         ApiError::client(
@@ -200,8 +170,7 @@ async fn cancel_run(
     Path(run): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
-    caller.require(Action::Operate, Some(run.workspace_id))?;
+    let run = extract::run(&st, &caller, &run, Action::Operate).await?;
     let req: CancelRequest = optional_body(&body)?;
     let reason = req
         .reason
@@ -285,7 +254,7 @@ async fn run_cost(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     // An Apply Run is estimated by the plan it carries out.
     let plan = match (run.kind, run.plan_run_id) {
         (RunKind::Apply, Some(plan_id)) => runs::get(&st.pool, plan_id)
@@ -351,8 +320,7 @@ async fn resolve_run(
     Path(run): Path<String>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
-    caller.require(Action::Administer, Some(run.workspace_id))?;
+    let run = extract::run(&st, &caller, &run, Action::Administer).await?;
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             crate::resolve_state::too_large(None)
@@ -549,13 +517,13 @@ async fn list_runs(
     Path(ws): Path<String>,
     q: Result<Query<RunsQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let q = query(q)?;
     let filter = RunFilter {
         capsule_id: q
             .capsule
             .as_deref()
-            .map(parse_id::<CapsuleId>)
+            .map(extract::parse_id::<CapsuleId>)
             .transpose()?,
         kind: q
             .kind
@@ -613,7 +581,7 @@ async fn list_activity(
     Path(ws): Path<String>,
     q: Result<Query<ActivityQuery>, QueryRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws = load_workspace(&st, &caller, &ws).await?;
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let q = query(q)?;
     if let Some(kind) = &q.kind
         && (kind.is_empty()

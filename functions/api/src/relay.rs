@@ -311,7 +311,7 @@ async fn claim(
     let req: ClaimRequest = if body.iter().all(u8::is_ascii_whitespace) {
         ClaimRequest::default()
     } else {
-        crate::routes::parse_body(&body)?
+        crate::extract::parse_body(&body)?
     };
     let key = delivery_key_for(&pool, &req.delivery_key_ids)?;
     let sandbox = match req.sandbox.as_deref() {
@@ -1032,7 +1032,7 @@ async fn one_step(
             format!("{} is not a one-step apply in progress", run.id),
         ));
     }
-    let r: takosumi_steps::OneStepRecord = crate::routes::parse_body(&body)?;
+    let r: takosumi_steps::OneStepRecord = crate::extract::parse_body(&body)?;
     let snapshot = takosumi_store::apply_modes::OneStepSnapshot {
         commit: &r.commit,
         tree_digest: &r.tree_digest,
@@ -1056,7 +1056,7 @@ async fn held_run(
     raw: &str,
     headers: &HeaderMap,
 ) -> Result<(runs::Run, String), ApiError> {
-    let id: RunId = crate::routes::parse_id(raw)?;
+    let id: RunId = crate::extract::parse_id(raw)?;
     let run = runs::get(&st.pool, id)
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
@@ -1120,7 +1120,7 @@ async fn progress(
     let req: ProgressReport = if body.iter().all(u8::is_ascii_whitespace) {
         ProgressReport::default()
     } else {
-        crate::routes::parse_body(&body)?
+        crate::extract::parse_body(&body)?
     };
     let actor = format!("handler:{claim}");
     // Only progress a worker may report: what it decided or what the control node
@@ -1261,7 +1261,7 @@ async fn planned(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: PlannedReport = crate::routes::parse_body(&body)?;
+    let req: PlannedReport = crate::extract::parse_body(&body)?;
     drop(body);
     let run_id = run.id;
     let mut event_extra = json!({ "pool": caller.0.name });
@@ -1368,7 +1368,7 @@ async fn scanned(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: ScanResult<takosumi_policy::scan::ScanReport> = crate::routes::parse_body(&body)?;
+    let req: ScanResult<takosumi_policy::scan::ScanReport> = crate::extract::parse_body(&body)?;
     takosumi_store::gates::set_scan_report(&st.pool, run.id, &req.scan_report.to_json()).await?;
     let Some(commit) = req.commit else {
         return Ok(Json(ScanAnswer { hold: false }));
@@ -1412,7 +1412,7 @@ async fn fail(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: FailReport = crate::routes::parse_body(&body)?;
+    let req: FailReport = crate::extract::parse_body(&body)?;
     let Some(code) = WORKER_CODES.into_iter().find(|c| c.as_str() == req.code) else {
         let names: Vec<&str> = WORKER_CODES.iter().map(|c| c.as_str()).collect();
         return Err(ApiError::invalid(
@@ -1441,7 +1441,7 @@ async fn applied(
             format!("{} is not applying", run.id),
         ));
     }
-    let req: AppliedReport = crate::routes::parse_body(&body)?;
+    let req: AppliedReport = crate::extract::parse_body(&body)?;
     drop(body);
     let run_id = run.id;
     // A pinned apply moves the generation its plan saw; a one-step apply the one its

@@ -20,8 +20,7 @@ use takosumi_wire::{ApprovalsView, GivenApproval, PlanDiff, PlanView, RunEvent, 
 
 use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller};
-use crate::routes::load_run;
-use crate::{ApiError, AppState};
+use crate::{ApiError, AppState, extract};
 
 /// How often a stream looks for what was stored since.
 const STREAM_POLL: Duration = Duration::from_millis(300);
@@ -75,7 +74,7 @@ async fn plan(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     // An apply shows the plan it carries out.
     let plan_run = match run.plan_run_id {
         Some(p) => runs::get(&st.pool, p)
@@ -100,7 +99,7 @@ async fn approvals(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     let (_, _, required, approver_roles) = gates::gate_fields(&st.pool, run.id)
         .await?
         .unwrap_or_default();
@@ -225,7 +224,7 @@ async fn stream(
     Path(run): Path<String>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     let cursor = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())

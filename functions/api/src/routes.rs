@@ -1,23 +1,24 @@
-//! Endpoints. Each submission validates everything first, then writes its rows and the
-//! wake-up in one transaction; bad input changes nothing.
+//! The core endpoints: health, creating Workspaces and Capsules, reading a Capsule and a
+//! Run (its events and logs), and the plan, destroy-plan and apply submissions (`proposals`
+//! starts their Runs). Each submission validates everything first, then writes its rows
+//! and the wake-up in one transaction; bad input changes nothing.
 
 use crate::access::{Access, Api, Doc, Scope};
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::Method;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::{Json, Router};
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use takosumi_core::{ActorKind, CapsuleId, Role, RunId, RunKind, RunStatus, Topic, WorkspaceId};
+use takosumi_core::RunKind;
 use takosumi_runner::{Runner, Tool};
-use takosumi_store::{activity, capsules, events, outbox, runs, workspaces};
+use takosumi_store::{activity, capsules, events, workspaces};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
-use crate::{ApiError, AppState, views};
+use crate::{ApiError, AppState, extract, proposals, views};
 
 pub fn api() -> Api {
     Api::new()
@@ -128,92 +129,6 @@ pub fn api() -> Api {
                 .ok::<takosumi_wire::Run>(202)
                 .header("Idempotency-Key", "The same key returns the same Run."),
         )
-        .merge(crate::gates::api())
-        .merge(crate::one_step::api())
-        .merge(crate::detection::api())
-        .merge(crate::listing::api())
-        .merge(crate::bindings::api())
-        .merge(crate::records::api())
-        .merge(crate::dead_letters::api())
-        .merge(crate::pools::api())
-        .merge(crate::relay::api())
-        .merge(crate::evidence::api())
-        .merge(crate::review::api())
-        .merge(crate::tokens::api())
-        .merge(crate::openapi::api())
-        .merge(crate::dashboard::api())
-}
-
-/// The routes with the answers for no route and a wrong method.
-pub fn router() -> Router<AppState> {
-    let (router, _) = api().into_parts();
-    router
-        .fallback(|| async {
-            ApiError::client(
-                StatusCode::NOT_FOUND,
-                ErrorCode::NoSuchEndpoint,
-                "no such endpoint; the API is described at GET /api/v1/openapi.json",
-            )
-        })
-        // An id that happens to spell a sub-resource (`/capsules/rules`) meets a route of
-        // other methods: still an answer with a code.
-        .method_not_allowed_fallback(|| async {
-            ApiError::client(
-                StatusCode::METHOD_NOT_ALLOWED,
-                ErrorCode::MethodNotAllowed,
-                "this endpoint does not take that method; the API is described at GET /api/v1/openapi.json",
-            )
-        })
-        .layer(axum::middleware::from_fn(crate::observe::trace))
-}
-
-pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::invalid_json(
-            "the request body is empty; send a JSON object",
-        ));
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
-}
-
-pub(crate) fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
-    raw: &str,
-) -> Result<T, ApiError> {
-    raw.parse().map_err(|e: takosumi_core::IdParseError| {
-        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
-    })
-}
-
-pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else {
-        return Ok(None);
-    };
-    let key = v.to_str().map_err(|_| {
-        ApiError::invalid(
-            ErrorCode::InvalidIdempotencyKey,
-            "Idempotency-Key must be printable text",
-        )
-    })?;
-    if key.is_empty() || key.len() > 200 {
-        return Err(ApiError::invalid(
-            ErrorCode::InvalidIdempotencyKey,
-            "Idempotency-Key must be 1 to 200 characters",
-        ));
-    }
-    Ok(Some(key.to_owned()))
-}
-
-pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -255,8 +170,8 @@ async fn create_workspace(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     caller.require(Action::Administer, None)?;
-    let req: NewWorkspace = parse_body(&body)?;
-    if !valid_name(&req.name) {
+    let req: NewWorkspace = extract::parse_body(&body)?;
+    if !extract::valid_name(&req.name) {
         return Err(ApiError::invalid(
             ErrorCode::InvalidName,
             "a Workspace name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
@@ -320,14 +235,9 @@ async fn create_capsule(
     Path(ws): Path<String>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let ws: WorkspaceId = parse_id(&ws)?;
-    caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
-    caller.require(Action::Operate, Some(ws))?;
-    let req: NewCapsule = parse_body(&body)?;
-    if !valid_name(&req.name) {
+    let ws = extract::workspace(&st, &caller, &ws, Action::Operate).await?;
+    let req: NewCapsule = extract::parse_body(&body)?;
+    if !extract::valid_name(&req.name) {
         return Err(ApiError::invalid(
             ErrorCode::InvalidName,
             "a Capsule name is 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit",
@@ -410,38 +320,12 @@ async fn create_capsule(
     ))
 }
 
-async fn load_capsule(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<capsules::Capsule, ApiError> {
-    let id: CapsuleId = parse_id(raw)?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
-    caller.require(Action::Read, Some(capsule.workspace_id))?;
-    Ok(capsule)
-}
-
-pub(crate) async fn load_run(
-    st: &AppState,
-    caller: &Caller,
-    raw: &str,
-) -> Result<runs::Run, ApiError> {
-    let id: RunId = parse_id(raw)?;
-    let run = runs::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
-    caller.require(Action::Read, Some(run.workspace_id))?;
-    Ok(run)
-}
-
 async fn get_capsule(
     State(st): State<AppState>,
     caller: Caller,
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
+    let capsule = extract::capsule(&st, &caller, &cap, Action::Read).await?;
     let mut body = views::capsule(
         &capsule,
         caller.may(Action::Operate, Some(capsule.workspace_id)),
@@ -467,7 +351,7 @@ async fn plan_capsule(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let inputs = crate::bindings::PlanInputs::parse(&body)?;
-    submit_plan(st, caller, cap, headers, RunKind::Plan, inputs).await
+    proposals::submit_plan(st, caller, cap, headers, RunKind::Plan, inputs).await
 }
 
 async fn destroy_capsule(
@@ -479,150 +363,7 @@ async fn destroy_capsule(
 ) -> Result<impl IntoResponse, ApiError> {
     // A destroy plan needs the configuration's variables too: same optional body as a plan.
     let inputs = crate::bindings::PlanInputs::parse(&body)?;
-    submit_plan(st, caller, cap, headers, RunKind::Destroy, inputs).await
-}
-
-pub(crate) fn actor_kind(caller: &Caller) -> ActorKind {
-    if caller.0.role == Role::Agent {
-        ActorKind::Agent
-    } else {
-        ActorKind::User
-    }
-}
-
-/// Returns the Run an earlier submission with the same key created, if it is the same
-/// kind of request.
-async fn replay(
-    st: &AppState,
-    ws: WorkspaceId,
-    key: Option<&str>,
-    kind: RunKind,
-    subject: &str,
-) -> Result<Option<runs::Run>, ApiError> {
-    let Some(key) = key else { return Ok(None) };
-    let Some(id) = runs::find_by_idempotency_key(&st.pool, ws, key).await? else {
-        return Ok(None);
-    };
-    let run = runs::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the idempotent Run"))?;
-    let same = run.kind == kind
-        && (run.capsule_id.to_string() == subject
-            || run.plan_run_id.is_some_and(|p| p.to_string() == subject));
-    if !same {
-        return Err(ApiError::invalid(
-            ErrorCode::IdempotencyKeyReused,
-            "this Idempotency-Key was already used for a different request",
-        ));
-    }
-    Ok(Some(run))
-}
-
-async fn submit_plan(
-    st: AppState,
-    caller: Caller,
-    cap: String,
-    headers: HeaderMap,
-    kind: RunKind,
-    inputs: crate::bindings::PlanInputs,
-) -> Result<impl IntoResponse, ApiError> {
-    let capsule = load_capsule(&st, &caller, &cap).await?;
-    caller.require(Action::Submit, Some(capsule.workspace_id))?;
-    let key = idempotency_key(&headers)?;
-    let vars = inputs.effective_vars(&capsule)?;
-    if inputs.auto_apply_requested {
-        // The seed: "when a user starts an install … the Run records autoApplyRequested".
-        if kind != RunKind::Plan {
-            return Err(ApiError::invalid(
-                ErrorCode::InvalidAutoApply,
-                "autoApplyRequested is for a plan (an install); a destroy plan always stops for review: apply it explicitly",
-            ));
-        }
-        if caller.0.role == Role::Agent {
-            return Err(ApiError::client(
-                StatusCode::FORBIDDEN,
-                ErrorCode::AutoApplyPersonOnly,
-                "autoApplyRequested is asked for by a person starting an install; an agent's plan is applied only through review",
-            ));
-        }
-    }
-    let hold_agent = caller.0.role == Role::Agent
-        && !crate::gates::agent_exempt(&st, &capsule, &caller.0.name).await?;
-    if let Some(run) = replay(
-        &st,
-        capsule.workspace_id,
-        key.as_deref(),
-        kind,
-        &capsule.id.to_string(),
-    )
-    .await?
-    {
-        return Ok((StatusCode::ACCEPTED, views::run_json(&run)));
-    }
-    let new = runs::NewRun {
-        kind,
-        workspace_id: capsule.workspace_id,
-        capsule_id: capsule.id,
-        run_group_id: None,
-        plan_run_id: None,
-        actor_kind: actor_kind(&caller),
-        actor_id: caller.0.id.to_string(),
-        auto_apply_requested: inputs.auto_apply_requested,
-        idempotency_key: key.clone(),
-        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
-    };
-    let mut tx = st.pool.begin().await?;
-    let id = match runs::insert(&mut tx, &new).await {
-        Ok(id) => id,
-        Err(e) if e.is_unique_violation() && key.is_some() => {
-            drop(tx);
-            let run = replay(
-                &st,
-                capsule.workspace_id,
-                key.as_deref(),
-                kind,
-                &capsule.id.to_string(),
-            )
-            .await?
-            .ok_or_else(|| {
-                ApiError::conflict(
-                    ErrorCode::Conflict,
-                    "a concurrent request with this Idempotency-Key is in progress; retry",
-                )
-            })?;
-            return Ok((StatusCode::ACCEPTED, views::run_json(&run)));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    inputs.store(&st, &mut tx, id, &vars).await?;
-    events::append(
-        &mut *tx,
-        id,
-        "queued",
-        &caller.actor(),
-        json!({ "kind": kind, "autoApplyRequested": inputs.auto_apply_requested }),
-    )
-    .await?;
-    activity::append(
-        &mut *tx,
-        capsule.workspace_id,
-        "run_started",
-        &id.to_string(),
-        &caller.actor(),
-        json!({ "kind": kind, "capsuleId": capsule.id }),
-    )
-    .await?;
-    if hold_agent {
-        crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
-    } else {
-        outbox::enqueue(&mut tx, Topic::Plan, id).await?;
-    }
-    let run = runs::get(&mut *tx, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the new Run"))?;
-    tx.commit().await?;
-    st.relay_wake.notify_one();
-    Ok((StatusCode::ACCEPTED, views::run_json(&run)))
+    proposals::submit_plan(st, caller, cap, headers, RunKind::Destroy, inputs).await
 }
 
 /// Options of an apply submission.
@@ -641,178 +382,15 @@ async fn apply_run(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let plan = load_run(&st, &caller, &run).await?;
-    caller.require(Action::Submit, Some(plan.workspace_id))?;
-    let key = idempotency_key(&headers)?;
+    let plan = extract::run(&st, &caller, &run, Action::Submit).await?;
+    let key = extract::idempotency_key(&headers)?;
     let options: ApplyOptions = if body.iter().all(u8::is_ascii_whitespace) {
         ApplyOptions::default()
     } else {
-        parse_body(&body)?
+        extract::parse_body(&body)?
     };
-    let run = propose_apply(&st, &caller, &plan, key, options.require_approval).await?;
+    let run = proposals::propose_apply(&st, &caller, &plan, key, options.require_approval).await?;
     Ok((StatusCode::ACCEPTED, views::run_json(&run)))
-}
-
-/// Creates the Apply Run pinned to `plan` (or returns the one an earlier submission with
-/// the same Idempotency-Key created), with its gate wake-up, in one transaction.
-pub(crate) async fn propose_apply(
-    st: &AppState,
-    caller: &Caller,
-    plan: &runs::Run,
-    key: Option<String>,
-    require_approval: bool,
-) -> Result<runs::Run, ApiError> {
-    if let Some(run) = replay(
-        st,
-        plan.workspace_id,
-        key.as_deref(),
-        RunKind::Apply,
-        &plan.id.to_string(),
-    )
-    .await?
-    {
-        return Ok(run);
-    }
-    if !plan.kind.is_plan_like() {
-        return Err(ApiError::conflict(
-            ErrorCode::NotAPlan,
-            format!(
-                "{} is an apply Run; apply the plan Run it carries out instead",
-                plan.id
-            ),
-        ));
-    }
-    if plan.status != RunStatus::Planned {
-        return Err(ApiError::conflict(
-            ErrorCode::PlanNotReady,
-            format!(
-                "{} is {}; only a planned Run can be applied",
-                plan.id,
-                plan.status.as_str()
-            ),
-        ));
-    }
-    // An unresolved unknown_outcome apply locks the Capsule against applies until an
-    // operator resolves it; say so now rather than queue an apply that will be refused.
-    if let Some(blocking) =
-        takosumi_store::unrecorded::unresolved_unknown_apply(&st.pool, plan.capsule_id).await?
-    {
-        return Err(ApiError::conflict(
-            ErrorCode::CapsuleNeedsInspection,
-            takosumi_store::unrecorded::needs_inspection_message(blocking),
-        ));
-    }
-    let speculative = takosumi_store::detection::speculative(&st.pool, plan.id).await?;
-    if speculative {
-        return Err(ApiError::conflict(
-            ErrorCode::SpeculativePlan,
-            format!(
-                "{} is a pull request's speculative plan and can never be applied",
-                plan.id
-            ),
-        ));
-    }
-    if plan.kind == RunKind::DriftCheck && plan.drift == Some(true) && plan.plan_digest.is_none() {
-        return Err(ApiError::conflict(
-            ErrorCode::NoKeptPlan,
-            format!(
-                "{} found drift, but its plan was too large to cross the relay and was not kept, so a reconcile cannot be proposed from it; run the check on a queue the control node executes (PUT /api/v1/capsules/{{id}}/pool {{\"pool\": null}}) and reconcile from that check",
-                plan.id
-            ),
-        ));
-    }
-    if plan.kind == RunKind::DriftCheck
-        && (plan.drift != Some(true) || plan.plan_object_key.is_none())
-    {
-        return Err(ApiError::conflict(
-            ErrorCode::NoKeptPlan,
-            format!(
-                "{} kept no plan (it found no drift, or a newer check of the Capsule replaced it); run the check again and propose the reconcile from it",
-                plan.id
-            ),
-        ));
-    }
-    if plan.plan_object_key.is_none() {
-        return Err(ApiError::conflict(
-            ErrorCode::PlanAlreadyUsed,
-            format!(
-                "the saved plan of {} was already applied or wiped; plan again",
-                plan.id
-            ),
-        ));
-    }
-    if let Some(existing) = runs::live_apply_of(&st.pool, plan.id).await? {
-        return Err(ApiError::conflict(
-            ErrorCode::ApplyExists,
-            format!("{existing} already applies this plan"),
-        ));
-    }
-    let new = runs::NewRun {
-        kind: RunKind::Apply,
-        workspace_id: plan.workspace_id,
-        capsule_id: plan.capsule_id,
-        run_group_id: plan.run_group_id,
-        plan_run_id: Some(plan.id),
-        actor_kind: actor_kind(caller),
-        actor_id: caller.0.id.to_string(),
-        auto_apply_requested: false,
-        idempotency_key: key.clone(),
-        traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
-    };
-    let mut tx = st.pool.begin().await?;
-    let id = match runs::insert(&mut tx, &new).await {
-        Ok(id) => id,
-        Err(e) if e.is_unique_violation() => {
-            drop(tx);
-            if let Some(run) = replay(
-                st,
-                plan.workspace_id,
-                key.as_deref(),
-                RunKind::Apply,
-                &plan.id.to_string(),
-            )
-            .await?
-            {
-                return Ok(run);
-            }
-            return Err(ApiError::conflict(
-                ErrorCode::ApplyExists,
-                format!("another apply of {} was just submitted", plan.id),
-            ));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    events::append(
-        &mut *tx,
-        id,
-        "queued",
-        &caller.actor(),
-        json!({ "kind": "apply", "planRunId": plan.id, "planDigest": plan.plan_digest }),
-    )
-    .await?;
-    activity::append(
-        &mut *tx,
-        plan.workspace_id,
-        "run_started",
-        &id.to_string(),
-        &caller.actor(),
-        json!({ "kind": "apply", "planRunId": plan.id }),
-    )
-    .await?;
-    if require_approval {
-        takosumi_store::gates::set_require_approval(&mut tx, id).await?;
-    }
-    // A pool with no delivery key can never receive the saved plan: the apply fails at
-    // once, with a code that says so.
-    if !crate::relay::fail_if_pool_has_no_key(&mut tx, id, plan.capsule_id).await? {
-        outbox::enqueue(&mut tx, Topic::Gate, id).await?;
-    }
-    let run = runs::get(&mut *tx, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the new Run"))?;
-    tx.commit().await?;
-    st.relay_wake.notify_one();
-    Ok(run)
 }
 
 async fn get_run(
@@ -820,7 +398,7 @@ async fn get_run(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     Ok(crate::views::run_json(&run))
 }
 
@@ -829,7 +407,7 @@ async fn run_events(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     let list = events::list(&st.pool, run.id).await?;
     let items: Vec<Value> = list
         .iter()
@@ -845,7 +423,7 @@ async fn run_logs(
     caller: Caller,
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let run = load_run(&st, &caller, &run).await?;
+    let run = extract::run(&st, &caller, &run, Action::Read).await?;
     let logs = takosumi_store::logs::read(&st.pool, run.id).await?;
     let items: Vec<Value> = logs
         .iter()

@@ -18,7 +18,7 @@ use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
 use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller, new_token};
 use crate::error::ErrorCode;
-use crate::routes::{parse_body, parse_id};
+use crate::extract::{parse_body, parse_id};
 use crate::{ApiError, AppState};
 
 /// The longest token name.

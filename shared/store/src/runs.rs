@@ -203,7 +203,7 @@ pub struct Start<'a> {
     pub wake: Option<Topic>,
 }
 
-/// Starts a Run: the row ([`insert`]), its `queued` event, the Workspace's `run_started`
+/// Starts a Run: the row, its `queued` event, the Workspace's `run_started`
 /// activity and its wake-up, all in the caller's transaction. The one way a Run is created
 /// (the sweep's bulk drift checks write the same four in one statement per batch).
 pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId, StoreError> {
@@ -225,8 +225,9 @@ pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId,
 }
 
 /// Inserts a queued Run. An Apply Run copies its plan's pins so the record shows what it
-/// is bound to from the start. Callers start Runs with [`start`].
-pub async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
+/// is bound to from the start. Only [`start`] inserts, so no Run exists without its event,
+/// activity and wake-up.
+async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
     // The row takes the column's default status, which is where the lifecycle starts.
     const _: () = assert!(matches!(RunStatus::INITIAL, RunStatus::Queued));
     let id = RunId::new();

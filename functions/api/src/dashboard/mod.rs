@@ -404,7 +404,7 @@ async fn sign_out(State(st): State<AppState>, headers: HeaderMap) -> Response {
 // ---- calling the API ----------------------------------------------------------------
 
 /// The API's routes, called in-process as the session's token.
-static ROUTES: LazyLock<Router<AppState>> = LazyLock::new(crate::routes::router);
+static ROUTES: LazyLock<Router<AppState>> = LazyLock::new(crate::router::router);
 
 /// An API answer.
 pub(crate) struct Reply {

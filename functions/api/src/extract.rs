@@ -1,0 +1,136 @@
+//! What a handler reads from a request before it does anything: the JSON body, an id from
+//! the path, the `Idempotency-Key`, a name, and the Workspace, Capsule, Run or RunGroup the
+//! path names, loaded and access-checked. Every endpoint answers a bad id, a missing row or
+//! a foreign Workspace the same way because they all go through here.
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use serde::de::DeserializeOwned;
+use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
+use takosumi_store::{capsules, detection, runs, workspaces};
+
+use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
+use crate::{ApiError, AppState};
+
+/// The JSON body; an empty one is refused with a hint rather than serde's message.
+pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::invalid_json(
+            "the request body is empty; send a JSON object",
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
+}
+
+/// An id from the path or the body: 400 `invalid_id` when it is not one.
+pub(crate) fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
+    raw: &str,
+) -> Result<T, ApiError> {
+    raw.parse().map_err(|e: takosumi_core::IdParseError| {
+        ApiError::client(StatusCode::BAD_REQUEST, ErrorCode::InvalidId, e.to_string())
+    })
+}
+
+/// The `Idempotency-Key` header, if sent.
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = v.to_str().map_err(|_| {
+        ApiError::invalid(
+            ErrorCode::InvalidIdempotencyKey,
+            "Idempotency-Key must be printable text",
+        )
+    })?;
+    if key.is_empty() || key.len() > 200 {
+        return Err(ApiError::invalid(
+            ErrorCode::InvalidIdempotencyKey,
+            "Idempotency-Key must be 1 to 200 characters",
+        ));
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// A name people give a Workspace, Capsule, binding or pool: 1-64 letters, digits, `-`,
+/// `_` or `.`, starting with a letter or digit.
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+}
+
+/// The Workspace `raw` names, where the caller may do `action`. A token of another
+/// Workspace is told it does not exist before anything is looked up; a role that may not
+/// do `action` is refused only once the Workspace is known to exist, so an unknown id is
+/// 404 whoever asks.
+pub(crate) async fn workspace(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+    action: Action,
+) -> Result<WorkspaceId, ApiError> {
+    let ws: WorkspaceId = parse_id(raw)?;
+    caller.require(Action::Read, Some(ws))?;
+    workspaces::get(&st.pool, ws)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    caller.require(action, Some(ws))?;
+    Ok(ws)
+}
+
+/// The Capsule `raw` names, where the caller may do `action` in its Workspace (a token of
+/// another Workspace is told it does not exist).
+pub(crate) async fn capsule(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+    action: Action,
+) -> Result<capsules::Capsule, ApiError> {
+    let id: CapsuleId = parse_id(raw)?;
+    let capsule = capsules::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
+    caller.require(Action::Read, Some(capsule.workspace_id))?;
+    caller.require(action, Some(capsule.workspace_id))?;
+    Ok(capsule)
+}
+
+/// The Run `raw` names, where the caller may do `action` in its Workspace.
+pub(crate) async fn run(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+    action: Action,
+) -> Result<runs::Run, ApiError> {
+    let id: RunId = parse_id(raw)?;
+    let run = runs::get(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
+    caller.require(Action::Read, Some(run.workspace_id))?;
+    caller.require(action, Some(run.workspace_id))?;
+    Ok(run)
+}
+
+/// The RunGroup `raw` names, where the caller may do `action` in its Workspace.
+pub(crate) async fn run_group(
+    st: &AppState,
+    caller: &Caller,
+    raw: &str,
+    action: Action,
+) -> Result<detection::RunGroup, ApiError> {
+    let id: RunGroupId = parse_id(raw)?;
+    let group = detection::group(&st.pool, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("RunGroup {id}")))?;
+    caller.require(Action::Read, Some(group.workspace_id))?;
+    caller.require(action, Some(group.workspace_id))?;
+    Ok(group)
+}

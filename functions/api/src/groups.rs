@@ -1,0 +1,205 @@
+//! RunGroups: a plan-update of a Workspace's Capsules, and approving or applying a group's
+//! Runs at once, each Run keeping its own record (its own approval, bound to its own plan
+//! digest; its own Apply Run pinned to its own plan).
+
+use crate::access::{Access, Api, Doc, Scope};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::Method;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use takosumi_core::{RunKind, RunStatus, WorkspaceId};
+use takosumi_store::{capsules, detection, runs};
+
+use crate::auth::{Action, Caller};
+use crate::{ApiError, AppState, extract, proposals, views};
+
+pub fn api() -> Api {
+    Api::new()
+        .route(
+            Method::POST,
+            "/api/v1/workspaces/{ws}/plan-update",
+            Access::Token(Action::Submit, Scope::Workspace),
+            plan_update,
+        )
+        .doc(
+            Doc::op("planUpdateWorkspace", "A RunGroup of plan Runs")
+                .optional_body::<PlanUpdate>()
+                .ok_object(202, "The RunGroup and its Runs."),
+        )
+        .route(
+            Method::GET,
+            "/api/v1/run-groups/{rg}",
+            Access::Token(Action::Read, Scope::RunGroup),
+            get_group,
+        )
+        .doc(Doc::op("getRunGroup", "A RunGroup and its Runs").ok::<takosumi_wire::RunGroup>(200))
+        .route(
+            Method::POST,
+            "/api/v1/run-groups/{rg}/approve",
+            Access::Token(Action::Approve, Scope::RunGroup),
+            approve_group,
+        )
+        .doc(
+            Doc::op("approveRunGroup", "Approve every held Run of the group")
+                .ok_object(200, "What was approved, and what was not with why."),
+        )
+        .route(
+            Method::POST,
+            "/api/v1/run-groups/{rg}/apply",
+            Access::Token(Action::Submit, Scope::RunGroup),
+            apply_group,
+        )
+        .doc(
+            Doc::op(
+                "applyRunGroup",
+                "Propose the apply of every planned Run of the group",
+            )
+            .ok_object(202, "The Apply Runs, and what was not proposed with why."),
+        )
+}
+
+pub(crate) async fn start_group(
+    st: &AppState,
+    caller: &Caller,
+    ws: WorkspaceId,
+    kind: RunKind,
+    only_stale: bool,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    caller.require(Action::Submit, Some(ws))?;
+    let ids = detection::workspace_capsules(&st.pool, ws, only_stale).await?;
+    let group_kind = if kind == RunKind::DriftCheck {
+        "drift_check"
+    } else {
+        "plan_update"
+    };
+    let mut tx = st.pool.begin().await?;
+    let group = detection::create_group(&mut tx, ws, group_kind, &caller.actor()).await?;
+    let mut created = Vec::new();
+    let mut skipped = Vec::new();
+    for id in ids {
+        let Some(capsule) = capsules::get(&mut *tx, id).await? else {
+            continue;
+        };
+        if kind == RunKind::DriftCheck && !crate::drift::has_baseline(st, capsule.id).await? {
+            skipped.push(json!({ "capsuleId": capsule.id, "code": "not_applied" }));
+            continue;
+        }
+        let hold_for = proposals::agent_to_hold(st, caller, &capsule).await?;
+        let start = proposals::RunStart {
+            kind,
+            capsule: &capsule,
+            group: Some(group),
+            actor_kind: proposals::actor_kind(caller),
+            actor_id: caller.0.id.to_string(),
+            actor: caller.actor(),
+            auto_apply: false,
+            hold_for,
+        };
+        created.push(proposals::start_run(&mut tx, &start).await?);
+    }
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(
+            json!({ "id": group, "workspaceId": ws, "kind": group_kind, "runIds": created, "skipped": skipped }),
+        ),
+    ))
+}
+
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PlanUpdate {
+    #[serde(default)]
+    only_stale: bool,
+}
+
+async fn plan_update(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
+    let req: PlanUpdate = if body.iter().all(u8::is_ascii_whitespace) {
+        PlanUpdate::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
+    };
+    start_group(&st, &caller, ws, RunKind::Plan, req.only_stale).await
+}
+
+async fn get_group(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(rg): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let group = extract::run_group(&st, &caller, &rg, Action::Read).await?;
+    let ids = detection::group_runs(&st.pool, group.id).await?;
+    let runs = runs::get_many(&st.pool, &ids).await?;
+    let items: Vec<views::RunView<'_>> = runs.iter().map(views::RunView::of).collect();
+    Ok(Json(
+        json!({ "id": group.id, "workspaceId": group.workspace_id, "kind": group.kind, "createdBy": group.created_by, "createdAt": group.created_at, "runs": items }),
+    ))
+}
+
+/// Approves every held Run of the group, each with its own approval record (bound to
+/// its own plan digest); Runs this caller may not approve are listed with the reason.
+async fn approve_group(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(rg): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let group = extract::run_group(&st, &caller, &rg, Action::Read).await?;
+    let mut results = Vec::new();
+    for id in detection::group_runs(&st.pool, group.id).await? {
+        let Some(run) = runs::get(&st.pool, id).await? else {
+            continue;
+        };
+        if run.status != RunStatus::Held {
+            continue;
+        }
+        match crate::gates::approve_run(&st, &caller, &run, None, None).await {
+            Ok(v) => results
+                .push(json!({ "runId": id, "status": v["status"], "approvals": v["approvals"] })),
+            Err(ApiError::Client { code, message, .. }) => {
+                results.push(json!({ "runId": id, "error": { "code": code, "message": message } }))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Json(json!({ "id": group.id, "results": results })))
+}
+
+/// Proposes an apply for each planned Run of the group, each pinned to its own plan.
+async fn apply_group(
+    State(st): State<AppState>,
+    caller: Caller,
+    Path(rg): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let group = extract::run_group(&st, &caller, &rg, Action::Submit).await?;
+    let mut results = Vec::new();
+    for id in detection::group_runs(&st.pool, group.id).await? {
+        let Some(run) = runs::get(&st.pool, id).await? else {
+            continue;
+        };
+        if !run.kind.is_plan_like() || run.status != RunStatus::Planned {
+            continue;
+        }
+        match proposals::propose_apply(&st, &caller, &run, None, false).await {
+            Ok(apply) => results.push(json!({ "planRunId": id, "applyRunId": apply.id })),
+            Err(ApiError::Client { code, message, .. }) => results
+                .push(json!({ "planRunId": id, "error": { "code": code, "message": message } })),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": group.id, "results": results })),
+    ))
+}
