@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{CapsuleId, RunId, RunStatus, Topic, WorkspaceId};
+use takosumi_core::{CapsuleId, HoldReason, RunId, RunStatus, Topic, WorkspaceId};
 use takosumi_policy::RuleSet;
 use takosumi_store::{activity, capsules, events, gates, outbox, runs};
 
@@ -318,15 +318,16 @@ pub async fn hold_agent_plan(
     id: RunId,
     caller: &Caller,
 ) -> Result<(), ApiError> {
-    let details = json!({ "reasons": ["agent_run"], "agentRun": true, "stage": "before_plan" });
+    let details =
+        json!({ "reasons": [HoldReason::AgentRun], "agentRun": true, "stage": "before_plan" });
     let roles = ["approver".to_owned(), "admin".to_owned()];
-    gates::hold(tx, id, "agent_run", &details, 1, &roles).await?;
+    gates::hold(tx, id, HoldReason::AgentRun, &details, 1, &roles).await?;
     events::append(
         &mut **tx,
         id,
         "held",
         &caller.actor(),
-        json!({ "reason": "agent_run", "stage": "before_plan" }),
+        json!({ "reason": HoldReason::AgentRun, "stage": "before_plan" }),
     )
     .await?;
     Ok(())

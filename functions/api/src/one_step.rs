@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{ApplyMode, Role, RunKind, Topic};
+use takosumi_core::{ApplyMode, HoldReason, Role, RunKind, Topic};
 use takosumi_policy::RuleSet;
 use takosumi_store::{apply_modes, capsules, gates, runs};
 
@@ -88,14 +88,14 @@ async fn apply_capsule(
     }
 
     let rules = effective_rules(&st, &capsule).await?;
-    let mut covered_by: Vec<&str> = rules.covering_rules();
+    let mut covered_by: Vec<HoldReason> = rules.covering_rules();
     if req.require_approval {
-        covered_by.push("require_approval");
+        covered_by.push(HoldReason::RequireApproval);
     }
     let hold_agent = caller.0.role == Role::Agent
         && !crate::gates::agent_exempt(&st, &capsule, &caller.0.name).await?;
     if hold_agent {
-        covered_by.push("agent_run");
+        covered_by.push(HoldReason::AgentRun);
     }
     let one_step = covered_by.is_empty();
     let new = runs::NewRun {

@@ -799,7 +799,7 @@ fn job(
         run_id,
         claim: owner.to_owned(),
         lease_secs: RELAY_LEASE_SECS,
-        tool: capsule.tool.clone(),
+        tool: capsule.tool,
         vars: inputs.vars,
         delivery_key_id: key.map(|k| k.key_id.clone()),
         // ids and names of the credential sets delivered (never their values)

@@ -265,7 +265,7 @@ async fn create_capsule(
             format!("{e}; give a directory relative to the repository root, without '..'"),
         )
     })?;
-    req.tool.parse::<Tool>().map_err(|_| {
+    let tool = req.tool.parse::<Tool>().map_err(|_| {
         ApiError::invalid(
             ErrorCode::InvalidTool,
             "tool must be \"tofu\" or \"terraform\"",
@@ -281,7 +281,7 @@ async fn create_capsule(
         repo,
         branch,
         dir: &req.dir,
-        tool: &req.tool,
+        tool,
         vars: &vars,
     };
     let mut tx = st.pool.begin().await?;

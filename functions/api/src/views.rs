@@ -4,8 +4,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::{
-    ActorKind, CapsuleId, ProviderLockState, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
-    WorkspaceId,
+    ActorKind, CapsuleId, HoldReason, ProviderLockState, RunGroupId, RunId, RunKind, RunStatus,
+    StateVersionId, WorkspaceId,
 };
 use takosumi_store::capsules::Capsule;
 use takosumi_store::runs::Run;
@@ -72,7 +72,7 @@ struct SnapshotView<'a> {
 
 #[derive(Serialize)]
 struct HoldView<'a> {
-    reason: &'a str,
+    reason: HoldReason,
     details: Option<&'a Value>,
 }
 
@@ -124,7 +124,7 @@ impl<'a> RunView<'a> {
             drift: r.drift,
             outputs: r.outputs.as_ref(),
             state_version_id: r.state_version_id,
-            hold: r.hold_reason.as_deref().map(|reason| HoldView {
+            hold: r.hold_reason.map(|reason| HoldView {
                 reason,
                 details: r.hold_details.as_ref(),
             }),

@@ -8,7 +8,7 @@
 //! tool may have started.
 
 use takosumi_core::{FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
-use takosumi_runner::{Masker, RunnerError, Tool, ToolEnv, Workdir};
+use takosumi_runner::{Masker, Tool, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
@@ -153,13 +153,6 @@ fn fail(code: FailureCode, message: impl Into<String>) -> ApplyError {
     ApplyError::Fail(code, message.into())
 }
 
-fn tool_failure(e: RunnerError, what: &str) -> ApplyError {
-    match e.failure_code() {
-        Some(code) => ApplyError::Fail(code, format!("{what}: {e}; see the run's logs")),
-        None => ApplyError::Step(runner_err(e)),
-    }
-}
-
 async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome, ApplyError> {
     let run_id = run.id;
     let plan_run = runs::get(&ctx.pool, plan_run_id)
@@ -170,10 +163,7 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
-    let tool: Tool = capsule
-        .tool
-        .parse()
-        .map_err(|e| tool_failure(e, "the Capsule's tool"))?;
+    let tool = capsule.tool;
     let (Some(plan_digest), Some(commit), Some(tree_digest), Some(generation)) = (
         plan_run.plan_digest.as_deref(),
         plan_run.source_commit.as_deref(),

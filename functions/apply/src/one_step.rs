@@ -9,13 +9,13 @@
 //! hold covers it, and it takes the pinned path otherwise.
 
 use takosumi_core::{Outcome, StepError};
-use takosumi_runner::{Masker, Runner, Tool, ToolEnv, Workdir};
+use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::{runner_err, store_err};
 use takosumi_steps::{OneStepInputs, OneStepRecord};
 use takosumi_store::{apply_modes, capsules, runs};
 
-use crate::{ApplyError, fail, finish, tool_failure};
+use crate::{ApplyError, fail, finish};
 
 /// The control node as the one-step apply's host.
 struct NodeOneStepHost<'a> {
@@ -76,10 +76,7 @@ pub(crate) async fn apply(ctx: &Ctx, run: &runs::Run) -> Result<Outcome, ApplyEr
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
-    let tool: Tool = capsule
-        .tool
-        .parse()
-        .map_err(|e| tool_failure(e, "the Capsule's tool"))?;
+    let tool = capsule.tool;
     // The claim pinned the Capsule's generation at that moment and took the Capsule.
     let Some(generation) = runs::get(&ctx.pool, run_id)
         .await

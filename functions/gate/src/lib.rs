@@ -7,7 +7,7 @@
 
 use serde_json::{Value, json};
 use takosumi_core::{
-    ActorKind, Changes, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic,
+    ActorKind, Changes, HoldReason, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic,
 };
 use takosumi_policy::{Decision, GateInput};
 use takosumi_runtime::Ctx;
@@ -168,7 +168,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         Err(e) => {
             // A policy that fails at runtime holds the apply rather than letting it through.
             Decision::Hold {
-                reason: "plan_gate",
+                reason: HoldReason::PlanGate,
                 details: json!({ "planGate": { "error": e.to_string() } }),
                 approvals_required: 1,
                 approver_roles: vec!["approver".into(), "admin".into()],
@@ -205,7 +205,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             approver_roles,
         } => {
             let required = i32::try_from(*approvals_required).unwrap_or(1);
-            if !gates::hold(&mut tx, run_id, reason, details, required, approver_roles)
+            if !gates::hold(&mut tx, run_id, *reason, details, required, approver_roles)
                 .await
                 .map_err(store_err)?
             {

@@ -6,7 +6,7 @@
 //! hold needs a saved plan for its approval to bind.
 
 use serde_json::json;
-use takosumi_core::{ActorKind, FailureCode, Outcome, StepError, Topic};
+use takosumi_core::{ActorKind, FailureCode, HoldReason, Outcome, StepError, Topic};
 use takosumi_policy::RuleSet;
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::store_err;
@@ -46,12 +46,12 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
             .map_err(store_err)?;
         agent = !name.is_some_and(|n| rules.agent_exemptions.contains(&n));
     }
-    let mut covered_by: Vec<&str> = rules.covering_rules();
+    let mut covered_by: Vec<HoldReason> = rules.covering_rules();
     if require_approval {
-        covered_by.push("require_approval");
+        covered_by.push(HoldReason::RequireApproval);
     }
     if agent {
-        covered_by.push("agent_run");
+        covered_by.push(HoldReason::AgentRun);
     }
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
     if covered_by.is_empty() {
@@ -77,7 +77,11 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
     } else {
         let message = format!(
             "a rule now covers applies of this Capsule ({}), so it cannot run in one step; nothing was applied. Submit the apply again: it is planned first and the rules decide on the saved plan",
-            covered_by.join(", ")
+            covered_by
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         if !runs::fail(&mut tx, run_id, None, FailureCode::StalePlan, &message)
             .await

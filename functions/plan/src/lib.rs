@@ -8,7 +8,7 @@
 
 use takosumi_core::{FailureCode, Outcome, RunKind, RunMessage, RunStatus, StepError};
 use takosumi_policy::scan::ScanReport;
-use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, Workdir};
+use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::plan_commit::{
@@ -263,12 +263,7 @@ async fn plan(
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
-    let tool: Tool = capsule.tool.parse().map_err(|e: RunnerError| {
-        PlanError::Fail(
-            FailureCode::InvalidConfiguration,
-            format!("the Capsule's tool: {e}"),
-        )
-    })?;
+    let tool = capsule.tool;
     let wd = ctx
         .runner
         .workdir(&run_id.to_string())

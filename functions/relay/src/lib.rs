@@ -20,7 +20,7 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::{Value, json};
 use takosumi_core::{RunKind, Secret};
 use takosumi_policy::scan::ScanReport;
-use takosumi_runner::{Masker, Runner, RunnerError, Tool, ToolEnv, Workdir};
+use takosumi_runner::{Masker, Runner, Tool, ToolEnv, Workdir};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::{DeliveryKeyPair, open_with_any};
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
@@ -609,12 +609,6 @@ async fn prepared_env(
     Ok(env)
 }
 
-fn tool_of(job: &RelayJob) -> Result<Tool, JobFailure> {
-    job.tool
-        .parse()
-        .map_err(|e: RunnerError| failure("invalid_configuration", e.to_string()))
-}
-
 fn internal(e: impl std::fmt::Display) -> JobFailure {
     failure("plan_failed", format!("the relay worker failed: {e}"))
 }
@@ -766,7 +760,7 @@ async fn plan(
     let src = &work.source;
     let inputs = PlanInputs {
         kind,
-        tool: tool_of(spec)?,
+        tool: spec.tool,
         repo: src.repo.clone(),
         branch: src.branch.clone(),
         commit: src.commit.clone(),
@@ -857,7 +851,7 @@ async fn apply(
     which: Pinned<'_>,
     wd: &Workdir,
 ) -> Result<(), JobFailure> {
-    let tool = tool_of(spec)?;
+    let tool = spec.tool;
     let host = RelayHost {
         job,
         settings,

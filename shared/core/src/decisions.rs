@@ -1,5 +1,5 @@
-//! What the gate decided about a Run, and which path an apply submission took: two closed
-//! sets the store's conditional updates and the steps branch on.
+//! What the gate decided about a Run, why it holds one, and which path an apply submission
+//! took: closed sets the store's conditional updates and the steps branch on.
 
 crate::text_enum! {
     /// The gate's decision on a Run (`runs.gate_decision`; `NULL` until the gate decided).
@@ -20,5 +20,27 @@ crate::text_enum! {
         ProposesApply = "proposes_apply",
         /// That plan Run once the gate proposed its Apply Run.
         ProposedApply = "proposed_apply",
+    }
+}
+
+crate::text_enum! {
+    /// Why a Run waits for a person (`runs.hold_reason`): the rule that holds it, or what
+    /// stands in for one.
+    pub enum HoldReason("hold reason") {
+        /// The plan deletes more than the `maxDestroy` rule allows (or an automatic apply
+        /// deletes anything).
+        MaxDestroy = "max_destroy",
+        /// The Rego plan gate denied it.
+        PlanGate = "plan_gate",
+        /// The approval rule covers it.
+        ApprovalRule = "approval_rule",
+        /// The estimated monthly cost increase is over the limit, or cannot be estimated.
+        CostCheck = "cost_check",
+        /// Its submission asked for an approval.
+        RequireApproval = "require_approval",
+        /// An AI agent submitted it.
+        AgentRun = "agent_run",
+        /// The approval rule exempts plans only when their dry-run scan is clean; this one's is not.
+        DryRunScan = "dry_run_scan",
     }
 }

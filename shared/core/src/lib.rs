@@ -12,8 +12,9 @@ pub mod role;
 pub mod run;
 pub mod secret;
 pub mod text_enum;
+pub mod tool;
 
-pub use decisions::{ApplyMode, GateDecision};
+pub use decisions::{ApplyMode, GateDecision, HoldReason};
 pub use error::{FailureCode, Outcome, StepError};
 pub use ids::{
     CapsuleId, EventId, IdParseError, ProviderBindingId, RunGroupId, RunId, StateVersionId,
@@ -23,3 +24,4 @@ pub use lock_state::ProviderLockState;
 pub use role::{Role, UnknownRole};
 pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic, stale_plan_advice};
 pub use secret::{Secret, read_secret};
+pub use tool::Tool;

@@ -69,6 +69,19 @@ macro_rules! text_enum {
             }
         }
 
+        // Compared with a name as it is stored or sent (`hold.reason == "max_destroy"`).
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.as_str() == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
         #[cfg(feature = "sqlx")]
         impl ::sqlx::Type<::sqlx::Postgres> for $name {
             fn type_info() -> ::sqlx::postgres::PgTypeInfo {
@@ -104,7 +117,7 @@ macro_rules! text_enum {
 
 #[cfg(test)]
 mod tests {
-    use crate::{ApplyMode, GateDecision, ProviderLockState};
+    use crate::{ApplyMode, GateDecision, HoldReason, ProviderLockState, Tool};
 
     fn round_trips<T>(all: &[T])
     where
@@ -125,5 +138,7 @@ mod tests {
         round_trips(GateDecision::ALL);
         round_trips(ApplyMode::ALL);
         round_trips(ProviderLockState::ALL);
+        round_trips(Tool::ALL);
+        round_trips(HoldReason::ALL);
     }
 }

@@ -9,7 +9,7 @@ pub mod scan;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use takosumi_core::Changes;
+use takosumi_core::{Changes, HoldReason};
 
 /// The package a plan gate policy declares; its `deny` set holds the apply.
 pub const PLAN_GATE_PACKAGE: &str = "takosumi";
@@ -164,19 +164,19 @@ impl RuleSet {
     /// The rules that cover an apply (could hold it): an apply one of them covers is
     /// planned first with `-out` and decided on its saved plan; an apply none covers runs
     /// in one step (`apply -auto-approve`).
-    pub fn covering_rules(&self) -> Vec<&'static str> {
+    pub fn covering_rules(&self) -> Vec<HoldReason> {
         let mut rules = Vec::new();
         if self.max_destroy.is_some() {
-            rules.push("max_destroy");
+            rules.push(HoldReason::MaxDestroy);
         }
         if self.plan_gate.is_some() {
-            rules.push("plan_gate");
+            rules.push(HoldReason::PlanGate);
         }
         if self.approval.is_some() {
-            rules.push("approval_rule");
+            rules.push(HoldReason::ApprovalRule);
         }
         if self.max_monthly_increase.is_some() {
-            rules.push("cost_check");
+            rules.push(HoldReason::CostCheck);
         }
         rules
     }
@@ -185,12 +185,12 @@ impl RuleSet {
     /// `None` when it plans freely, or the hold reason (`approval_rule` when the approval
     /// rule covers dry runs, `dry_run_scan` when the exemption does not hold because the
     /// scan found a data source that acts or something it could not read).
-    pub fn dry_run_hold(&self, scan_clean: bool) -> Option<&'static str> {
+    pub fn dry_run_hold(&self, scan_clean: bool) -> Option<HoldReason> {
         self.approval.as_ref()?;
         if self.exclude_dry_run == Some(false) {
-            Some("approval_rule")
+            Some(HoldReason::ApprovalRule)
         } else if !scan_clean {
-            Some("dry_run_scan")
+            Some(HoldReason::DryRunScan)
         } else {
             None
         }
@@ -270,7 +270,7 @@ pub enum Decision {
     /// Held for a person: the first reason and every rule's details.
     Hold {
         /// `max_destroy`, `plan_gate`, `approval_rule`, `require_approval`, `agent_run`.
-        reason: &'static str,
+        reason: HoldReason,
         /// Every finding, for the approver.
         details: Value,
         /// Approvals needed to release it.
@@ -327,12 +327,12 @@ pub fn cost_finding(limit: f64, est: &takosumi_cost::CostEstimate) -> Value {
 /// Decides on an apply.
 pub fn decide(rules: &RuleSet, input: &GateInput<'_>) -> Result<Decision, PolicyError> {
     let mut findings = serde_json::Map::new();
-    let mut reasons: Vec<&'static str> = Vec::new();
+    let mut reasons: Vec<HoldReason> = Vec::new();
     let mut checked = Vec::new();
     if let Some(limit) = rules.max_destroy {
-        checked.push("max_destroy".to_owned());
+        checked.push(HoldReason::MaxDestroy.to_string());
         if input.changes.destroy > limit {
-            reasons.push("max_destroy");
+            reasons.push(HoldReason::MaxDestroy);
             findings.insert(
                 "maxDestroy".into(),
                 json!({ "limit": limit, "destroy": input.changes.destroy }),
@@ -340,7 +340,7 @@ pub fn decide(rules: &RuleSet, input: &GateInput<'_>) -> Result<Decision, Policy
         }
     }
     if let Some(policy) = &rules.plan_gate {
-        checked.push("plan_gate".to_owned());
+        checked.push(HoldReason::PlanGate.to_string());
         let mut gate_input = input.plan_json.cloned().unwrap_or_else(|| json!({}));
         if let Value::Object(m) = &mut gate_input {
             m.insert("run".into(), input.run.clone());
@@ -358,20 +358,20 @@ pub fn decide(rules: &RuleSet, input: &GateInput<'_>) -> Result<Decision, Policy
         }
         let denials = plan_gate_denials(policy, &gate_input)?;
         if !denials.is_empty() {
-            reasons.push("plan_gate");
+            reasons.push(HoldReason::PlanGate);
             findings.insert("planGate".into(), json!({ "deny": denials }));
         }
     }
     if let Some(limit) = rules.max_monthly_increase {
-        checked.push("cost_check".to_owned());
+        checked.push(HoldReason::CostCheck.to_string());
         match input.cost {
             Some(est) if est.total.delta <= limit => {}
             Some(est) => {
-                reasons.push("cost_check");
+                reasons.push(HoldReason::CostCheck);
                 findings.insert("costCheck".into(), cost_finding(limit, est));
             }
             None => {
-                reasons.push("cost_check");
+                reasons.push(HoldReason::CostCheck);
                 findings.insert(
                     "costCheck".into(),
                     json!({ "limit": limit, "message": "this plan kept no resource summary, so its cost cannot be estimated; plan again" }),
@@ -379,24 +379,24 @@ pub fn decide(rules: &RuleSet, input: &GateInput<'_>) -> Result<Decision, Policy
             }
         }
     }
-    if input.auto_apply && input.changes.destroy > 0 && !reasons.contains(&"max_destroy") {
-        reasons.push("max_destroy");
+    if input.auto_apply && input.changes.destroy > 0 && !reasons.contains(&HoldReason::MaxDestroy) {
+        reasons.push(HoldReason::MaxDestroy);
         findings.insert(
             "maxDestroy".into(),
             json!({ "limit": 0, "destroy": input.changes.destroy, "autoApply": "an automatic apply stops for review when the plan deletes anything" }),
         );
     }
     if input.require_approval {
-        reasons.push("require_approval");
+        reasons.push(HoldReason::RequireApproval);
         findings.insert("requireApproval".into(), json!(true));
     }
     if input.agent {
-        reasons.push("agent_run");
+        reasons.push(HoldReason::AgentRun);
         findings.insert("agentRun".into(), json!(true));
     }
     if let Some(a) = &rules.approval {
-        checked.push("approval_rule".to_owned());
-        reasons.push("approval_rule");
+        checked.push(HoldReason::ApprovalRule.to_string());
+        reasons.push(HoldReason::ApprovalRule);
         findings.insert(
             "approvalRule".into(),
             json!({ "required": a.required, "approverRoles": a.approver_roles }),
@@ -517,7 +517,7 @@ deny contains msg if {
         assert!(matches!(
             decide(&rules, &i).unwrap(),
             Decision::Hold {
-                reason: "plan_gate",
+                reason: HoldReason::PlanGate,
                 ..
             }
         ));
@@ -564,7 +564,7 @@ deny contains msg if {
         assert!(matches!(
             decide(&RuleSet::default(), &agent).unwrap(),
             Decision::Hold {
-                reason: "agent_run",
+                reason: HoldReason::AgentRun,
                 ..
             }
         ));
@@ -667,7 +667,7 @@ deny contains msg if {
         assert!(matches!(
             decide(&rules, &input(0)).unwrap(),
             Decision::Hold {
-                reason: "cost_check",
+                reason: HoldReason::CostCheck,
                 ..
             }
         ));
@@ -729,13 +729,13 @@ deny contains msg if {
             ..RuleSet::default()
         };
         assert_eq!(rules.dry_run_hold(true), None);
-        assert_eq!(rules.dry_run_hold(false), Some("dry_run_scan"));
+        assert_eq!(rules.dry_run_hold(false), Some(HoldReason::DryRunScan));
         let strict = RuleSet {
             approval,
             exclude_dry_run: Some(false),
             ..RuleSet::default()
         };
-        assert_eq!(strict.dry_run_hold(true), Some("approval_rule"));
+        assert_eq!(strict.dry_run_hold(true), Some(HoldReason::ApprovalRule));
     }
 
     #[test]

@@ -261,7 +261,10 @@ impl Runner {
                     ))
                 })?
             }
-            Some(commit) => self.fetch_pinned(wd, &git_dir, repo, commit).await?,
+            Some(commit) => {
+                self.fetch_pinned(wd, &git_dir, repo, branch, commit)
+                    .await?
+            }
         };
         self.export_tree(wd, &git_dir, &head, repo).await?;
 
@@ -292,11 +295,14 @@ impl Runner {
     /// and tag is fetched (pruning what the remote deleted) and the commit must be
     /// reachable from one of them. A commit force-pushed away is gone even though the
     /// cache still holds its objects: a reviewed commit someone removed is not applied.
+    /// When the Capsule's branch still points at the commit (an apply soon after its plan)
+    /// that is read from the entry's ref files, without asking git which refs contain it.
     async fn fetch_pinned(
         &self,
         wd: &Workdir,
         git_dir: &GitDir,
         repo: &str,
+        branch: &str,
         commit: &str,
     ) -> Result<String, RunnerError> {
         self.fetch(wd, git_dir, repo, &[ALL_HEADS, ALL_TAGS])
@@ -309,6 +315,9 @@ impl Runner {
                 .await?
                 .ok_or_else(not_found)?
         };
+        if read_branch_ref(&git_dir.path, branch).as_deref() == Some(full.as_str()) {
+            return Ok(full);
+        }
         let mut args = git_dir.git_dir_args();
         args.extend(
             [

@@ -2,59 +2,13 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use takosumi_core::Secret;
 
 use crate::{Masker, RunnerError};
 
-/// The infrastructure tool a Capsule uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Tool {
-    /// HashiCorp Terraform.
-    Terraform,
-    /// OpenTofu.
-    Tofu,
-}
-
-impl Tool {
-    /// The stable lowercase name (`terraform` / `tofu`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Terraform => "terraform",
-            Self::Tofu => "tofu",
-        }
-    }
-
-    /// The setting suffix naming its binary (`TAKOSUMI_<this>_BIN`).
-    pub fn env_name(self) -> &'static str {
-        match self {
-            Self::Terraform => "TERRAFORM",
-            Self::Tofu => "TOFU",
-        }
-    }
-}
-
-impl fmt::Display for Tool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Tool {
-    type Err = RunnerError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "terraform" => Ok(Self::Terraform),
-            "tofu" => Ok(Self::Tofu),
-            other => Err(RunnerError::UnknownTool(other.to_owned())),
-        }
-    }
-}
+pub use takosumi_core::Tool;
 
 /// What a tool step printed.
 #[derive(Clone)]
@@ -324,10 +278,7 @@ mod tests {
             assert_eq!(tool.to_string().parse::<Tool>().unwrap(), tool);
             assert_eq!(serde_json::to_value(tool).unwrap(), json!(tool.as_str()));
         }
-        assert!(matches!(
-            "opentofu".parse::<Tool>(),
-            Err(RunnerError::UnknownTool(_))
-        ));
+        assert!("opentofu".parse::<Tool>().is_err());
         assert_eq!(
             serde_json::from_value::<Tool>(json!("tofu")).unwrap(),
             Tool::Tofu

@@ -13,7 +13,7 @@
 //! the API's relay endpoint for a relay worker's (`owner` is the claim either way).
 
 use serde_json::json;
-use takosumi_core::{FailureCode, RunKind};
+use takosumi_core::{FailureCode, HoldReason, RunKind};
 use takosumi_policy::RuleSet;
 use takosumi_policy::scan::ScanReport;
 use takosumi_store::{Pool, activity, dry_runs, events, gates, runs};
@@ -100,7 +100,7 @@ pub async fn check(
         .map(ToString::to_string)
         .chain(report.unreadable.iter().map(ToString::to_string))
         .collect();
-    let why = if reason == "dry_run_scan" {
+    let why = if reason == HoldReason::DryRunScan {
         "the approval rule exempts plans (excludeDryRun) only when the dry-run scan finds nothing that acts when planned; this one is held as the real run it may be"
     } else {
         "the approval rule covers plans too (excludeDryRun: false)"

@@ -2,7 +2,7 @@
 //! generation every apply moves forward by exactly one.
 
 use chrono::{DateTime, Utc};
-use takosumi_core::{CapsuleId, RunId, StateVersionId, WorkspaceId};
+use takosumi_core::{CapsuleId, RunId, StateVersionId, Tool, WorkspaceId};
 
 use crate::{StoreError, Tx};
 
@@ -22,7 +22,7 @@ pub struct Capsule {
     /// The configuration directory inside the repository.
     pub dir: String,
     /// `tofu` or `terraform`.
-    pub tool: String,
+    pub tool: Tool,
     /// Per-run variables (a JSON object).
     pub vars: serde_json::Value,
     /// The generation of the current state.
@@ -54,7 +54,7 @@ pub struct NewCapsule<'a> {
     /// Directory (validated by the caller).
     pub dir: &'a str,
     /// `tofu` or `terraform`.
-    pub tool: &'a str,
+    pub tool: Tool,
     /// Variables.
     pub vars: &'a serde_json::Value,
 }
@@ -71,7 +71,7 @@ pub async fn create(tx: &mut Tx, new: &NewCapsule<'_>) -> Result<CapsuleId, Stor
         new.repo,
         new.branch,
         new.dir,
-        new.tool,
+        new.tool as Tool,
         new.vars
     )
     .execute(&mut **tx)
@@ -87,7 +87,7 @@ where
     Ok(sqlx::query_as!(
         Capsule,
         r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
-                  branch, dir, tool, vars, state_generation,
+                  branch, dir, tool as "tool: Tool", vars, state_generation,
                   current_state_version_id as "current_state_version_id: StateVersionId",
                   running_apply_id as "running_apply_id: RunId", stale, sensitive_var_names,
                   created_at

@@ -3,7 +3,7 @@
 //! that acts or something it could not read. The plan step holds its claimed Run and gives
 //! its lease back in one conditional update.
 
-use takosumi_core::RunId;
+use takosumi_core::{HoldReason, RunId};
 
 use crate::{StoreError, Tx};
 
@@ -13,7 +13,7 @@ pub async fn hold_claimed(
     tx: &mut Tx,
     id: RunId,
     owner: &str,
-    reason: &str,
+    reason: HoldReason,
     details: &serde_json::Value,
     approvals_required: i32,
     approver_roles: &[String],
@@ -28,7 +28,7 @@ pub async fn hold_claimed(
             WHERE id = $1 AND status = 'planning' AND lease_owner = $2 AND gate_decision IS NULL"#,
         id.as_uuid(),
         owner,
-        reason,
+        reason as HoldReason,
         details,
         approvals_required,
         approver_roles

@@ -1,7 +1,7 @@
 //! Rule sets, holds and approvals. A hold and a release are conditional updates like every
 //! other transition; an approval is bound to the digest of the plan its approver was shown.
 
-use takosumi_core::{CapsuleId, RunId, WorkspaceId};
+use takosumi_core::{CapsuleId, HoldReason, RunId, WorkspaceId};
 
 use crate::{StoreError, Tx};
 
@@ -77,7 +77,7 @@ pub async fn current_rules<'e, E: sqlx::PgExecutor<'e>>(
 pub async fn hold(
     tx: &mut Tx,
     id: RunId,
-    reason: &str,
+    reason: HoldReason,
     details: &serde_json::Value,
     approvals_required: i32,
     approver_roles: &[String],
@@ -88,7 +88,7 @@ pub async fn hold(
                   approvals_required = $4, approver_roles = $5, updated_at = now()
             WHERE id = $1 AND status = 'queued' AND gate_decision IS NULL"#,
         id.as_uuid(),
-        reason,
+        reason as HoldReason,
         details,
         approvals_required,
         approver_roles

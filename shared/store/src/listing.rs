@@ -1,7 +1,7 @@
 //! Listings for people and the CLI: the Workspaces a token can see and a Workspace's
 //! Capsules, oldest first.
 
-use takosumi_core::{CapsuleId, RunId, StateVersionId, WorkspaceId};
+use takosumi_core::{CapsuleId, RunId, StateVersionId, Tool, WorkspaceId};
 
 use crate::StoreError;
 use crate::capsules::Capsule;
@@ -33,7 +33,7 @@ pub async fn capsules(pool: &sqlx::PgPool, ws: WorkspaceId) -> Result<Vec<Capsul
     Ok(sqlx::query_as!(
         Capsule,
         r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
-                  branch, dir, tool, vars, state_generation,
+                  branch, dir, tool as "tool: Tool", vars, state_generation,
                   current_state_version_id as "current_state_version_id: StateVersionId",
                   running_apply_id as "running_apply_id: RunId", stale, sensitive_var_names,
                   created_at

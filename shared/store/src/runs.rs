@@ -5,8 +5,8 @@
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{
-    ActorKind, ApplyMode, CapsuleId, Changes, FailureCode, GateDecision, ProviderLockState,
-    RunGroupId, RunId, RunKind, RunStatus, StateVersionId, Topic, WorkspaceId,
+    ActorKind, ApplyMode, CapsuleId, Changes, FailureCode, GateDecision, HoldReason,
+    ProviderLockState, RunGroupId, RunId, RunKind, RunStatus, StateVersionId, Topic, WorkspaceId,
 };
 
 use crate::{StoreError, Tx};
@@ -73,7 +73,7 @@ pub struct Run {
     /// `[{"id": "pb_…", "name": …}]`: the ProviderBindings a step injected.
     pub provider_bindings: serde_json::Value,
     /// Why it is held.
-    pub hold_reason: Option<String>,
+    pub hold_reason: Option<HoldReason>,
     /// Details of the hold.
     pub hold_details: Option<serde_json::Value>,
     /// The gate's decision, once made.
@@ -146,7 +146,7 @@ pub async fn get_many<'e, E: sqlx::PgExecutor<'e>>(
                   lockfile_object_key, provider_lock_state as "provider_lock_state: ProviderLockState",
                   provider_lock_digest, dependency_snapshot, state_generation, changes, drift, outputs,
                   state_version_id as "state_version_id: StateVersionId", injected_env_names,
-                  vars, var_names, provider_bindings, hold_reason, hold_details, gate_decision as "gate_decision: GateDecision", error_code, error_message, canceled_by,
+                  vars, var_names, provider_bindings, hold_reason as "hold_reason: HoldReason", hold_details, gate_decision as "gate_decision: GateDecision", error_code, error_message, canceled_by,
                   canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode as "apply_mode: ApplyMode",
                   cancel_requested_at, cancel_requested_by, resolution_action, resolution_note,
                   resolved_by, resolved_at

@@ -13,8 +13,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use takosumi_core::{
-    CapsuleId, Changes, ProviderBindingId, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
-    WorkspaceId,
+    CapsuleId, Changes, HoldReason, ProviderBindingId, RunGroupId, RunId, RunKind, RunStatus,
+    StateVersionId, Tool, WorkspaceId,
 };
 
 mod plan;
@@ -87,9 +87,8 @@ pub struct Capsule {
     /// The configuration directory inside the repository.
     #[serde(default, deserialize_with = "null_as_default")]
     pub dir: String,
-    /// `tofu` or `terraform`.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub tool: String,
+    /// The tool its Runs use.
+    pub tool: Tool,
     /// Input variables.
     #[serde(default, deserialize_with = "null_as_default")]
     #[schema(value_type = Object)]
@@ -131,9 +130,8 @@ pub struct SourceSnapshot {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Hold {
-    /// `approval_rule`, `max_destroy`, `plan_gate`, `agent_run`, `require_approval`, …
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub reason: String,
+    /// The rule that holds it.
+    pub reason: HoldReason,
     /// Reason-specific details.
     #[serde(default)]
     pub details: Value,

@@ -14,7 +14,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
-use takosumi_core::{RunId, RunKind};
+use takosumi_core::{RunId, RunKind, Tool};
 
 use crate::UsedBinding;
 
@@ -72,9 +72,9 @@ pub struct RelayJob {
     pub claim: String,
     /// The lease, renewed by every `progress` call.
     pub lease_secs: i64,
-    /// `tofu` or `terraform`, as the Capsule names it (the worker refuses another with
-    /// `invalid_configuration`).
-    pub tool: String,
+    /// The Capsule's tool (a job naming one this worker does not know does not decode, and
+    /// its Run fails `invalid_configuration`).
+    pub tool: Tool,
     /// The plain input variables.
     #[serde(default)]
     pub vars: Map<String, Value>,
