@@ -17,11 +17,13 @@ use takosumi_core::{
     WorkspaceId,
 };
 
+mod error;
 mod plan;
 pub mod relay;
 mod stream;
 mod tokens;
 
+pub use error::{Code, ErrorBody, ErrorCode, KnownCode};
 pub use plan::{AttributeDiff, PlanDiff, PlanView, ResourceDiff};
 pub use stream::{ApprovalsView, GivenApproval, StreamEvent};
 pub use tokens::{CreatedToken, NewToken, TokenList, TokenView};
