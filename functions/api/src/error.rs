@@ -8,9 +8,10 @@ use axum::response::{IntoResponse, Response};
 pub use takosumi_wire::{ErrorBody, ErrorCode};
 
 /// An error an endpoint returns.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// 400/401/403/404/409/422 with a stable code.
+    #[error("{status} {code}: {message}")]
     Client {
         /// HTTP status.
         status: StatusCode,
@@ -20,10 +21,12 @@ pub enum ApiError {
         message: String,
     },
     /// 500/503: logged in full, opaque in the body.
+    #[error("the request failed on our side (transient: {transient})")]
     Internal {
         /// Whether the failure may pass (503) or is a bug (500).
         transient: bool,
         /// The cause, logged only.
+        #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
