@@ -1555,7 +1555,7 @@ async fn a_relay_workers_unstored_state_is_held_like_the_control_nodes() -> anyh
         .await?;
     match stack.client.apply(next.id, None).await {
         Err(takosumi_client::ClientError::Api { code, .. }) => {
-            assert_eq!(code, "capsule_needs_inspection");
+            assert_eq!(code, takosumi_client::ErrorCode::CapsuleNeedsInspection);
         }
         other => panic!("an apply beside an unknown outcome: {other:?}"),
     }
