@@ -13,8 +13,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use takosumi_core::{
-    CapsuleId, Changes, ProviderBindingId, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
-    WorkspaceId,
+    CapsuleId, Changes, FailureCode, ProviderBindingId, RunGroupId, RunId, RunKind, RunStatus,
+    StateVersionId, WorkspaceId,
 };
 
 mod error;
@@ -146,8 +146,11 @@ pub struct Hold {
 #[serde(rename_all = "camelCase")]
 pub struct RunErrorBody {
     /// Machine-readable (`stale_plan`, `plan_failed`, …).
+    // A FailureCode, or `unknown_outcome` (a status's code, not a failure's), or a code
+    // newer than this build: the last two read as text, so the schema says string.
     #[serde(default, deserialize_with = "null_as_default")]
-    pub code: String,
+    #[schema(value_type = String)]
+    pub code: Code<FailureCode>,
     /// What a person should do next.
     #[serde(default, deserialize_with = "null_as_default")]
     pub message: String,
