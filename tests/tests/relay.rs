@@ -9,7 +9,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, NewCapsule, Source};
-use takosumi_core::{RunId, RunStatus};
+use takosumi_core::{FailureCode, RunId, RunStatus};
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::{GitRepo, Stack, WATCHED_CONFIG, keys_env, spawn_relay, watched_input};
 
@@ -676,8 +676,8 @@ async fn rotating_the_delivery_key_keeps_a_grace_then_refuses_with_a_code() -> a
         .await?;
     assert_eq!(failed.status, RunStatus::Failed, "{failed:?}");
     assert_eq!(
-        failed.error.map(|e| e.code).as_deref(),
-        Some("delivery_key_unopenable")
+        failed.error.and_then(|e| e.code.known()),
+        Some(FailureCode::DeliveryKeyUnopenable)
     );
     wrong.kill().await?;
 
@@ -1555,7 +1555,7 @@ async fn a_relay_workers_unstored_state_is_held_like_the_control_nodes() -> anyh
         .await?;
     match stack.client.apply(next.id, None).await {
         Err(takosumi_client::ClientError::Api { code, .. }) => {
-            assert_eq!(code, "capsule_needs_inspection");
+            assert_eq!(code, takosumi_client::ErrorCode::CapsuleNeedsInspection);
         }
         other => panic!("an apply beside an unknown outcome: {other:?}"),
     }

@@ -6,7 +6,7 @@
 //! a Workspace admin or an operator may not manage tokens; the CLI does the same.
 
 use serde_json::{Value, json};
-use takosumi_client::{Client, NewToken};
+use takosumi_client::{Client, ErrorCode, NewToken};
 use takosumi_tests::probe;
 use takosumi_tests::{Options, Stack, Steps};
 
@@ -101,7 +101,7 @@ async fn admins_make_list_and_revoke_tokens() -> anyhow::Result<()> {
         "the session ended with the token"
     );
     let again = stack.client.revoke_token(made.info.id).await.unwrap_err();
-    assert_eq!(again.code(), Some("already_revoked"));
+    assert_eq!(again.known_code(), Some(ErrorCode::AlreadyRevoked));
 
     // Both changes are in the Workspace's activity.
     let activity = stack.client.activity(ws.id, None, None, None).await?;

@@ -453,7 +453,7 @@ fn assert_no_state_content(text: &str, ids: &[String], canary: &str) {
 
 fn api_code(e: &ClientError) -> (u16, String) {
     match e {
-        ClientError::Api { status, code, .. } => (*status, code.clone()),
+        ClientError::Api { status, code, .. } => (*status, code.to_string()),
         other => (0, other.to_string()),
     }
 }

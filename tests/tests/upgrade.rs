@@ -656,8 +656,8 @@ async fn check_pipeline(
     let failed = stack.client.get_run(old.failed).await?;
     assert_eq!(failed.status, RunStatus::Failed);
     assert_eq!(
-        failed.error.as_ref().map(|e| e.code.clone()),
-        Some("plan_failed".to_owned()),
+        failed.error.as_ref().and_then(|e| e.code.known()),
+        Some(takosumi_core::FailureCode::PlanFailed),
         "{failed:?}"
     );
     assert_eq!(

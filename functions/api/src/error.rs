@@ -1,214 +1,17 @@
 //! API errors: "your input" (4xx, a stable code and a safe message) versus "ours" (5xx:
-//! the full cause chain goes to the log, the body says only that it failed).
+//! the full cause chain goes to the log, the body says only that it failed). The codes and
+//! the body are the wire contract's ([`ErrorCode`], [`ErrorBody`]).
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-
-/// Declares [`ErrorCode`] once: the variant, and the wire string it must serialize as (a
-/// test checks serde and [`ErrorCode::as_str`] agree).
-macro_rules! error_codes {
-    ($($variant:ident => $wire:literal,)*) => {
-        /// Every `code` an API error body can carry: a closed set, so the OpenAPI
-        /// document lists them as an `enum` and a new code cannot appear unlisted.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
-        #[serde(rename_all = "snake_case")]
-        #[allow(missing_docs)]
-        pub enum ErrorCode {
-            $($variant,)*
-        }
-
-        impl ErrorCode {
-            /// Every code.
-            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
-
-            /// The wire string (`invalid_id`).
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(ErrorCode::$variant => $wire,)*
-                }
-            }
-        }
-    };
-}
-
-error_codes! {
-    AfterApplyFailed => "after_apply_failed",
-    AlreadyApproved => "already_approved",
-    AlreadyResolved => "already_resolved",
-    AlreadyRevoked => "already_revoked",
-    ApplyExists => "apply_exists",
-    ApplyFailed => "apply_failed",
-    AttemptsExhausted => "attempts_exhausted",
-    AutoApplyPersonOnly => "auto_apply_person_only",
-    BindingExists => "binding_exists",
-    CapsuleBusy => "capsule_busy",
-    CapsuleExists => "capsule_exists",
-    CapsuleNeedsInspection => "capsule_needs_inspection",
-    CheckoutFailed => "checkout_failed",
-    Conflict => "conflict",
-    CostUnavailable => "cost_unavailable",
-    CredentialFailed => "credential_failed",
-    CurrentStateUnreadable => "current_state_unreadable",
-    DeliveryKeyExpired => "delivery_key_expired",
-    DeliveryKeyIdUsed => "delivery_key_id_used",
-    DeliveryKeyUnknown => "delivery_key_unknown",
-    DeliveryKeyUnopenable => "delivery_key_unopenable",
-    DependencyChanged => "dependency_changed",
-    DryRunScanRefused => "dry_run_scan_refused",
-    EnvNameConflict => "env_name_conflict",
-    EvidenceMissing => "evidence_missing",
-    EvidencePending => "evidence_pending",
-    Forbidden => "forbidden",
-    HeldStateUnreadable => "held_state_unreadable",
-    IdempotencyKeyReused => "idempotency_key_reused",
-    InitFailed => "init_failed",
-    Internal => "internal",
-    InvalidAction => "invalid_action",
-    InvalidAutoApply => "invalid_auto_apply",
-    InvalidBinding => "invalid_binding",
-    InvalidCode => "invalid_code",
-    InvalidConfiguration => "invalid_configuration",
-    InvalidCursor => "invalid_cursor",
-    InvalidDeliveryId => "invalid_delivery_id",
-    InvalidDeliveryKey => "invalid_delivery_key",
-    InvalidDir => "invalid_dir",
-    InvalidEvent => "invalid_event",
-    InvalidExpiry => "invalid_expiry",
-    InvalidFilter => "invalid_filter",
-    InvalidGrace => "invalid_grace",
-    InvalidId => "invalid_id",
-    InvalidIdempotencyKey => "invalid_idempotency_key",
-    InvalidIds => "invalid_ids",
-    InvalidInterval => "invalid_interval",
-    InvalidJson => "invalid_json",
-    InvalidLimit => "invalid_limit",
-    InvalidLockfile => "invalid_lockfile",
-    InvalidName => "invalid_name",
-    InvalidNote => "invalid_note",
-    InvalidPolicy => "invalid_policy",
-    InvalidQuery => "invalid_query",
-    InvalidReport => "invalid_report",
-    InvalidRequest => "invalid_request",
-    InvalidRole => "invalid_role",
-    InvalidRules => "invalid_rules",
-    InvalidSandbox => "invalid_sandbox",
-    InvalidSelection => "invalid_selection",
-    InvalidSignature => "invalid_signature",
-    InvalidSource => "invalid_source",
-    InvalidState => "invalid_state",
-    InvalidTool => "invalid_tool",
-    InvalidVars => "invalid_vars",
-    LockfileCrossRun => "lockfile_cross_run",
-    LockfileMismatch => "lockfile_mismatch",
-    LockfileMissing => "lockfile_missing",
-    LockfileTooLarge => "lockfile_too_large",
-    MethodNotAllowed => "method_not_allowed",
-    MissingState => "missing_state",
-    NoCancelRequested => "no_cancel_requested",
-    NoHeldState => "no_held_state",
-    NoKeptPlan => "no_kept_plan",
-    NoSelection => "no_selection",
-    NoSuchEndpoint => "no_such_endpoint",
-    NotAPlan => "not_a_plan",
-    NotApplied => "not_applied",
-    NotApplying => "not_applying",
-    NotFound => "not_found",
-    NotHeld => "not_held",
-    NotOneStep => "not_one_step",
-    NotPlanning => "not_planning",
-    NotUnknownOutcome => "not_unknown_outcome",
-    NotYourClaim => "not_your_claim",
-    PayloadTooLarge => "payload_too_large",
-    PlanAlreadyUsed => "plan_already_used",
-    PlanDigestMismatch => "plan_digest_mismatch",
-    PlanFailed => "plan_failed",
-    PlanFileExists => "plan_file_exists",
-    PlanFileMissing => "plan_file_missing",
-    PlanNotReady => "plan_not_ready",
-    PlanTooLarge => "plan_too_large",
-    PoolExists => "pool_exists",
-    PoolHasNoDeliveryKey => "pool_has_no_delivery_key",
-    RunFinished => "run_finished",
-    RunInFlight => "run_in_flight",
-    RunNotEnded => "run_not_ended",
-    SandboxUnavailable => "sandbox_unavailable",
-    SelfApproval => "self_approval",
-    SourceChanged => "source_changed",
-    SpeculativePlan => "speculative_plan",
-    StalePlan => "stale_plan",
-    StateGenerationChanged => "state_generation_changed",
-    StateIntegrity => "state_integrity",
-    StateLineageMismatch => "state_lineage_mismatch",
-    StateSerialOlder => "state_serial_older",
-    StateTooLarge => "state_too_large",
-    TimedOut => "timed_out",
-    Unauthorized => "unauthorized",
-    Unavailable => "unavailable",
-    UnexpectedState => "unexpected_state",
-    UnknownQueue => "unknown_queue",
-    UnknownWorkspace => "unknown_workspace",
-    UnsupportedMediaType => "unsupported_media_type",
-    WorkspaceExists => "workspace_exists",
-    WrongPool => "wrong_pool",
-}
-
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A Run failure code answered as an API error (a relayed Run whose inputs cannot be
-/// delivered is failed with it, and the worker is told the same code).
-impl From<takosumi_core::FailureCode> for ErrorCode {
-    fn from(code: takosumi_core::FailureCode) -> Self {
-        use takosumi_core::FailureCode as F;
-        match code {
-            F::StalePlan => Self::StalePlan,
-            F::PlanDigestMismatch => Self::PlanDigestMismatch,
-            F::SourceChanged => Self::SourceChanged,
-            F::DependencyChanged => Self::DependencyChanged,
-            F::StateGenerationChanged => Self::StateGenerationChanged,
-            F::LockfileMismatch => Self::LockfileMismatch,
-            F::LockfileTooLarge => Self::LockfileTooLarge,
-            F::LockfileMissing => Self::LockfileMissing,
-            F::LockfileCrossRun => Self::LockfileCrossRun,
-            F::PlanTooLarge => Self::PlanTooLarge,
-            F::CheckoutFailed => Self::CheckoutFailed,
-            F::InitFailed => Self::InitFailed,
-            F::PlanFailed => Self::PlanFailed,
-            F::ApplyFailed => Self::ApplyFailed,
-            F::AttemptsExhausted => Self::AttemptsExhausted,
-            F::InvalidConfiguration => Self::InvalidConfiguration,
-            F::DryRunScanRefused => Self::DryRunScanRefused,
-            F::CredentialFailed => Self::CredentialFailed,
-            F::StateIntegrity => Self::StateIntegrity,
-            F::CapsuleNeedsInspection => Self::CapsuleNeedsInspection,
-            F::TimedOut => Self::TimedOut,
-            F::SandboxUnavailable => Self::SandboxUnavailable,
-            F::NotApplied => Self::NotApplied,
-            F::AfterApplyFailed => Self::AfterApplyFailed,
-            F::PoolHasNoDeliveryKey => Self::PoolHasNoDeliveryKey,
-            F::DeliveryKeyUnopenable => Self::DeliveryKeyUnopenable,
-        }
-    }
-}
-
-/// The body of every API error response.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    /// Stable and machine-readable.
-    pub code: ErrorCode,
-    /// What to do, safe to show.
-    pub message: String,
-}
+pub use takosumi_wire::{ErrorBody, ErrorCode};
 
 /// An error an endpoint returns.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// 400/401/403/404/409/422 with a stable code.
+    #[error("{status} {code}: {message}")]
     Client {
         /// HTTP status.
         status: StatusCode,
@@ -218,10 +21,12 @@ pub enum ApiError {
         message: String,
     },
     /// 500/503: logged in full, opaque in the body.
+    #[error("the request failed on our side (transient: {transient})")]
     Internal {
         /// Whether the failure may pass (503) or is a bug (500).
         transient: bool,
         /// The cause, logged only.
+        #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
@@ -359,23 +164,6 @@ impl IntoResponse for ApiError {
                 )
                     .into_response()
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ErrorCode;
-
-    /// The wire strings tests and clients match on are what serde writes.
-    #[test]
-    fn codes_serialize_as_their_wire_strings() {
-        for code in ErrorCode::ALL {
-            assert_eq!(
-                serde_json::to_value(code).unwrap(),
-                code.as_str(),
-                "{code:?}"
-            );
         }
     }
 }

@@ -55,7 +55,7 @@ fn view(t: tokens::TokenInfo) -> TokenView {
     TokenView {
         id: t.id,
         name: t.name,
-        role: t.role.to_string(),
+        role: t.role,
         workspace_id: t.workspace_id,
         created_at: t.created_at,
         created_by: t.created_by,

@@ -29,6 +29,7 @@ use takosumi_wire::relay::{
     LogChunk, NamedClaim, OneStepJob, PlanJob, PlannedReport, ProgressAnswer, ProgressReport,
     RelayJob, RelaySecrets, ScanAnswer, ScanResult, WorkerEvent,
 };
+use takosumi_wire::{Code, ErrorCode};
 use tokio_util::sync::CancellationToken;
 use zeroize::Zeroize;
 
@@ -138,8 +139,8 @@ impl std::fmt::Debug for Api {
 pub struct ApiRefusal {
     /// HTTP status.
     pub status: u16,
-    /// The stable code.
-    pub code: String,
+    /// The stable code (`unknown` when the body was not the API's).
+    pub code: Code,
     /// The message.
     pub message: String,
 }
@@ -176,7 +177,7 @@ impl Api {
             status: status.as_u16(),
             code: refusal
                 .as_ref()
-                .map_or_else(|| "unknown".to_owned(), |r| r.code.clone()),
+                .map_or_else(|| Code::Other("unknown".to_owned()), |r| r.code.clone()),
             message: refusal.map(|r| r.message).unwrap_or_default(),
         }
         .into())
@@ -734,7 +735,7 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
             // release): the worker stops, with nothing more to report.
             Err(e)
                 if e.downcast_ref::<ApiRefusal>()
-                    .is_some_and(|r| r.code != "not_your_claim") =>
+                    .is_some_and(|r| r.code != ErrorCode::NotYourClaim) =>
             {
                 return Ok(ScanVerdict::Held);
             }
@@ -796,7 +797,7 @@ async fn plan(
             // are in its message): nothing more to report.
             Err(e)
                 if e.downcast_ref::<ApiRefusal>()
-                    .is_some_and(|r| r.code == "plan_too_large") =>
+                    .is_some_and(|r| r.code == ErrorCode::PlanTooLarge) =>
             {
                 tracing::info!(run = %job.run, "plan file over the relay limit: refused");
                 return Ok(());
@@ -825,8 +826,9 @@ async fn plan(
         // The control node failed the Run with its code (a lockfile that does not read
         // back, …): nothing more to report.
         Err(e)
-            if e.downcast_ref::<ApiRefusal>()
-                .is_some_and(|r| r.code != "not_your_claim" && r.code != "plan_file_missing") =>
+            if e.downcast_ref::<ApiRefusal>().is_some_and(|r| {
+                r.code != ErrorCode::NotYourClaim && r.code != ErrorCode::PlanFileMissing
+            }) =>
         {
             tracing::info!(run = %job.run, error = %e, "the control node ended the plan");
             Ok(())

@@ -49,6 +49,7 @@ pub use takosumi_wire::{
     ResourceDiff, Run, RunErrorBody, RunEvent, RunPage, Source, SourceSnapshot, StreamEvent,
     UsedBinding, Workspace, WorkspaceList, join_logs,
 };
+pub use takosumi_wire::{Code, ErrorCode, KnownCode};
 pub use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
 
 /// The API's address when `TAKOSUMI_DEPLOY_CONTROL_URL` is not set.
@@ -79,8 +80,9 @@ pub enum ClientError {
     Api {
         /// The HTTP status.
         status: u16,
-        /// The stable error code (`not_found`, `unauthorized`, …).
-        code: String,
+        /// The stable error code (`not_found`, `unauthorized`, …); one this client does not
+        /// know (a newer API's) is kept as its text.
+        code: Code,
         /// The human message.
         message: String,
     },
@@ -117,10 +119,18 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The API's error code, for [`ClientError::Api`].
+    /// The API's error code as its wire string, for [`ClientError::Api`].
     pub fn code(&self) -> Option<&str> {
         match self {
-            Self::Api { code, .. } => Some(code),
+            Self::Api { code, .. } => Some(code.as_str()),
+            _ => None,
+        }
+    }
+
+    /// The API's error code, for [`ClientError::Api`] with a code this client knows.
+    pub fn known_code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Api { code, .. } => code.known(),
             _ => None,
         }
     }
@@ -164,7 +174,7 @@ impl ClientError {
     fn from_error_body(status: reqwest::StatusCode, body: &[u8]) -> Self {
         #[derive(Deserialize)]
         struct Body {
-            code: String,
+            code: Code,
             #[serde(default)]
             message: Option<String>,
         }
@@ -190,12 +200,13 @@ impl ClientError {
             },
             None => {
                 let code = match status.as_u16() {
-                    400 => "bad_request".to_owned(),
-                    401 => "unauthorized".to_owned(),
-                    403 => "forbidden".to_owned(),
-                    404 => "not_found".to_owned(),
-                    409 => "conflict".to_owned(),
-                    other => format!("http_{other}"),
+                    // Not an API code: kept as the text scripts have matched on.
+                    400 => Code::Other("bad_request".to_owned()),
+                    401 => ErrorCode::Unauthorized.into(),
+                    403 => ErrorCode::Forbidden.into(),
+                    404 => ErrorCode::NotFound.into(),
+                    409 => ErrorCode::Conflict.into(),
+                    other => Code::Other(format!("http_{other}")),
                 };
                 let text = String::from_utf8_lossy(body);
                 let text = text.trim();
@@ -791,7 +802,7 @@ mod tests {
                 message,
             } => {
                 assert_eq!(*status, 404);
-                assert_eq!(code, "not_found");
+                assert_eq!(*code, ErrorCode::NotFound);
                 assert_eq!(message, "no run run_0123 in this workspace");
             }
             other => panic!("expected Api, got {other:?}"),
@@ -801,20 +812,29 @@ mod tests {
             "no run run_0123 in this workspace (not_found, HTTP 404)"
         );
         assert_eq!(err.code(), Some("not_found"));
+        assert_eq!(err.known_code(), Some(ErrorCode::NotFound));
 
         let nested = br#"{"error":{"code":"unauthorized","message":"bad token"}}"#;
         let err = decode_response::<Run>(StatusCode::UNAUTHORIZED, nested, "GET x").unwrap_err();
-        assert_eq!(err.code(), Some("unauthorized"));
+        assert_eq!(err.known_code(), Some(ErrorCode::Unauthorized));
         assert_eq!(err.status(), Some(401));
 
         let html = b"<html>Bad Gateway</html>";
         let err = decode_response::<Run>(StatusCode::BAD_GATEWAY, html, "GET x").unwrap_err();
         assert_eq!(err.code(), Some("http_502"));
+        assert_eq!(err.known_code(), None);
         assert!(err.to_string().contains("Bad Gateway"), "{err}");
         assert!(err.is_transient());
 
         let err = decode_response::<Run>(StatusCode::UNAUTHORIZED, b"", "GET x").unwrap_err();
-        assert_eq!(err.code(), Some("unauthorized"));
+        assert_eq!(err.known_code(), Some(ErrorCode::Unauthorized));
+
+        // A code added to a newer API than this client still reads, and prints, as sent.
+        let newer = br#"{"code":"added_later","message":"try the new thing"}"#;
+        let err = decode_response::<Run>(StatusCode::CONFLICT, newer, "GET x").unwrap_err();
+        assert_eq!(err.code(), Some("added_later"));
+        assert_eq!(err.known_code(), None);
+        assert_eq!(err.to_string(), "try the new thing (added_later, HTTP 409)");
     }
 
     #[test]

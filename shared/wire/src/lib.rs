@@ -13,15 +13,17 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use takosumi_core::{
-    CapsuleId, Changes, HoldReason, ProviderBindingId, RunGroupId, RunId, RunKind, RunStatus,
-    StateVersionId, Tool, WorkspaceId,
+    CapsuleId, Changes, FailureCode, HoldReason, ProviderBindingId, RunGroupId, RunId, RunKind,
+    RunStatus, StateVersionId, Tool, WorkspaceId,
 };
 
+mod error;
 mod plan;
 pub mod relay;
 mod stream;
 mod tokens;
 
+pub use error::{Code, ErrorBody, ErrorCode, KnownCode};
 pub use plan::{AttributeDiff, PlanDiff, PlanView, ResourceDiff};
 pub use stream::{ApprovalsView, GivenApproval, StreamEvent};
 pub use tokens::{CreatedToken, NewToken, TokenList, TokenView};
@@ -142,8 +144,11 @@ pub struct Hold {
 #[serde(rename_all = "camelCase")]
 pub struct RunErrorBody {
     /// Machine-readable (`stale_plan`, `plan_failed`, …).
+    // A FailureCode, or `unknown_outcome` (a status's code, not a failure's), or a code
+    // newer than this build: the last two read as text, so the schema says string.
     #[serde(default, deserialize_with = "null_as_default")]
-    pub code: String,
+    #[schema(value_type = String)]
+    pub code: Code<FailureCode>,
     /// What a person should do next.
     #[serde(default, deserialize_with = "null_as_default")]
     pub message: String,

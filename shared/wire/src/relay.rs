@@ -16,7 +16,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use takosumi_core::{RunId, RunKind, Tool};
 
-use crate::UsedBinding;
+use crate::{Code, UsedBinding};
 
 /// The body of `POST /api/v1/relay/claim`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -471,12 +471,12 @@ pub struct FailReport {
     pub message: String,
 }
 
-/// The body of an API error answer, as a worker reads it.
+/// The body of an API error answer ([`crate::ErrorBody`]), as a worker reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
-    /// The stable code (`not_your_claim`, `plan_too_large`, …); text, so a code this
-    /// worker does not know still reads.
-    pub code: String,
+    /// The stable code (`not_your_claim`, `plan_too_large`, …); a code this worker does not
+    /// know still reads, as its text.
+    pub code: Code,
     /// What to do.
     #[serde(default)]
     pub message: String,

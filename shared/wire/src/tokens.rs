@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use takosumi_core::{TokenId, WorkspaceId};
+use takosumi_core::{Role, TokenId, WorkspaceId};
 
 /// The body of `POST /api/v1/tokens`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -29,7 +29,7 @@ pub struct TokenView {
     /// Its name.
     pub name: String,
     /// Its role.
-    pub role: String,
+    pub role: Role,
     /// The Workspace it is limited to.
     #[serde(default)]
     pub workspace_id: Option<WorkspaceId>,

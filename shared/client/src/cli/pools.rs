@@ -4,7 +4,7 @@
 
 use clap::{Args, Subcommand};
 use serde_json::json;
-use takosumi_client::{CapsuleId, Client, ClientError, DeliveryKey, WorkspaceId};
+use takosumi_client::{CapsuleId, Client, ClientError, DeliveryKey, ErrorCode, WorkspaceId};
 
 use super::Outcome;
 use super::render::{format_pool, print_json, report_error, show};
@@ -137,16 +137,16 @@ pub(crate) async fn set_pool(client: &Client, args: SetPoolArgs, json: bool) -> 
 }
 
 /// What to do about a pool refusal, by the API's code.
-fn hint_for(code: &str) -> Option<&'static str> {
+fn hint_for(code: ErrorCode) -> Option<&'static str> {
     Some(match code {
-        "invalid_delivery_key" => {
+        ErrorCode::InvalidDeliveryKey => {
             "give the 32-byte X25519 public key in standard base64 that `takosumi-relay keygen --key-id ID` prints, and a key id of letters, digits, '.', '_' or '-'"
         }
-        "invalid_name" => "pick a name of 1-48 letters, digits, '-', '_' or '.'",
-        "pool_exists" => "pool names are unique across the API: pick another name",
-        "delivery_key_id_used" => "give the new key an id the pool has not used (--key-id)",
-        "invalid_grace" => "give --grace-secs between 0 and 2592000 (30 days)",
-        "not_found" => {
+        ErrorCode::InvalidName => "pick a name of 1-48 letters, digits, '-', '_' or '.'",
+        ErrorCode::PoolExists => "pool names are unique across the API: pick another name",
+        ErrorCode::DeliveryKeyIdUsed => "give the new key an id the pool has not used (--key-id)",
+        ErrorCode::InvalidGrace => "give --grace-secs between 0 and 2592000 (30 days)",
+        ErrorCode::NotFound => {
             "check the names: the pool must exist in the Capsule's Workspace (`takosumi pool create --workspace WS NAME`)"
         }
         _ => return None,
@@ -155,12 +155,13 @@ fn hint_for(code: &str) -> Option<&'static str> {
 
 /// Prints the API's refusal (message and code, as every command does) and then the hint
 /// for its code; exit code 1. Other failures go back to the caller unchanged.
-fn refused(err: ClientError, hint: fn(&str) -> Option<&'static str>) -> Outcome {
-    let Some(code) = err.code().map(str::to_owned) else {
+fn refused(err: ClientError, hint: fn(ErrorCode) -> Option<&'static str>) -> Outcome {
+    if err.code().is_none() {
         return Err(err);
-    };
+    }
+    let hint = err.known_code().and_then(hint);
     let exit = report_error(&err);
-    if let Some(h) = hint(&code) {
+    if let Some(h) = hint {
         eprintln!("hint: {h}");
     }
     Ok(exit)
@@ -172,7 +173,7 @@ mod tests {
 
     #[test]
     fn refusals_have_hints_by_code() {
-        assert_eq!(hint_for("other"), None);
-        assert!(hint_for("invalid_delivery_key").is_some());
+        assert_eq!(hint_for(ErrorCode::Conflict), None);
+        assert!(hint_for(ErrorCode::InvalidDeliveryKey).is_some());
     }
 }

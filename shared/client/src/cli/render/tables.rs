@@ -95,7 +95,9 @@ pub(crate) fn format_tokens(all: &[TokenView]) -> String {
         let _ = writeln!(
             out,
             "{}  {:<9} {:<24} {scope}  {state}",
-            t.id, t.role, t.name
+            t.id,
+            t.role.as_str(),
+            t.name
         );
     }
     out
