@@ -71,6 +71,14 @@ impl ApiError {
             source: Box::new(e),
         }
     }
+    /// 409 `conflict`: a request with the same Idempotency-Key made its Run in a
+    /// transaction that has not committed yet, so there is nothing to replay yet.
+    pub fn idempotency_key_in_flight() -> Self {
+        Self::conflict(
+            ErrorCode::Conflict,
+            "a concurrent request with this Idempotency-Key is in progress; retry",
+        )
+    }
     /// 403 with a specific code.
     pub fn forbidden_code(code: ErrorCode, message: impl Into<String>) -> Self {
         Self::client(StatusCode::FORBIDDEN, code, message)

@@ -141,12 +141,7 @@ async fn apply_capsule(
             drop(tx);
             let run = replay(&st, &capsule, key.as_deref())
                 .await?
-                .ok_or_else(|| {
-                    ApiError::conflict(
-                        ErrorCode::Conflict,
-                        "a concurrent request with this Idempotency-Key is in progress; retry",
-                    )
-                })?;
+                .ok_or_else(ApiError::idempotency_key_in_flight)?;
             return Ok((StatusCode::ACCEPTED, crate::views::run_json(&run)));
         }
         Err(e) => return Err(e.into()),

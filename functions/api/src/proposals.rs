@@ -128,12 +128,7 @@ pub(crate) async fn submit_plan(
                 &capsule.id.to_string(),
             )
             .await?
-            .ok_or_else(|| {
-                ApiError::conflict(
-                    ErrorCode::Conflict,
-                    "a concurrent request with this Idempotency-Key is in progress; retry",
-                )
-            })?;
+            .ok_or_else(ApiError::idempotency_key_in_flight)?;
             return Ok((StatusCode::ACCEPTED, views::run_json(&run)));
         }
         Err(e) => return Err(e.into()),
