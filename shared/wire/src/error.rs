@@ -7,7 +7,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use takosumi_core::FailureCode;
+use takosumi_core::{FailureCode, HoldReason, Tool};
 
 /// Declares [`ErrorCode`] once: the variant, and the wire string it must serialize as (a
 /// test checks serde and [`ErrorCode::as_str`] agree).
@@ -225,6 +225,20 @@ impl KnownCode for ErrorCode {
 
 impl KnownCode for FailureCode {
     const ALL: &'static [Self] = FailureCode::ALL;
+    fn wire(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl KnownCode for Tool {
+    const ALL: &'static [Self] = Tool::ALL;
+    fn wire(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl KnownCode for HoldReason {
+    const ALL: &'static [Self] = HoldReason::ALL;
     fn wire(self) -> &'static str {
         self.as_str()
     }

@@ -89,8 +89,10 @@ pub struct Capsule {
     /// The configuration directory inside the repository.
     #[serde(default, deserialize_with = "null_as_default")]
     pub dir: String,
-    /// The tool its Runs use.
-    pub tool: Tool,
+    /// The tool its Runs use (a tool newer than this build reads as its text).
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Tool)]
+    pub tool: Code<Tool>,
     /// Input variables.
     #[serde(default, deserialize_with = "null_as_default")]
     #[schema(value_type = Object)]
@@ -132,8 +134,10 @@ pub struct SourceSnapshot {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Hold {
-    /// The rule that holds it.
-    pub reason: HoldReason,
+    /// The rule that holds it (a reason newer than this build reads as its text).
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = HoldReason)]
+    pub reason: Code<HoldReason>,
     /// Reason-specific details.
     #[serde(default)]
     pub details: Value,

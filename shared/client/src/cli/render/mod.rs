@@ -142,8 +142,8 @@ pub(crate) fn format_run(run: &Run) -> String {
 fn run_outcome_lines(b: &mut Block, run: &Run) {
     if let Some(hold) = &run.hold {
         match &hold.details {
-            Value::Null => b.line("held", hold.reason),
-            Value::Object(m) if m.is_empty() => b.line("held", hold.reason),
+            Value::Null => b.line("held", &hold.reason),
+            Value::Object(m) if m.is_empty() => b.line("held", &hold.reason),
             details => b.line("held", format!("{} {details}", hold.reason)),
         };
     }

@@ -34,7 +34,7 @@ pub(crate) fn format_capsule(c: &Capsule) -> String {
         "source",
         format!("{} (branch {})", c.source.repo, c.source.branch),
     );
-    b.line("dir", &c.dir).line("tool", c.tool);
+    b.line("dir", &c.dir).line("tool", &c.tool);
     if !c.status.is_empty() {
         b.line("status", &c.status);
     }
