@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
 use takosumi_core::{CapsuleId, RunKind};
-use takosumi_store::{detection, runs};
+use takosumi_store::detection;
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -78,11 +78,7 @@ async fn capsule_drift_check(
         hold_for,
     };
     let id = proposals::start_run(&mut tx, &start).await?;
-    let run = runs::get(&mut *tx, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the new Run"))?;
-    tx.commit().await?;
-    st.relay_wake.notify_one();
+    let run = proposals::commit_started(&st, tx, id).await?;
     Ok((StatusCode::ACCEPTED, views::run_json(&run)))
 }
 

@@ -153,11 +153,7 @@ async fn apply_capsule(
     if !one_step && hold_agent {
         crate::gates::hold_agent_plan(&mut tx, run_id, &caller).await?;
     }
-    let run = runs::get(&mut *tx, run_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the new Run"))?;
-    tx.commit().await?;
-    st.relay_wake.notify_one();
+    let run = crate::proposals::commit_started(&st, tx, run_id).await?;
     let mut body = crate::views::run_value(&run);
     body["coveredBy"] = json!(covered_by);
     Ok((StatusCode::ACCEPTED, Json(body).into_response()))

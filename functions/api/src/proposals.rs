@@ -137,11 +137,7 @@ pub(crate) async fn submit_plan(
     if hold_agent {
         crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
     }
-    let run = runs::get(&mut *tx, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the new Run"))?;
-    tx.commit().await?;
-    st.relay_wake.notify_one();
+    let run = commit_started(&st, tx, id).await?;
     Ok((StatusCode::ACCEPTED, views::run_json(&run)))
 }
 
@@ -290,12 +286,7 @@ pub(crate) async fn propose_apply(
     if !crate::relay::fail_if_pool_has_no_key(&mut tx, id, plan.capsule_id).await? {
         outbox::enqueue(&mut tx, Topic::Gate, id).await?;
     }
-    let run = runs::get(&mut *tx, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("the new Run"))?;
-    tx.commit().await?;
-    st.relay_wake.notify_one();
-    Ok(run)
+    commit_started(st, tx, id).await
 }
 
 /// What a new Run is, for [`start_run`].
@@ -363,4 +354,19 @@ pub(crate) async fn agent_to_hold<'a>(
     } else {
         Ok(None)
     }
+}
+
+/// Ends a request that started a Run: reads the new Run in its own transaction, commits,
+/// and wakes the outbox relay for the wake-up the transaction wrote.
+pub(crate) async fn commit_started(
+    st: &AppState,
+    mut tx: Tx,
+    id: RunId,
+) -> Result<runs::Run, ApiError> {
+    let run = runs::get(&mut *tx, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the new Run"))?;
+    tx.commit().await?;
+    st.relay_wake.notify_one();
+    Ok(run)
 }

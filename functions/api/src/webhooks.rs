@@ -306,12 +306,7 @@ async fn push(
             "the push names no commit (`after`)",
         ));
     }
-    let urls = repo_urls(payload);
-    let targets: Vec<_> = detection::capsules_on_branch(&st.pool, ws, branch)
-        .await?
-        .into_iter()
-        .filter(|t| urls.contains(&normalize_repo(&t.repo)))
-        .collect();
+    let targets = capsules_pushed_to(st, ws, branch, payload).await?;
     let ids: Vec<CapsuleId> = targets.iter().map(|t| t.id).collect();
     let mut tx = st.pool.begin().await?;
     if let Some(duplicate) = replayed(&mut tx, ws, "push", delivery).await? {
@@ -404,12 +399,7 @@ async fn pull_request(
             "the pull request names no head branch and commit",
         ));
     }
-    let urls = repo_urls(payload);
-    let targets: Vec<_> = detection::capsules_on_branch(&st.pool, ws, base)
-        .await?
-        .into_iter()
-        .filter(|t| urls.contains(&normalize_repo(&t.repo)))
-        .collect();
+    let targets = capsules_pushed_to(st, ws, base, payload).await?;
     let mut tx = st.pool.begin().await?;
     if let Some(duplicate) = replayed(&mut tx, ws, "pull_request", delivery).await? {
         return Ok(duplicate);
@@ -451,4 +441,19 @@ async fn pull_request(
         StatusCode::ACCEPTED,
         Json(json!({ "event": "pull_request", "speculativePlans": started })),
     ))
+}
+
+/// The Workspace's Capsules on `branch` of a repository the event names (by any of its URLs).
+async fn capsules_pushed_to(
+    st: &AppState,
+    ws: WorkspaceId,
+    branch: &str,
+    payload: &Value,
+) -> Result<Vec<detection::PushTarget>, ApiError> {
+    let urls = repo_urls(payload);
+    Ok(detection::capsules_on_branch(&st.pool, ws, branch)
+        .await?
+        .into_iter()
+        .filter(|t| urls.contains(&normalize_repo(&t.repo)))
+        .collect())
 }
