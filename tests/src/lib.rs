@@ -132,7 +132,6 @@ pub struct Stack {
     work: tempfile::TempDir,
     tool_log: PathBuf,
     pause_file: PathBuf,
-    fail_outputs_file: PathBuf,
     tool_cwd_log: PathBuf,
 }
 
@@ -251,18 +250,16 @@ impl Stack {
         std::fs::create_dir(&probe)?;
         let tool_log = probe.join("tool.log");
         let pause_file = probe.join("pause-plan");
-        let fail_outputs_file = probe.join("fail-output");
         let tool_cwd_log = probe.join("tool-cwd.log");
         let wrapper = probe.join("terraform");
         let real = env("TAKOSUMI_TERRAFORM_BIN")?;
         std::fs::write(
             &wrapper,
             format!(
-                "#!/bin/sh\necho \"$1\" >> '{log}'\necho \"$1 $PWD\" >> '{cwd_log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; n=0; while [ -f '{pause}' ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; fi\nif [ \"$1\" = output ] && [ -f '{fail_out}' ]; then echo 'injected: output failed' >&2; exit 1; fi\nexec '{real}' \"$@\"\n",
+                "#!/bin/sh\necho \"$1\" >> '{log}'\necho \"$1 $PWD\" >> '{cwd_log}'\nif [ \"$1\" = plan ] && [ -f '{pause}' ]; then echo paused >> '{log}'; n=0; while [ -f '{pause}' ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; fi\nexec '{real}' \"$@\"\n",
                 log = tool_log.display(),
                 cwd_log = tool_cwd_log.display(),
                 pause = pause_file.display(),
-                fail_out = fail_outputs_file.display(),
             ),
         )?;
         set_executable(&wrapper)?;
@@ -372,7 +369,6 @@ impl Stack {
             work,
             tool_log,
             pause_file,
-            fail_outputs_file,
             tool_cwd_log,
         })
     }
@@ -397,17 +393,6 @@ impl Stack {
             .iter()
             .filter(|c| *c == command)
             .count()
-    }
-
-    /// Makes the tool's `output` command fail (a lifecycle failure after the apply: the
-    /// wrapper exits 1 for `output` while this is on; everything else runs the real tool).
-    pub fn fail_outputs(&self, on: bool) -> anyhow::Result<()> {
-        if on {
-            std::fs::write(&self.fail_outputs_file, b"")?;
-        } else if self.fail_outputs_file.exists() {
-            std::fs::remove_file(&self.fail_outputs_file)?;
-        }
-        Ok(())
     }
 
     /// While set, every `plan` the tool runs waits first (to kill a handler mid-plan), at

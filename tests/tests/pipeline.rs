@@ -68,6 +68,8 @@ async fn network_example_plans_and_applies() -> anyhow::Result<()> {
     assert_eq!(capsule.state_generation, 1);
     assert_eq!(capsule.current_state_version_id, apply.state_version_id);
     assert_eq!(stack.tool_count("apply"), 1);
+    // The outputs above come from the state the apply wrote: no tool start to print them.
+    assert_eq!(stack.tool_count("output"), 0);
 
     // The sealed plan is wiped once its apply ends, and no object key is in any projection.
     let objects = stack

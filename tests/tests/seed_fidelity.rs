@@ -311,14 +311,17 @@ async fn a_tofu_capsule_runs_with_the_tofu_found_on_path() -> anyhow::Result<()>
 }
 
 /// "A lifecycle failure after apply can leave the applied state current": the tool applies,
-/// then reading its outputs fails. The state it wrote is sealed and recorded first — a
-/// StateVersion, the Capsule's generation moved to it — and only then is the Run failed
-/// (`after_apply_failed`), with the StateVersion on it and a message that says the applied
-/// state is current and not to repeat the apply.
+/// then recording its outputs fails (they are larger than the 1 MiB a Run record keeps).
+/// The state it wrote is sealed and recorded first — a StateVersion, the Capsule's
+/// generation moved to it — and only then is the Run failed (`after_apply_failed`), with
+/// the StateVersion on it and a message that says the applied state is current and not to
+/// repeat the apply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failure_after_the_apply_records_the_applied_state_first() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let repo = GitRepo::new(&[("infra/main.tf", NULL_TF)])?;
+    // 1,100,000 zeros: more than a Run record keeps, applied like any other output.
+    let big = format!("{NULL_TF}output \"big\" {{ value = format(\"%01100000d\", 0) }}\n");
+    let repo = GitRepo::new(&[("infra/main.tf", big.as_str())])?;
     let ws = stack.client.create_workspace("after-apply").await?;
     let cap = stack
         .client
@@ -340,20 +343,25 @@ async fn a_failure_after_the_apply_records_the_applied_state_first() -> anyhow::
         .wait(stack.client.plan(cap.id, None).await?.id)
         .await?;
     assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
-    stack.fail_outputs(true)?;
     let apply = stack
         .wait(stack.client.apply(plan.id, None).await?.id)
         .await?;
-    stack.fail_outputs(false)?;
     assert_eq!(apply.status, RunStatus::Failed, "{apply:?}");
     let error = apply.error.clone().unwrap();
     assert_eq!(error.code, "after_apply_failed");
     assert!(
         error.message.contains("is recorded as StateVersion")
             && error.message.contains("do not repeat the apply")
-            && error.message.contains("output -json"),
+            && error
+                .message
+                .contains("more than the 1048576 a Run record keeps"),
         "{}",
         error.message
+    );
+    assert!(
+        apply.outputs.is_none(),
+        "no outputs recorded: {:?}",
+        apply.outputs.as_ref().map(|o| o.to_string().len())
     );
     let sv = apply
         .state_version_id

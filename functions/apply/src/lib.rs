@@ -8,7 +8,7 @@
 //! tool may have started.
 
 use takosumi_core::{FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
-use takosumi_runner::{Masker, Tool, ToolEnv, Workdir};
+use takosumi_runner::{Masker, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
@@ -244,17 +244,7 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         plan_kind: plan_run.kind,
     };
     let out = takosumi_steps::apply(&host, &ctx.runner, &wd, inputs).await?;
-    finish(
-        ctx,
-        run,
-        &capsule,
-        wd,
-        tool,
-        &out,
-        generation,
-        Some(plan_run_id),
-    )
-    .await
+    finish(ctx, run, &capsule, wd, &out, generation, Some(plan_run_id)).await
 }
 
 impl From<takosumi_steps::PlanError<ApplyError>> for ApplyError {
@@ -356,12 +346,11 @@ async fn finish(
     run: &runs::Run,
     capsule: &capsules::Capsule,
     wd: Workdir,
-    tool: Tool,
     out: &takosumi_steps::ApplyOutput,
     generation: i64,
     plan_run_id: Option<RunId>,
 ) -> Result<Outcome, ApplyError> {
-    let recorded = record_result(ctx, run, capsule, wd, tool, out, generation, plan_run_id).await;
+    let recorded = record_result(ctx, run, capsule, wd, out, generation, plan_run_id).await;
     recorded.map_err(|e| match e {
         ApplyError::AfterTool(message) => ApplyError::AfterTool(message),
         ApplyError::Fail(_, message) => ApplyError::AfterTool(format!(
@@ -381,7 +370,6 @@ async fn record_result(
     run: &runs::Run,
     capsule: &capsules::Capsule,
     wd: Workdir,
-    tool: Tool,
     out: &takosumi_steps::ApplyOutput,
     generation: i64,
     plan_run_id: Option<RunId>,
@@ -389,9 +377,8 @@ async fn record_result(
     let run_id = run.id;
     // The state the tool wrote is read (and sealed) before anything else can fail: a failed
     // apply, or one whose outputs cannot be read, still records what it committed.
-    let (changed_state, end) = takosumi_steps::read_apply_result(&ctx.runner, &wd, tool, out)
-        .await
-        .map_err(runner_err)?;
+    let (changed_state, end) =
+        takosumi_steps::read_apply_result(&ctx.runner, &wd, out).map_err(runner_err)?;
     let sv = match &changed_state {
         Some(bytes) => Some(
             unrecorded::seal_and_store_state(

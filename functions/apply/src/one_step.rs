@@ -107,5 +107,5 @@ pub(crate) async fn apply(ctx: &Ctx, run: &runs::Run) -> Result<Outcome, ApplyEr
         dir: capsule.dir.clone(),
     };
     let out = takosumi_steps::one_step_apply(&host, &ctx.runner, &wd, &inputs).await?;
-    finish(ctx, run, &capsule, wd, tool, &out, generation, None).await
+    finish(ctx, run, &capsule, wd, &out, generation, None).await
 }

@@ -880,7 +880,7 @@ async fn apply(
         }
         other => JobFailure::from(other),
     })?;
-    report_applied(job, runner, wd, tool, out).await
+    report_applied(job, runner, wd, out).await
 }
 
 /// The pinned apply of a delivered, reviewed plan.
@@ -926,17 +926,14 @@ async fn report_applied(
     job: &Job<'_>,
     runner: &Runner,
     wd: &Workdir,
-    tool: Tool,
     out: takosumi_steps::ApplyOutput,
 ) -> Result<(), JobFailure> {
-    let (changed, end) = takosumi_steps::read_apply_result(runner, wd, tool, &out)
-        .await
-        .map_err(|e| {
-            failure(
-                UNKNOWN_OUTCOME,
-                format!("the tool ran, but the state it left could not be read: {e}"),
-            )
-        })?;
+    let (changed, end) = takosumi_steps::read_apply_result(runner, wd, &out).map_err(|e| {
+        failure(
+            UNKNOWN_OUTCOME,
+            format!("the tool ran, but the state it left could not be read: {e}"),
+        )
+    })?;
     let (outputs, outputs_error) = match end {
         takosumi_steps::ApplyEnd::Applied { outputs } => (outputs, None),
         takosumi_steps::ApplyEnd::Failed { .. } => (Value::Null, None),

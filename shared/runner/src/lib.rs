@@ -10,8 +10,8 @@
 //! - a backend override that points the tool at the run's own local state file, whatever
 //!   backend the repository declares;
 //! - starting git and the tool with an environment built from nothing ([`ToolEnv`]), in
-//!   their own process group, and reading what they report as JSON ([`count_changes`],
-//!   [`public_outputs`]);
+//!   their own process group, and reading what they report as JSON ([`count_changes`]) and
+//!   the outputs in the state an apply wrote ([`state_outputs`], [`public_outputs`]);
 //! - the provider lockfile's raw bytes (at most 1 MiB);
 //! - downloading modules once (`get`) and digesting the installed module tree
 //!   ([`module_tree_digest`]), so `init -get=false` and a later apply use exactly them.
@@ -48,8 +48,8 @@ pub use live::LogTap;
 pub use mask::{MASK, MaskStream, Masker};
 pub use modules::{MODULES_DIR, declares_module_calls, module_tree_digest};
 pub use plan_json::{
-    MAX_DIFF_ATTRIBUTES, MAX_DIFF_RESOURCES, MAX_DIFF_VALUE_CHARS, count_changes, is_stale_plan,
-    plan_diff, public_outputs,
+    MAX_DIFF_ATTRIBUTES, MAX_DIFF_RESOURCES, MAX_DIFF_VALUE_CHARS, MAX_OUTPUTS_BYTES,
+    count_changes, is_stale_plan, plan_diff, public_outputs, state_outputs,
 };
 pub use runner::{
     BACKEND_OVERRIDE_FILE, LOCKFILE_NAME, Limits, MAX_LOCKFILE_BYTES, Runner, RunnerConfig,

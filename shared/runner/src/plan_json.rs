@@ -1,7 +1,9 @@
-//! Reading what the tool reports as JSON: changes from `show -json`, outputs from
-//! `output -json`. Never from printed text (except the stale-plan error, which has no
-//! JSON form).
+//! Reading what the tool reports as JSON: changes from `show -json`, outputs from the state
+//! file the apply wrote (the same `name → {value, type, sensitive}` map `output -json`
+//! prints, without starting the tool again). Never from printed text (except the
+//! stale-plan error, which has no JSON form).
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use takosumi_core::Changes;
 use takosumi_wire::{AttributeDiff, PlanDiff, ResourceDiff};
@@ -196,13 +198,30 @@ pub fn is_stale_plan(out: &ToolOutput) -> bool {
     out.stderr.contains(STALE) || out.output.contains(STALE)
 }
 
-/// The outputs a Run may publish, from `output -json`: `name → value` for non-sensitive
-/// outputs; a sensitive one maps to `{"sensitive": true}` and its value is dropped.
-pub fn public_outputs(output_json: &Value) -> Map<String, Value> {
+/// The most a Run record keeps of an apply's public outputs, as JSON. An apply whose
+/// outputs are larger fails after its state is recorded (`after_apply_failed`): the Run
+/// row is not the place for megabytes, and dropping them silently would hide it.
+pub const MAX_OUTPUTS_BYTES: usize = 1024 * 1024;
+
+/// The root module's outputs in a state file (format version 4, what terraform ≥ 0.12 and
+/// tofu write): `name → {value, type, sensitive}`, the shape `output -json` prints. A
+/// state with no outputs (or no `outputs` key) gives an empty map. Values may be
+/// sensitive: pass the result through [`public_outputs`] before it goes anywhere.
+pub fn state_outputs(state: &[u8]) -> Result<Map<String, Value>, serde_json::Error> {
+    // Only `outputs` is kept; resources and everything else are skipped while parsing.
+    #[derive(Deserialize)]
+    struct StateOutputs {
+        #[serde(default)]
+        outputs: Map<String, Value>,
+    }
+    serde_json::from_slice::<StateOutputs>(state).map(|s| s.outputs)
+}
+
+/// The outputs a Run may publish, from [`state_outputs`] (or `output -json`): `name →
+/// value` for non-sensitive outputs; a sensitive one maps to `{"sensitive": true}` and its
+/// value is dropped.
+pub fn public_outputs(outputs: &Map<String, Value>) -> Map<String, Value> {
     let mut public = Map::new();
-    let Some(outputs) = output_json.as_object() else {
-        return public;
-    };
     for (name, output) in outputs {
         let sensitive = output
             .get("sensitive")
@@ -342,11 +361,33 @@ mod tests {
             "password": {"sensitive": true, "type": "string", "value": "hunter2"},
             "list": {"sensitive": false, "type": ["list", "string"], "value": ["a"]},
         });
-        let public = public_outputs(&outputs);
+        let public = public_outputs(outputs.as_object().unwrap());
         assert_eq!(public["vpc"], json!("vpc-eu"));
         assert_eq!(public["password"], json!({"sensitive": true}));
         assert_eq!(public["list"], json!(["a"]));
         assert!(!Value::Object(public).to_string().contains("hunter2"));
-        assert!(public_outputs(&json!({})).is_empty());
+        assert!(public_outputs(&Map::new()).is_empty());
+    }
+
+    #[test]
+    fn outputs_are_read_from_the_state_file() {
+        // As terraform 1.0.3 writes it: `sensitive` only when true, resources beside.
+        let state = br#"{"version":4,"terraform_version":"1.0.3","serial":2,"lineage":"l",
+            "outputs":{"vpc":{"value":"vpc-eu","type":"string"},
+                       "password":{"value":"hunter2","type":"string","sensitive":true}},
+            "resources":[{"mode":"managed","type":"null_resource","name":"a","instances":[]}]}"#;
+        let outputs = state_outputs(state).unwrap();
+        let public = public_outputs(&outputs);
+        assert_eq!(public["vpc"], json!("vpc-eu"));
+        assert_eq!(public["password"], json!({"sensitive": true}));
+        assert_eq!(public.len(), 2);
+        // A state without outputs has none; one that is not JSON is an error.
+        assert!(
+            state_outputs(br#"{"version":4,"resources":[]}"#)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(state_outputs(b"not json").is_err());
+        assert!(state_outputs(br#"{"outputs":[1]}"#).is_err());
     }
 }

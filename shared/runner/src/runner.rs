@@ -705,20 +705,6 @@ impl Runner {
         Ok(tool_output(captured))
     }
 
-    /// `output -json`, parsed (sensitive values included: see [`crate::public_outputs`]).
-    pub async fn output_json(
-        &self,
-        wd: &Workdir,
-        tool: Tool,
-        env: &ToolEnv,
-    ) -> Result<Value, RunnerError> {
-        let cmd = self.wd_command(wd, tool, env, &["output", "-json"])?;
-        json_result(
-            "output",
-            self.run_tool(cmd, tool, "output", StdoutMode::Data).await?,
-        )
-    }
-
     /// Puts an unsealed plan at `plan_path` (mode 0600) for apply.
     pub fn write_plan_file(&self, wd: &Workdir, bytes: &[u8]) -> Result<(), RunnerError> {
         workdir::ensure_inside(wd.root(), wd.plan_path())?;

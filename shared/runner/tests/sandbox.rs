@@ -187,13 +187,12 @@ async fn links_out_of_the_checkout_are_refused() {
     assert!(wd.config_dir().ends_with("checkout/real"));
 }
 
-/// A fake `terraform`: `version`/`show`/`output` print JSON, everything else prints its
+/// A fake `terraform`: `version`/`show` print JSON, everything else prints its
 /// arguments, working directory and whole environment. `FAKE_EXIT` sets the exit code.
 const FAKE_TOOL: &str = r#"#!/bin/sh
 case "$1" in
   version) echo '{"terraform_version":"0.0.0-fake","platform":"linux_amd64"}'; exit 0 ;;
   show) echo '{"resource_changes":[{"change":{"actions":["delete","create"]}}]}'; echo 'show-stderr' >&2; exit "${FAKE_EXIT:-0}" ;;
-  output) echo '{"vpc":{"sensitive":false,"value":"vpc-fake"}}'; exit 0 ;;
   sleep) sleep "$2" & echo $! > "$HOME/pid"; wait; exit 0 ;;
   daemon) sleep "$2" & echo "bg=$!"; exit 0 ;;
 esac
@@ -377,11 +376,6 @@ async fn the_tool_sees_only_the_environment_the_runner_built() {
         panic!("{err:?}")
     };
     assert_eq!(output, "show-stderr\n");
-    let outputs = runner
-        .output_json(&wd, Tool::Terraform, &env)
-        .await
-        .unwrap();
-    assert_eq!(takosumi_runner::public_outputs(&outputs)["vpc"], "vpc-fake");
     let version = runner
         .version(Tool::Terraform, &ToolEnv::new())
         .await

@@ -419,7 +419,7 @@ pub struct ApplyOutput {
     pub applied: ToolOutput,
     /// The state restored before the tool ran.
     pub restored: Option<Vec<u8>>,
-    /// The environment (for `output -json`), its masker holding every secret.
+    /// The environment, its masker holding every secret (to mask the outputs).
     pub env: ToolEnv,
 }
 
@@ -436,7 +436,8 @@ pub enum ApplyEnd {
         /// The exit code.
         exit_code: i32,
     },
-    /// The tool applied, but its outputs could not be read: the Run fails after the state
+    /// The tool applied, but its outputs could not be read or are too large to record
+    /// ([`takosumi_runner::MAX_OUTPUTS_BYTES`]): the Run fails after the state
     /// it wrote is recorded ("a lifecycle failure after apply can leave the applied state
     /// current").
     OutputsUnreadable {
@@ -447,16 +448,16 @@ pub enum ApplyEnd {
 
 /// What an apply left: the state the tool wrote (when it differs from the one restored,
 /// `None` otherwise) and how it ended. Read once, here, for both hosts; the state is read
-/// first, so a failure after it cannot lose it.
-pub async fn read_apply_result(
+/// first, so a failure after it cannot lose it. The outputs come from that state file (the
+/// map `output -json` would print, without starting the tool again).
+pub fn read_apply_result(
     runner: &Runner,
     wd: &Workdir,
-    tool: Tool,
     out: &ApplyOutput,
 ) -> Result<(Option<Vec<u8>>, ApplyEnd), RunnerError> {
     let state = runner.read_state(wd)?;
-    let changed = state.filter(|s| Some(s) != out.restored.as_ref());
     if !out.applied.success() {
+        let changed = state.filter(|s| Some(s) != out.restored.as_ref());
         return Ok((
             changed,
             ApplyEnd::Failed {
@@ -464,19 +465,35 @@ pub async fn read_apply_result(
             },
         ));
     }
-    let masker = out.env.masker();
-    let end = match runner.output_json(wd, tool, &out.env).await {
-        Ok(raw) => {
-            let mut public = Value::Object(takosumi_runner::public_outputs(&raw));
-            // An output built from a secret the configuration does not mark sensitive.
-            masker.mask_json(&mut public);
-            ApplyEnd::Applied { outputs: public }
-        }
-        Err(e) => ApplyEnd::OutputsUnreadable {
-            message: masker.mask(&format!("reading outputs (`output -json`) failed: {e}")),
-        },
-    };
+    let end = applied_outputs(state.as_deref(), out.env.masker());
+    let changed = state.filter(|s| Some(s) != out.restored.as_ref());
     Ok((changed, end))
+}
+
+/// The public outputs of a successful apply, from the state it left (none without a state).
+fn applied_outputs(state: Option<&[u8]>, masker: &Masker) -> ApplyEnd {
+    let outputs = match state.map(takosumi_runner::state_outputs).transpose() {
+        Ok(outputs) => outputs.unwrap_or_default(),
+        // serde's message names a position, never the document's text.
+        Err(e) => {
+            return ApplyEnd::OutputsUnreadable {
+                message: format!("reading the outputs from the state the apply wrote failed: {e}"),
+            };
+        }
+    };
+    let mut public = Value::Object(takosumi_runner::public_outputs(&outputs));
+    // An output built from a secret the configuration does not mark sensitive.
+    masker.mask_json(&mut public);
+    let size = public.to_string().len();
+    if size > takosumi_runner::MAX_OUTPUTS_BYTES {
+        return ApplyEnd::OutputsUnreadable {
+            message: format!(
+                "the outputs are {size} bytes as JSON, more than the {} a Run record keeps",
+                takosumi_runner::MAX_OUTPUTS_BYTES
+            ),
+        };
+    }
+    ApplyEnd::Applied { outputs: public }
 }
 
 /// A pinned apply: the plan's commit and tree → state → backend override → the plan's
