@@ -11,8 +11,9 @@
 //! Sharing an entry between Runs, Capsules and processes is safe because:
 //! - an entry is keyed by the SHA-256 of the whole URL, user-info included: a Run reaches
 //!   only objects fetched with the same URL and the same credential in it;
-//! - git runs in the sandbox with that one entry writable (fetch) or read-only (resolve,
-//!   export) besides the Run's directory; the tool's sandbox never sees the cache;
+//! - git runs in the sandbox with that one entry writable (a fetch, and the export that
+//!   follows it in the same sandbox start) or read-only (resolve, a reachability check)
+//!   besides the Run's directory; the tool's sandbox never sees the cache;
 //! - a checkout holds the entry's lock from its fetch to its export, and garbage
 //!   collection removes only an entry whose lock it gets without waiting. The lock file
 //!   sits beside the entry, where no sandboxed git can reach it;
@@ -243,12 +244,21 @@ impl Runner {
         self.ensure_bare(wd, &git_dir, repo).await?;
         let head = match commit {
             None => {
-                self.fetch(wd, &git_dir, repo, &[&branch_refspec(branch)])
+                // Fetch and export in one sandbox start; the export takes the fetched ref,
+                // whose commit is read afterwards (the entry's lock keeps it from moving).
+                let fetched = self
+                    .fetch_and_export(
+                        wd,
+                        &git_dir,
+                        repo,
+                        &[&branch_refspec(branch)],
+                        &format!("refs/heads/{branch}"),
+                    )
                     .await?;
-                // The fetched ref is read from the entry's files: a git start in the sandbox
-                // costs more than the lookup. git itself answers what this does not read.
-                let read = read_branch_ref(&git_dir.path, branch);
-                match read {
+                fetched?;
+                // Read from the entry's files: a git start in the sandbox costs more than
+                // the lookup. git itself answers what this does not read.
+                match read_branch_ref(&git_dir.path, branch) {
                     Some(commit) => Some(commit),
                     None => {
                         self.resolve_commit(wd, &git_dir, &format!("refs/heads/{branch}"))
@@ -261,12 +271,29 @@ impl Runner {
                     ))
                 })?
             }
-            Some(commit) => {
-                self.fetch_pinned(wd, &git_dir, repo, branch, commit)
-                    .await?
+            Some(commit) if commit.len() == 40 || commit.len() == 64 => {
+                let full = commit.to_ascii_lowercase();
+                let fetched = self
+                    .fetch_and_export(wd, &git_dir, repo, &[ALL_HEADS, ALL_TAGS], &full)
+                    .await?;
+                if let Err(export) = fetched {
+                    // Most often a commit the repository never had (or lost with its
+                    // branch): git answers which.
+                    return match self.resolve_commit(wd, &git_dir, &full).await? {
+                        None => Err(RunnerError::CommitNotFound(full)),
+                        Some(_) => Err(export),
+                    };
+                }
+                self.check_reachable(wd, &git_dir, branch, &full).await?;
+                full
+            }
+            Some(short) => {
+                let full = self.fetch_pinned(wd, &git_dir, repo, short).await?;
+                self.check_reachable(wd, &git_dir, branch, &full).await?;
+                self.export_tree(wd, &git_dir, &full, repo).await?;
+                full
             }
         };
-        self.export_tree(wd, &git_dir, &head, repo).await?;
 
         let checkout = wd.checkout().to_path_buf();
         let dir_owned = dir.to_owned();
@@ -291,32 +318,38 @@ impl Runner {
         })
     }
 
-    /// A pinned commit, accepted only while the repository still has it: every branch
-    /// and tag is fetched (pruning what the remote deleted) and the commit must be
-    /// reachable from one of them. A commit force-pushed away is gone even though the
-    /// cache still holds its objects: a reviewed commit someone removed is not applied.
-    /// When the Capsule's branch still points at the commit (an apply soon after its plan)
-    /// that is read from the entry's ref files, without asking git which refs contain it.
+    /// A pinned commit given short: every branch and tag fetched (pruning what the remote
+    /// deleted), then the commit's full id, [`RunnerError::CommitNotFound`] if the cache
+    /// has no such commit.
     async fn fetch_pinned(
         &self,
         wd: &Workdir,
         git_dir: &GitDir,
         repo: &str,
-        branch: &str,
         commit: &str,
     ) -> Result<String, RunnerError> {
         self.fetch(wd, git_dir, repo, &[ALL_HEADS, ALL_TAGS])
             .await?;
-        let not_found = || RunnerError::CommitNotFound(commit.to_owned());
-        let full = if commit.len() == 40 || commit.len() == 64 {
-            commit.to_ascii_lowercase()
-        } else {
-            self.resolve_commit(wd, git_dir, commit)
-                .await?
-                .ok_or_else(not_found)?
-        };
-        if read_branch_ref(&git_dir.path, branch).as_deref() == Some(full.as_str()) {
-            return Ok(full);
+        self.resolve_commit(wd, git_dir, commit)
+            .await?
+            .ok_or_else(|| RunnerError::CommitNotFound(commit.to_owned()))
+    }
+
+    /// A pinned commit is accepted only while one of the repository's branches or tags
+    /// (all fetched just before) still reaches it, as a fresh clone would: a commit
+    /// force-pushed away is gone even though the cache still holds its objects, and a
+    /// reviewed commit someone removed is not applied. When the Capsule's branch still
+    /// points at the commit (an apply soon after its plan) that is read from the entry's
+    /// ref files, without asking git which refs contain it.
+    async fn check_reachable(
+        &self,
+        wd: &Workdir,
+        git_dir: &GitDir,
+        branch: &str,
+        full: &str,
+    ) -> Result<(), RunnerError> {
+        if read_branch_ref(&git_dir.path, branch).as_deref() == Some(full) {
+            return Ok(());
         }
         let mut args = git_dir.git_dir_args();
         args.extend(
@@ -325,7 +358,7 @@ impl Runner {
                 "--count=1",
                 "--format=%(refname)",
                 "--contains",
-                full.as_str(),
+                full,
                 "refs/heads",
                 "refs/tags",
             ]
@@ -337,9 +370,55 @@ impl Runner {
             .git_captured(wd, wd.root(), &args, git_dir.mount(false), None)
             .await?;
         if found.exit_code != 0 || found.stdout.iter().all(u8::is_ascii_whitespace) {
-            return Err(not_found());
+            return Err(RunnerError::CommitNotFound(full.to_owned()));
         }
-        Ok(full)
+        Ok(())
+    }
+
+    /// Fetches `refspecs` (as [`Self::fetch`]) and exports `what` (a full ref name or
+    /// commit id) into `wd.checkout()` (as [`Self::export_tree`]) in one sandbox start:
+    /// each start costs more than the git command it runs. The entry is writable for the
+    /// whole script, the export included; the export writes only the Run's directory.
+    /// `Ok(Err(_))`: the fetch worked and the export did not (`what` may not exist).
+    async fn fetch_and_export(
+        &self,
+        wd: &Workdir,
+        git_dir: &GitDir,
+        repo: &str,
+        refspecs: &[&str],
+        what: &str,
+    ) -> Result<Result<(), RunnerError>, RunnerError> {
+        // Exit 101: the fetch failed; 102: the export did.
+        const SCRIPT: &str = r#"gd=$1 repo=$2 what=$3 wt=$4 idx=$5
+shift 5
+g "$gd" fetch --quiet --no-tags --prune --no-write-fetch-head -- "$repo" "$@" || exit 101
+export GIT_INDEX_FILE="$idx"
+g "$gd" "$wt" read-tree --reset -u "$what" || exit 102
+"#;
+        self.create_checkout_dir(wd)?;
+        let index = wd.root().join("checkout.index");
+        let mut args = git_dir.git_dir_args();
+        args.push(repo.into());
+        args.push(what.into());
+        args.push(format!("--work-tree={}", wd.checkout().display()).into());
+        args.push(index.as_os_str().to_owned());
+        args.extend(refspecs.iter().map(OsString::from));
+        let cmd = self.git_script_command(wd, SCRIPT, &args, git_dir.mount(true));
+        let result = self.run_git(cmd).await;
+        let _ = fs::remove_file(&index);
+        let captured = result?;
+        match captured.exit_code {
+            0 => Ok(Ok(())),
+            102 => Ok(Err(self.git_failure(&captured, repo))),
+            _ => Err(self.git_failure(&captured, repo)),
+        }
+    }
+
+    fn create_checkout_dir(&self, wd: &Workdir) -> Result<(), RunnerError> {
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(wd.checkout())
+            .map_err(|e| RunnerError::io(format!("creating {}", wd.checkout().display()), e))
     }
 
     /// `git init --bare` unless the entry is one already.
@@ -427,10 +506,7 @@ impl Runner {
         commit: &str,
         repo: &str,
     ) -> Result<(), RunnerError> {
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(wd.checkout())
-            .map_err(|e| RunnerError::io(format!("creating {}", wd.checkout().display()), e))?;
+        self.create_checkout_dir(wd)?;
         let index = wd.root().join("checkout.index");
         let mut args = git_dir.git_dir_args();
         args.push(format!("--work-tree={}", wd.checkout().display()).into());

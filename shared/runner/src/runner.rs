@@ -813,39 +813,44 @@ impl Runner {
         git_dir: Option<(&Path, bool)>,
         index_file: Option<&Path>,
     ) -> Prepared {
-        let mut env: BTreeMap<String, OsString> = [
-            ("PATH", OsStr::new(TOOL_PATH)),
-            ("HOME", wd.home().as_os_str()),
-            ("GIT_TERMINAL_PROMPT", OsStr::new("0")),
-            ("GIT_CONFIG_NOSYSTEM", OsStr::new("1")),
-            ("GIT_CONFIG_GLOBAL", OsStr::new("/dev/null")),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
+        let mut env = git_env(wd);
         if let Some(index) = index_file {
             env.insert("GIT_INDEX_FILE".into(), index.as_os_str().to_owned());
         }
-        let mut all: Vec<OsString> = [
-            "-c",
-            "protocol.ext.allow=never",
-            "-c",
-            "protocol.fd.allow=never",
-            "-c",
-            "core.sshCommand=ssh -o BatchMode=yes",
-            "-c",
-            "advice.detachedHead=false",
-            // what a fetched repository brings never runs, and no fetch waits on a repack
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "gc.auto=0",
-        ]
-        .into_iter()
-        .map(OsString::from)
-        .collect();
+        let mut all: Vec<OsString> = GIT_OPTIONS
+            .iter()
+            .flat_map(|o| ["-c", o])
+            .map(OsString::from)
+            .collect();
         all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
         self.child(&self.cfg.git_bin, &all, cwd, env, wd.root(), git_dir)
+    }
+
+    /// A `/bin/sh -c script` with git's environment, started like [`Self::git_command`]
+    /// (one sandbox start for several git commands). `args` are the script's positional
+    /// parameters; the script runs git as `"$GIT"` followed by the `-c` [`GIT_OPTIONS`].
+    pub(crate) fn git_script_command<S: AsRef<OsStr>>(
+        &self,
+        wd: &Workdir,
+        script: &str,
+        args: &[S],
+        git_dir: Option<(&Path, bool)>,
+    ) -> Prepared {
+        let mut env = git_env(wd);
+        env.insert("GIT".into(), self.cfg.git_bin.as_os_str().to_owned());
+        // The options as the script's own text: constants, no quote in any of them.
+        let options: String = GIT_OPTIONS.iter().map(|o| format!(" -c '{o}'")).collect();
+        let full = format!("g() {{ \"$GIT\"{options} \"$@\"; }}\n{script}");
+        let mut all: Vec<OsString> = vec!["-c".into(), full.into(), "sh".into()];
+        all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
+        self.child(
+            Path::new("/bin/sh"),
+            &all,
+            wd.root(),
+            env,
+            wd.root(),
+            git_dir,
+        )
     }
 
     pub(crate) async fn git_captured<S: AsRef<OsStr>>(
@@ -856,20 +861,20 @@ impl Runner {
         git_dir: Option<(&Path, bool)>,
         index_file: Option<&Path>,
     ) -> Result<Captured, RunnerError> {
+        self.run_git(self.git_command(wd, cwd, args, git_dir, index_file))
+            .await
+    }
+
+    /// Runs a prepared git command (or git script) to its end, within the checkout's time
+    /// limit, stdout captured.
+    pub(crate) async fn run_git(&self, cmd: Prepared) -> Result<Captured, RunnerError> {
         let program = self.cfg.git_bin.display().to_string();
         // git prints no run secrets (a URL's user-info is redacted from its errors).
         let opts = process::Opts {
             limit: Some(("checkout", self.cfg.limits.checkout)),
             ..process::Opts::default()
         };
-        process::run_tapped(
-            self.git_command(wd, cwd, args, git_dir, index_file),
-            &program,
-            StdoutMode::Data,
-            opts,
-            &Masker::new(),
-        )
-        .await
+        process::run_tapped(cmd, &program, StdoutMode::Data, opts, &Masker::new()).await
     }
 
     /// Runs git; a non-zero exit becomes [`RunnerError::Checkout`] with git's stderr.
@@ -886,36 +891,68 @@ impl Runner {
             .git_captured(wd, cwd, args, git_dir, index_file)
             .await?;
         if captured.exit_code != 0 {
-            let mut message = captured.stderr.trim().to_owned();
-            if message.is_empty() {
-                message = format!("git exited with code {}", captured.exit_code);
-            }
-            if message.len() > 4000 {
-                let mut cut = message.len() - 4000;
-                while !message.is_char_boundary(cut) {
-                    cut += 1;
-                }
-                message = format!("…{}", &message[cut..]);
-            }
-            let mut message = source::redact_url(&message, repo);
-            if let Some(path) = repo.strip_prefix("file://")
-                && self.cfg.sandbox.mode == crate::SandboxMode::Bubblewrap
-                && !self
-                    .cfg
-                    .sandbox
-                    .ro_paths
-                    .iter()
-                    .any(|r| Path::new(path).starts_with(r))
-            {
-                message.push_str(&format!(
-                    " (a file:// repository is visible to the runner sandbox only under \
-                     TAKOSUMI_SANDBOX_RO_PATHS; add {path}'s directory there)"
-                ));
-            }
-            return Err(RunnerError::Checkout(message));
+            return Err(self.git_failure(&captured, repo));
         }
         Ok(captured)
     }
+
+    /// A failed git command as [`RunnerError::Checkout`]: its stderr (the last 4,000
+    /// bytes), the URL's user-info redacted, and what to do when a `file://` repository
+    /// is outside the sandbox's view.
+    pub(crate) fn git_failure(&self, captured: &Captured, repo: &str) -> RunnerError {
+        let mut message = captured.stderr.trim().to_owned();
+        if message.is_empty() {
+            message = format!("git exited with code {}", captured.exit_code);
+        }
+        if message.len() > 4000 {
+            let mut cut = message.len() - 4000;
+            while !message.is_char_boundary(cut) {
+                cut += 1;
+            }
+            message = format!("…{}", &message[cut..]);
+        }
+        let mut message = source::redact_url(&message, repo);
+        if let Some(path) = repo.strip_prefix("file://")
+            && self.cfg.sandbox.mode == crate::SandboxMode::Bubblewrap
+            && !self
+                .cfg
+                .sandbox
+                .ro_paths
+                .iter()
+                .any(|r| Path::new(path).starts_with(r))
+        {
+            message.push_str(&format!(
+                " (a file:// repository is visible to the runner sandbox only under \
+                 TAKOSUMI_SANDBOX_RO_PATHS; add {path}'s directory there)"
+            ));
+        }
+        RunnerError::Checkout(message)
+    }
+}
+
+/// The `-c` options every git command runs with.
+const GIT_OPTIONS: [&str; 6] = [
+    "protocol.ext.allow=never",
+    "protocol.fd.allow=never",
+    "core.sshCommand=ssh -o BatchMode=yes",
+    "advice.detachedHead=false",
+    // what a fetched repository brings never runs, and no fetch waits on a repack
+    "core.hooksPath=/dev/null",
+    "gc.auto=0",
+];
+
+/// git's whole environment: nothing inherited, no prompt, no system or global config.
+fn git_env(wd: &Workdir) -> BTreeMap<String, OsString> {
+    [
+        ("PATH", OsStr::new(TOOL_PATH)),
+        ("HOME", wd.home().as_os_str()),
+        ("GIT_TERMINAL_PROMPT", OsStr::new("0")),
+        ("GIT_CONFIG_NOSYSTEM", OsStr::new("1")),
+        ("GIT_CONFIG_GLOBAL", OsStr::new("/dev/null")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
 }
 
 /// A tool command and the masker its output goes through: the only way a tool step is
