@@ -229,7 +229,7 @@ async fn the_dashboard_installs_reviews_and_approves_in_a_browser() -> anyhow::R
     assert_eq!(destroy_plan.kind, RunKind::Destroy);
     let digest = held.plan_digest.clone().expect("plan digest");
     assert!(digest.starts_with(&seen.approved_digest_prefix));
-    let approvals = takosumi_store::gates::approvals(&stack.ctx.pool, held.id).await?;
+    let approvals = takosumi_store::approvals::approvals(&stack.ctx.pool, held.id).await?;
     assert_eq!(
         approvals.len(),
         1,

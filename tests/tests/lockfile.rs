@@ -73,7 +73,7 @@ async fn row(stack: &Stack, id: RunId) -> anyhow::Result<takosumi_store::runs::R
 }
 
 async fn state_versions(stack: &Stack, capsule: &Capsule) -> i64 {
-    takosumi_store::state_versions::count_for_capsule(&stack.ctx.pool, capsule.id)
+    takosumi_store::states::versions::count_for_capsule(&stack.ctx.pool, capsule.id)
         .await
         .unwrap()
 }

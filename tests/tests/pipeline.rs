@@ -19,7 +19,7 @@ async fn register(
 }
 
 async fn state_version_count(stack: &Stack, capsule: &Capsule) -> i64 {
-    takosumi_store::state_versions::count_for_capsule(&stack.ctx.pool, capsule.id)
+    takosumi_store::states::versions::count_for_capsule(&stack.ctx.pool, capsule.id)
         .await
         .unwrap()
 }

@@ -169,7 +169,7 @@ fn alive(pid: u32) -> bool {
 
 /// The Capsule's current state, unsealed.
 async fn current_state(stack: &Stack, sv: StateVersionId) -> anyhow::Result<Value> {
-    let row = takosumi_store::state_versions::get(&stack.ctx.pool, sv)
+    let row = takosumi_store::states::versions::get(&stack.ctx.pool, sv)
         .await?
         .expect("state version row");
     let sealed = stack.ctx.objects.get(&row.object_key, 64 << 20).await?;

@@ -1546,7 +1546,7 @@ async fn a_relay_workers_unstored_state_is_held_like_the_control_nodes() -> anyh
             && events.iter().any(|e| e == "unknown_outcome"),
         "{events:?}"
     );
-    let held = takosumi_store::unrecorded::held_for_run(&stack.ctx.pool, apply.id).await?;
+    let held = takosumi_store::states::held::held_for_run(&stack.ctx.pool, apply.id).await?;
     assert_eq!(held.len(), 1, "the worker's state is held");
     assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
     // the Capsule waits for an operator

@@ -839,7 +839,7 @@ async fn tampered_plans_and_states_are_refused_with_their_codes() -> anyhow::Res
     let applied = apply_by_hand(&stack, b).await?;
     assert_eq!(applied.status, RunStatus::Applied, "{applied:?}");
     let sv = applied.state_version_id.expect("a StateVersion");
-    let sv_row = takosumi_store::state_versions::get(&stack.ctx.pool, sv)
+    let sv_row = takosumi_store::states::versions::get(&stack.ctx.pool, sv)
         .await?
         .expect("row");
     let good_state = stack.ctx.objects.get(&sv_row.object_key, 64 << 20).await?;
@@ -874,7 +874,7 @@ async fn tampered_plans_and_states_are_refused_with_their_codes() -> anyhow::Res
     let other_cap = register(&stack, ws, &repo, "infra/network").await?;
     let other_plan = plan_by_hand(&stack, &other_cap).await?;
     let other_apply = apply_by_hand(&stack, other_plan).await?;
-    let other_sv = takosumi_store::state_versions::get(
+    let other_sv = takosumi_store::states::versions::get(
         &stack.ctx.pool,
         other_apply.state_version_id.expect("sv"),
     )

@@ -125,9 +125,9 @@ async fn unstored_state_ends_unknown_outcome_keeps_the_state_and_locks_the_capsu
     assert_eq!(stack.tool_count("apply"), 1, "the tool ran once");
 
     // The state is kept, sealed, in Postgres, and opens to what the tool wrote.
-    let held = takosumi_store::unrecorded::held_for_run(&stack.ctx.pool, first_apply).await?;
+    let held = takosumi_store::states::held::held_for_run(&stack.ctx.pool, first_apply).await?;
     assert_eq!(held.len(), 1, "one held state");
-    let takosumi_store::unrecorded::HeldSealed {
+    let takosumi_store::states::held::HeldSealed {
         state_version_id: sv_id,
         generation,
         digest,
@@ -376,9 +376,9 @@ async fn apply_unstored(
         done.status,
         done.error
     );
-    let held = takosumi_store::unrecorded::held_for_run(&stack.ctx.pool, apply).await?;
+    let held = takosumi_store::states::held::held_for_run(&stack.ctx.pool, apply).await?;
     anyhow::ensure!(held.len() == 1, "{} held states", held.len());
-    let takosumi_store::unrecorded::HeldSealed {
+    let takosumi_store::states::held::HeldSealed {
         state_version_id: id,
         generation,
         digest,
@@ -534,7 +534,7 @@ async fn restore_held_state_makes_the_applied_state_current() -> anyhow::Result<
     let now = stack.client.get_capsule(capsule.id).await?;
     assert_eq!(now.state_generation, 1, "generation +1");
     assert_eq!(now.current_state_version_id, Some(held_id));
-    let sv = takosumi_store::state_versions::get(&stack.ctx.pool, held_id)
+    let sv = takosumi_store::states::versions::get(&stack.ctx.pool, held_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no StateVersion"))?;
     assert_eq!(sv.generation, 1);
@@ -664,7 +664,7 @@ async fn attach_state_checks_the_state_and_makes_it_current() -> anyhow::Result<
         let sv_id = first
             .state_version_id
             .ok_or_else(|| anyhow::anyhow!("no StateVersion"))?;
-        let sv = takosumi_store::state_versions::get(&stack.ctx.pool, sv_id)
+        let sv = takosumi_store::states::versions::get(&stack.ctx.pool, sv_id)
             .await?
             .ok_or_else(|| anyhow::anyhow!("no StateVersion row"))?;
         let sealed = stack.ctx.objects.get(&sv.object_key, 64 << 20).await?;
@@ -813,7 +813,7 @@ async fn attach_state_checks_the_state_and_makes_it_current() -> anyhow::Result<
     let c = stack.client.get_capsule(capsule.id).await?;
     assert_eq!(c.state_generation, 2, "generation +1");
     assert_eq!(c.current_state_version_id, Some(sv_id));
-    let sv = takosumi_store::state_versions::get(&stack.ctx.pool, sv_id)
+    let sv = takosumi_store::states::versions::get(&stack.ctx.pool, sv_id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("no StateVersion row"))?;
     let stored = stack.ctx.objects.get(&sv.object_key, 64 << 20).await?;

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
 use takosumi_core::{CapsuleId, RunKind};
-use takosumi_store::detection;
+use takosumi_store::{drift, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -62,7 +62,7 @@ async fn capsule_drift_check(
     if !has_baseline(&st, capsule.id).await? {
         return Err(ApiError::conflict(
             ErrorCode::NotApplied,
-            format!("Capsule {}: {}", capsule.id, detection::NOT_APPLIED),
+            format!("Capsule {}: {}", capsule.id, runs::source::NOT_APPLIED),
         ));
     }
     let hold_for = proposals::agent_to_hold(&st, &caller, &capsule).await?;
@@ -83,7 +83,7 @@ async fn capsule_drift_check(
 }
 
 pub(crate) async fn has_baseline(st: &AppState, capsule: CapsuleId) -> Result<bool, ApiError> {
-    Ok(detection::applied_baseline(&st.pool, capsule)
+    Ok(runs::source::applied_baseline(&st.pool, capsule)
         .await?
         .is_some_and(|b| !b.destroyed))
 }
@@ -108,7 +108,7 @@ async fn workspace_drift(
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
-    let drifted = detection::drifted_capsules(&st.pool, ws).await?;
+    let drifted = drift::drifted_capsules(&st.pool, ws).await?;
     let mut rows: Vec<(Value, Vec<Value>)> = Vec::new();
     for d in drifted {
         let key = drift_key(d.resource_changes.as_ref());

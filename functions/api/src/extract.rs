@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
-use takosumi_store::{capsules, detection, runs, workspaces};
+use takosumi_store::{capsules, groups, runs, workspaces};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -125,9 +125,9 @@ pub(crate) async fn run_group(
     caller: &Caller,
     raw: &str,
     action: Action,
-) -> Result<detection::RunGroup, ApiError> {
+) -> Result<groups::RunGroup, ApiError> {
     let id: RunGroupId = parse_id(raw)?;
-    let group = detection::group(&st.pool, id)
+    let group = groups::group(&st.pool, id)
         .await?
         .ok_or_else(|| ApiError::not_found(&format!("RunGroup {id}")))?;
     caller.require(Action::Read, Some(group.workspace_id))?;

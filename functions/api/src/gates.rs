@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 use takosumi_core::{CapsuleId, HoldReason, RunId, RunStatus, Topic, WorkspaceId};
 use takosumi_policy::RuleSet;
-use takosumi_store::{activity, capsules, events, gates, outbox, runs};
+use takosumi_store::{activity, approvals, capsules, events, outbox, rules, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -105,7 +105,7 @@ async fn store_rules(
         source: Box::new(e),
     })?;
     let mut tx = st.pool.begin().await?;
-    let version = gates::set_rules(&mut tx, ws, cap, &value, &caller.actor()).await?;
+    let version = rules::set_rules(&mut tx, ws, cap, &value, &caller.actor()).await?;
     let subject = cap.map_or_else(|| ws.to_string(), |c| c.to_string());
     activity::append(
         &mut *tx,
@@ -140,7 +140,7 @@ async fn get_workspace_rules(
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
-    let cur = gates::current_rules(&st.pool, ws, None).await?;
+    let cur = rules::current_rules(&st.pool, ws, None).await?;
     Ok(Json(
         json!({ "scope": ws, "version": cur.as_ref().map(|r| r.version), "rules": cur.map(|r| r.rules).unwrap_or_else(|| json!({})) }),
     ))
@@ -163,7 +163,7 @@ async fn get_capsule_rules(
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = extract::capsule(&st, &caller, &cap, Action::Read).await?;
-    let cur = gates::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?;
+    let cur = rules::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?;
     Ok(Json(
         json!({ "scope": capsule.id, "version": cur.as_ref().map(|r| r.version), "rules": cur.map(|r| r.rules).unwrap_or_else(|| json!({})) }),
     ))
@@ -229,9 +229,10 @@ pub async fn approve_run(
             ),
         ));
     }
-    let (_, _, required, roles) = gates::gate_fields(&st.pool, id)
+    let gate = runs::hold::gate_fields(&st.pool, id)
         .await?
         .ok_or_else(|| ApiError::not_found("the Run"))?;
+    let (required, roles) = (gate.approvals_required, gate.approver_roles);
     if caller.0.id.to_string() == run.actor_id {
         return Err(ApiError::forbidden_code(
             ErrorCode::SelfApproval,
@@ -253,7 +254,7 @@ pub async fn approve_run(
         ));
     }
     let mut tx = st.pool.begin().await?;
-    if !gates::add_approval(
+    if !approvals::add_approval(
         &mut tx,
         id,
         run.plan_digest.as_deref(),
@@ -268,7 +269,7 @@ pub async fn approve_run(
             "you already approved this Run",
         ));
     }
-    let given = gates::count_approvals(&mut tx, id, run.plan_digest.as_deref(), &roles).await?;
+    let given = approvals::count_approvals(&mut tx, id, run.plan_digest.as_deref(), &roles).await?;
     events::append(
         &mut *tx,
         id,
@@ -321,7 +322,7 @@ pub async fn hold_agent_plan(
     let details =
         json!({ "reasons": [HoldReason::AgentRun], "agentRun": true, "stage": "before_plan" });
     let roles = ["approver".to_owned(), "admin".to_owned()];
-    gates::hold(tx, id, HoldReason::AgentRun, &details, 1, &roles).await?;
+    runs::hold::hold(tx, id, HoldReason::AgentRun, &details, 1, &roles).await?;
     events::append(
         &mut **tx,
         id,

@@ -12,7 +12,7 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use takosumi_core::{RunKind, RunStatus, WorkspaceId};
-use takosumi_store::{capsules, detection, runs};
+use takosumi_store::{capsules, groups, runs};
 
 use crate::auth::{Action, Caller};
 use crate::{ApiError, AppState, extract, proposals, views};
@@ -70,14 +70,14 @@ pub(crate) async fn start_group(
     only_stale: bool,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.require(Action::Submit, Some(ws))?;
-    let ids = detection::workspace_capsules(&st.pool, ws, only_stale).await?;
+    let ids = capsules::workspace_capsules(&st.pool, ws, only_stale).await?;
     let group_kind = if kind == RunKind::DriftCheck {
         "drift_check"
     } else {
         "plan_update"
     };
     let mut tx = st.pool.begin().await?;
-    let group = detection::create_group(&mut tx, ws, group_kind, &caller.actor()).await?;
+    let group = groups::create_group(&mut tx, ws, group_kind, &caller.actor()).await?;
     let mut created = Vec::new();
     let mut skipped = Vec::new();
     for id in ids {
@@ -140,7 +140,7 @@ async fn get_group(
     Path(rg): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let group = extract::run_group(&st, &caller, &rg, Action::Read).await?;
-    let ids = detection::group_runs(&st.pool, group.id).await?;
+    let ids = groups::group_runs(&st.pool, group.id).await?;
     let runs = runs::get_many(&st.pool, &ids).await?;
     let items: Vec<views::RunView<'_>> = runs.iter().map(views::RunView::of).collect();
     Ok(Json(
@@ -157,7 +157,7 @@ async fn approve_group(
 ) -> Result<impl IntoResponse, ApiError> {
     let group = extract::run_group(&st, &caller, &rg, Action::Read).await?;
     let mut results = Vec::new();
-    for id in detection::group_runs(&st.pool, group.id).await? {
+    for id in groups::group_runs(&st.pool, group.id).await? {
         let Some(run) = runs::get(&st.pool, id).await? else {
             continue;
         };
@@ -184,7 +184,7 @@ async fn apply_group(
 ) -> Result<impl IntoResponse, ApiError> {
     let group = extract::run_group(&st, &caller, &rg, Action::Submit).await?;
     let mut results = Vec::new();
-    for id in detection::group_runs(&st.pool, group.id).await? {
+    for id in groups::group_runs(&st.pool, group.id).await? {
         let Some(run) = runs::get(&st.pool, id).await? else {
             continue;
         };

@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::Method;
 use axum::response::IntoResponse;
 use serde_json::json;
-use takosumi_store::listing;
+use takosumi_store::{capsules, workspaces};
 
 use crate::auth::{Action, Caller};
 use crate::{ApiError, AppState, extract, views};
@@ -42,7 +42,7 @@ async fn list_workspaces(
     caller: Caller,
 ) -> Result<impl IntoResponse, ApiError> {
     caller.require(Action::Read, None)?;
-    let list = listing::workspaces(&st.pool, caller.0.workspace_id).await?;
+    let list = workspaces::list(&st.pool, caller.0.workspace_id).await?;
     let items: Vec<_> = list
         .iter()
         .map(|w| json!({ "id": w.id, "name": w.name, "createdAt": w.created_at }))
@@ -56,7 +56,7 @@ async fn list_capsules(
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
-    let list = listing::capsules(&st.pool, ws).await?;
+    let list = capsules::list(&st.pool, ws).await?;
     let may_edit = caller.may(Action::Operate, Some(ws));
     let items: Vec<_> = list.iter().map(|c| views::capsule(c, may_edit)).collect();
     Ok(Json(json!({ "workspaceId": ws, "capsules": items })))

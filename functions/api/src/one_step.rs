@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::json;
 use takosumi_core::{ApplyMode, HoldReason, Role, RunKind, Topic};
 use takosumi_policy::RuleSet;
-use takosumi_store::{apply_modes, capsules, gates, runs};
+use takosumi_store::{capsules, rules, runs};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -57,10 +57,10 @@ pub(crate) async fn effective_rules(
     st: &AppState,
     capsule: &capsules::Capsule,
 ) -> Result<RuleSet, ApiError> {
-    let (ws, cap) = gates::rules_in_force(&st.pool, capsule.workspace_id, capsule.id).await?;
+    let in_force = rules::rules_in_force(&st.pool, capsule.workspace_id, capsule.id).await?;
     RuleSet::layered(
-        cap.as_ref().map(|r| &r.rules),
-        ws.as_ref().map(|r| &r.rules),
+        in_force.capsule.as_ref().map(|r| &r.rules),
+        in_force.workspace.as_ref().map(|r| &r.rules),
     )
     .map_err(|e| ApiError::Internal {
         transient: false,
@@ -146,9 +146,9 @@ async fn apply_capsule(
         }
         Err(e) => return Err(e.into()),
     };
-    apply_modes::set(&mut tx, run_id, mode).await?;
+    runs::apply_mode::set(&mut tx, run_id, mode).await?;
     if req.require_approval {
-        gates::set_require_approval(&mut tx, run_id).await?;
+        runs::hold::set_require_approval(&mut tx, run_id).await?;
     }
     if !one_step && hold_agent {
         crate::gates::hold_agent_plan(&mut tx, run_id, &caller).await?;

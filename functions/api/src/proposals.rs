@@ -183,14 +183,14 @@ pub(crate) async fn propose_apply(
     // An unresolved unknown_outcome apply locks the Capsule against applies until an
     // operator resolves it; say so now rather than queue an apply that will be refused.
     if let Some(blocking) =
-        takosumi_store::unrecorded::unresolved_unknown_apply(&st.pool, plan.capsule_id).await?
+        takosumi_store::runs::unknown::unresolved_unknown_apply(&st.pool, plan.capsule_id).await?
     {
         return Err(ApiError::conflict(
             ErrorCode::CapsuleNeedsInspection,
-            takosumi_store::unrecorded::needs_inspection_message(blocking),
+            takosumi_store::runs::unknown::needs_inspection_message(blocking),
         ));
     }
-    let speculative = takosumi_store::detection::speculative(&st.pool, plan.id).await?;
+    let speculative = takosumi_store::runs::source::speculative(&st.pool, plan.id).await?;
     if speculative {
         return Err(ApiError::conflict(
             ErrorCode::SpeculativePlan,
@@ -279,7 +279,7 @@ pub(crate) async fn propose_apply(
         Err(e) => return Err(e.into()),
     };
     if require_approval {
-        takosumi_store::gates::set_require_approval(&mut tx, id).await?;
+        takosumi_store::runs::hold::set_require_approval(&mut tx, id).await?;
     }
     // A pool with no delivery key can never receive the saved plan: the apply fails at
     // once, with a code that says so.

@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, WorkspaceId};
 use takosumi_cost::{Catalogue, PlanResources, estimate};
-use takosumi_store::records::{self, RunCursor, RunFilter};
+use takosumi_store::runs::list::{RunCursor, RunFilter};
 use takosumi_store::{activity, events, runs};
 
 use crate::auth::{Action, Caller};
@@ -183,7 +183,7 @@ async fn cancel_run(
     // rounds settle it.
     for _ in 0..5 {
         let mut tx = st.pool.begin().await?;
-        if let Some(from) = records::cancel_waiting(&mut tx, run.id, &actor).await? {
+        if let Some(from) = runs::cancel::cancel_waiting(&mut tx, run.id, &actor).await? {
             events::append(
                 &mut *tx,
                 run.id,
@@ -207,7 +207,7 @@ async fn cancel_run(
             tx.commit().await?;
             return Ok((StatusCode::OK, crate::views::run_json(&now)));
         }
-        if records::request_cancel(&mut tx, run.id, &actor).await? {
+        if runs::cancel::request_cancel(&mut tx, run.id, &actor).await? {
             events::append(
                 &mut *tx,
                 run.id,
@@ -272,7 +272,7 @@ async fn run_cost(
             ),
         ));
     }
-    let Some(summary) = records::resource_changes(&st.pool, plan.id).await? else {
+    let Some(summary) = runs::plan_record::resource_changes(&st.pool, plan.id).await? else {
         return Err(ApiError::conflict(
             ErrorCode::CostUnavailable,
             format!(
@@ -396,7 +396,7 @@ async fn resolve_run(
         return Ok(crate::views::run_json(&now));
     }
     let mut tx = st.pool.begin().await?;
-    if !records::resolve_unknown(&mut tx, run.id, action, &actor, &note).await? {
+    if !runs::unknown::resolve_unknown(&mut tx, run.id, action, &actor, &note).await? {
         return Err(ApiError::conflict(
             ErrorCode::AlreadyResolved,
             format!("{} was already resolved; see its events", run.id),
@@ -544,10 +544,10 @@ async fn list_runs(
     };
     let limit = parse_limit(q.limit.as_deref())?;
     let after = q.cursor.as_deref().map(parse_run_cursor).transpose()?;
-    let (ids, next) = records::list_runs(&st.pool, ws, &filter, after, limit).await?;
+    let (ids, next) = runs::list::list_runs(&st.pool, ws, &filter, after, limit).await?;
     // A Run is never deleted; a missing one would be a bug, not a reason to fail.
     let runs = runs::get_many(&st.pool, &ids).await?;
-    let unknown = records::count_unresolved_unknown(&st.pool, ws).await?;
+    let unknown = runs::list::count_unresolved_unknown(&st.pool, ws).await?;
     Ok(Json(RunPage {
         workspace_id: ws,
         runs: runs.iter().map(RunView::of).collect(),
@@ -603,8 +603,7 @@ async fn list_activity(
                 .map_err(|_| bad_cursor())
         })
         .transpose()?;
-    let (entries, next) =
-        records::list_activity(&st.pool, ws, q.kind.as_deref(), before, limit).await?;
+    let (entries, next) = activity::list(&st.pool, ws, q.kind.as_deref(), before, limit).await?;
     let items: Vec<Value> = entries
         .iter()
         .map(|e| {

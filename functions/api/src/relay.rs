@@ -54,7 +54,7 @@ use takosumi_seal::Purpose;
 use takosumi_seal::delivery::DeliveryPublicKey;
 use takosumi_store::pools::{self, WorkerPool};
 use takosumi_store::runs::{self, ApplyClaim};
-use takosumi_store::{bindings, capsules, events, state_versions};
+use takosumi_store::{bindings, capsules, events, states};
 use takosumi_wire::UsedBinding;
 use takosumi_wire::relay::{
     AppliedReport, ApplyJob, BranchSource, ClaimAnswer, ClaimRequest, CommandCredential,
@@ -402,7 +402,7 @@ async fn claim_once(
             continue;
         }
         if !has_plan
-            && takosumi_store::apply_modes::get(&st.pool, run_id).await?
+            && takosumi_store::runs::apply_mode::get(&st.pool, run_id).await?
                 != Some(takosumi_core::ApplyMode::OneStep)
         {
             fail_unclaimed(
@@ -420,7 +420,7 @@ async fn claim_once(
         if !has_plan {
             // As the control node's apply handler: a one-step apply applies on top of the
             // generation current when it is claimed.
-            takosumi_store::apply_modes::pin_current_generation(&mut tx, run_id).await?;
+            takosumi_store::runs::apply_mode::pin_current_generation(&mut tx, run_id).await?;
         }
         let claimed = takosumi_runtime::step::claim_apply_recorded(
             &mut tx,
@@ -677,7 +677,7 @@ async fn current_state(
     let Some(sv_id) = capsule.current_state_version_id else {
         return Ok(None);
     };
-    let sv = state_versions::get(&st.pool, sv_id)
+    let sv = states::versions::get(&st.pool, sv_id)
         .await?
         .ok_or_else(|| internal(takosumi_store::StoreError::NotFound("state version")))?;
     let sealed = st
@@ -1016,7 +1016,7 @@ async fn one_step_job(
 }
 
 /// A relayed one-step apply's record of what it is about to apply (the control node's
-/// `apply_modes::record_snapshot`), before its tool starts.
+/// `runs::apply_mode::record_snapshot`), before its tool starts.
 async fn one_step(
     State(st): State<AppState>,
     caller: PoolCaller,
@@ -1033,14 +1033,16 @@ async fn one_step(
         ));
     }
     let r: takosumi_steps::OneStepRecord = crate::extract::parse_body(&body)?;
-    let snapshot = takosumi_store::apply_modes::OneStepSnapshot {
+    let snapshot = takosumi_store::runs::apply_mode::OneStepSnapshot {
         commit: &r.commit,
         tree_digest: &r.tree_digest,
         tool_version: &r.tool_version,
         provider_lock_digest: r.provider_lock_digest.as_deref(),
         injected_env_names: &r.injected_env_names,
     };
-    if !takosumi_store::apply_modes::record_snapshot(&st.pool, run.id, &claim, &snapshot).await? {
+    if !takosumi_store::runs::apply_mode::record_snapshot(&st.pool, run.id, &claim, &snapshot)
+        .await?
+    {
         return Err(ApiError::conflict(
             ErrorCode::NotYourClaim,
             "the lease was lost before the one-step apply",
@@ -1154,7 +1156,7 @@ async fn progress(
         }
     }
     let renewed = runs::renew_lease(&st.pool, run.id, &claim, RELAY_LEASE_SECS).await?;
-    let cancel = takosumi_store::records::cancel_requested(&st.pool, run.id, &claim).await?;
+    let cancel = takosumi_store::runs::cancel::cancel_requested(&st.pool, run.id, &claim).await?;
     Ok(Json(ProgressAnswer {
         lease_renewed: renewed,
         cancel_requested: cancel,
@@ -1314,7 +1316,7 @@ async fn planned(
         }
     };
     if let Some(report) = &req.scan_report {
-        takosumi_store::gates::set_scan_report(&st.pool, run_id, report).await?;
+        takosumi_store::runs::plan_record::set_scan_report(&st.pool, run_id, report).await?;
     }
     let masker = run_masker(&st, &run).await?;
     let committed = plan_commit::commit_plan(
@@ -1369,7 +1371,12 @@ async fn scanned(
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
     let req: ScanResult<takosumi_policy::scan::ScanReport> = crate::extract::parse_body(&body)?;
-    takosumi_store::gates::set_scan_report(&st.pool, run.id, &req.scan_report.to_json()).await?;
+    takosumi_store::runs::plan_record::set_scan_report(
+        &st.pool,
+        run.id,
+        &req.scan_report.to_json(),
+    )
+    .await?;
     let Some(commit) = req.commit else {
         return Ok(Json(ScanAnswer { hold: false }));
     };
@@ -1583,7 +1590,8 @@ async fn canceled(
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
     let mut tx = st.pool.begin().await?;
-    let Some(done) = takosumi_store::records::cancel_claimed(&mut tx, run.id, &claim).await? else {
+    let Some(done) = takosumi_store::runs::cancel::cancel_claimed(&mut tx, run.id, &claim).await?
+    else {
         return Err(ApiError::conflict(
             ErrorCode::NoCancelRequested,
             format!("no cancel of {} was requested", run.id),

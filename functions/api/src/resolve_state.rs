@@ -24,8 +24,8 @@ use takosumi_core::StateVersionId;
 use takosumi_objects::{ObjectError, PutOutcome};
 use takosumi_runtime::step::{MAX_STATE_BYTES, state_key};
 use takosumi_seal::Purpose;
-use takosumi_store::state_versions::{self, StateVersion};
-use takosumi_store::{activity, capsules, events, records, resolutions, runs};
+use takosumi_store::states::versions::{self, StateVersion};
+use takosumi_store::{activity, capsules, events, runs, states};
 use zeroize::Zeroize;
 
 use crate::error::ErrorCode;
@@ -113,7 +113,7 @@ async fn current_identity(
     let Some(sv_id) = current else {
         return Ok(None);
     };
-    let sv = state_versions::get(&st.pool, sv_id)
+    let sv = versions::get(&st.pool, sv_id)
         .await?
         .ok_or_else(|| ApiError::not_found("the Capsule's current StateVersion"))?;
     let unreadable = || {
@@ -177,16 +177,17 @@ async fn commit(
 ) -> Result<(), ApiError> {
     let refused = {
         let mut tx = st.pool.begin().await?;
-        if !records::resolve_unknown(&mut tx, run.id, w.action, actor, w.note).await? {
+        if !runs::unknown::resolve_unknown(&mut tx, run.id, w.action, actor, w.note).await? {
             Some(Refused::AlreadyResolved)
         } else {
-            state_versions::insert(&mut tx, &w.sv, w.size).await?;
-            if resolutions::advance_generation(&mut tx, run.capsule_id, w.expected, w.sv.id).await?
+            versions::insert(&mut tx, &w.sv, w.size).await?;
+            if capsules::advance_generation_unheld(&mut tx, run.capsule_id, w.expected, w.sv.id)
+                .await?
             {
-                resolutions::set_run_state_version(&mut tx, run.id, w.sv.id, w.sv.generation)
+                runs::unknown::set_run_state_version(&mut tx, run.id, w.sv.id, w.sv.generation)
                     .await?;
                 if let Some(held) = w.held {
-                    resolutions::mark_held_stored(&mut tx, held).await?;
+                    states::held::mark_held_stored(&mut tx, held).await?;
                 }
                 let mut facts = w.facts.clone();
                 facts["stateVersionId"] = json!(w.sv.id);
@@ -278,7 +279,7 @@ pub(crate) async fn restore_held_state(
     actor: &str,
     note: &str,
 ) -> Result<(), ApiError> {
-    let Some(held) = resolutions::latest_held(&st.pool, run.id).await? else {
+    let Some(held) = states::held::latest_held(&st.pool, run.id).await? else {
         return Err(ApiError::conflict(
             ErrorCode::NoHeldState,
             format!(

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, Method};
 use axum::response::IntoResponse;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use takosumi_core::{RunId, RunStatus};
-use takosumi_store::{events, gates, logs, records, runs};
+use takosumi_store::{approvals, events, logs, runs};
 use takosumi_wire::{ApprovalsView, GivenApproval, PlanDiff, PlanView, RunEvent, StreamEvent};
 
 use crate::access::{Access, Api, Doc, Scope};
@@ -82,7 +82,7 @@ async fn plan(
             .ok_or_else(|| ApiError::not_found(&format!("the plan Run of {}", run.id)))?,
         None => run.clone(),
     };
-    let diff: Option<PlanDiff> = match records::plan_diff(&st.pool, plan_run.id).await? {
+    let diff: Option<PlanDiff> = match runs::plan_record::plan_diff(&st.pool, plan_run.id).await? {
         Some(v) => Some(serde_json::from_value(v).map_err(ApiError::internal)?),
         None => None,
     };
@@ -100,10 +100,11 @@ async fn approvals(
     Path(run): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let run = extract::run(&st, &caller, &run, Action::Read).await?;
-    let (_, _, required, approver_roles) = gates::gate_fields(&st.pool, run.id)
+    let gate = runs::hold::gate_fields(&st.pool, run.id)
         .await?
         .unwrap_or_default();
-    let given = gates::approvals(&st.pool, run.id)
+    let (required, approver_roles) = (gate.approvals_required, gate.approver_roles);
+    let given = approvals::approvals(&st.pool, run.id)
         .await?
         .into_iter()
         .map(|a| GivenApproval {

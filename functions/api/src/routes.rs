@@ -331,7 +331,7 @@ async fn get_capsule(
         caller.may(Action::Operate, Some(capsule.workspace_id)),
     );
     // The latest finished drift check decides whether the Capsule shows as drifted.
-    let drift = takosumi_store::detection::capsule_drifted(&st.pool, capsule.id).await?;
+    let drift = takosumi_store::drift::capsule_drifted(&st.pool, capsule.id).await?;
     body["drift"] = json!(drift);
     body["drifted"] = json!(drift == Some(true));
     // The worker pool it runs on; `null`: the control node's own queues.
@@ -427,7 +427,7 @@ async fn run_logs(
     let logs = takosumi_store::logs::read(&st.pool, run.id).await?;
     let items: Vec<Value> = logs
         .iter()
-        .map(|(step, text)| json!({ "step": step, "text": text }))
+        .map(|c| json!({ "step": c.step, "text": c.text }))
         .collect();
     Ok(Json(json!({ "runId": run.id, "logs": items })))
 }

@@ -9,7 +9,7 @@ use axum::http::Method;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_store::{activity, capsules, detection};
+use takosumi_store::{activity, capsules, drift};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -88,10 +88,10 @@ async fn capsule_settings(
     }
     let mut tx = st.pool.begin().await?;
     if let Some(on) = req.auto_update {
-        detection::set_auto_update(&mut tx, capsule.id, on, &caller.0.id.to_string()).await?;
+        capsules::set_auto_update(&mut tx, capsule.id, on, &caller.0.id.to_string()).await?;
     }
     if let Some(secs) = req.drift_interval_secs {
-        detection::set_capsule_drift_interval(&mut tx, capsule.id, secs).await?;
+        drift::set_capsule_drift_interval(&mut tx, capsule.id, secs).await?;
     }
     activity::append(
         &mut *tx,
@@ -132,7 +132,7 @@ async fn workspace_settings(
     let mut tx = st.pool.begin().await?;
     if let Some(secs) = req.drift_interval_secs {
         check_interval(secs)?;
-        detection::set_workspace_drift_interval(&mut tx, ws, secs).await?;
+        drift::set_workspace_drift_interval(&mut tx, ws, secs).await?;
     }
     activity::append(
         &mut *tx,

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use sha2::Sha256;
 use takosumi_core::{ActorKind, CapsuleId, RunKind, WorkspaceId};
 use takosumi_seal::Purpose;
-use takosumi_store::{Tx, activity, capsules, detection};
+use takosumi_store::{Tx, activity, capsules, runs, webhooks};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -78,7 +78,7 @@ async fn create_webhook_secret(
             source: Box::new(e),
         })?;
     let mut tx = st.pool.begin().await?;
-    detection::set_webhook_secret(&mut tx, ws, &sealed).await?;
+    webhooks::set_webhook_secret(&mut tx, ws, &sealed).await?;
     activity::append(
         &mut *tx,
         ws,
@@ -192,7 +192,7 @@ async fn replayed(
     let Some(id) = delivery else {
         return Ok(None);
     };
-    if detection::record_delivery(tx, ws, id).await? {
+    if webhooks::record_delivery(tx, ws, id).await? {
         return Ok(None);
     }
     tracing::info!(workspace = %ws, delivery = id, event, "git webhook replayed: ignored");
@@ -247,7 +247,7 @@ async fn git_webhook(
         audit_bad_signature(&raw_ws);
         return Err(unauthorized());
     };
-    let sealed = detection::webhook_secret(&st.pool, ws).await?;
+    let sealed = webhooks::webhook_secret(&st.pool, ws).await?;
     let secret = sealed.and_then(|s| {
         st.sealer
             .unseal(Purpose::Credential, &format!("{ws}:webhook"), &s)
@@ -312,7 +312,7 @@ async fn push(
     if let Some(duplicate) = replayed(&mut tx, ws, "push", delivery).await? {
         return Ok(duplicate);
     }
-    detection::mark_stale(&mut tx, &ids, commit).await?;
+    capsules::mark_stale(&mut tx, &ids, commit).await?;
     activity::append(
         &mut *tx,
         ws,
@@ -343,7 +343,7 @@ async fn push(
             },
         )
         .await?;
-        detection::set_run_source(&mut tx, id, branch, commit, false).await?;
+        runs::source::set_run_source(&mut tx, id, branch, commit, false).await?;
         started.push(id);
     }
     tx.commit().await?;
@@ -423,7 +423,7 @@ async fn pull_request(
             },
         )
         .await?;
-        detection::set_run_source(&mut tx, id, head_ref, head_sha, true).await?;
+        runs::source::set_run_source(&mut tx, id, head_ref, head_sha, true).await?;
         started.push(id);
     }
     activity::append(
@@ -449,9 +449,9 @@ async fn capsules_pushed_to(
     ws: WorkspaceId,
     branch: &str,
     payload: &Value,
-) -> Result<Vec<detection::PushTarget>, ApiError> {
+) -> Result<Vec<webhooks::PushTarget>, ApiError> {
     let urls = repo_urls(payload);
-    Ok(detection::capsules_on_branch(&st.pool, ws, branch)
+    Ok(webhooks::capsules_on_branch(&st.pool, ws, branch)
         .await?
         .into_iter()
         .filter(|t| urls.contains(&normalize_repo(&t.repo)))

@@ -51,7 +51,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     }
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
     if plan_run_id.is_none() {
-        takosumi_store::apply_modes::pin_current_generation(&mut tx, run_id)
+        takosumi_store::runs::apply_mode::pin_current_generation(&mut tx, run_id)
             .await
             .map_err(store_err)?;
     }

@@ -13,7 +13,7 @@ use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::{runner_err, store_err};
 use takosumi_steps::{OneStepInputs, OneStepRecord};
-use takosumi_store::{apply_modes, capsules, runs};
+use takosumi_store::{capsules, runs};
 
 use crate::{ApplyError, fail, finish};
 
@@ -53,16 +53,21 @@ impl takosumi_steps::Host for NodeOneStepHost<'_> {
 
 impl takosumi_steps::OneStepHost for NodeOneStepHost<'_> {
     async fn record_one_step(&self, r: &OneStepRecord) -> Result<(), ApplyError> {
-        let snapshot = apply_modes::OneStepSnapshot {
+        let snapshot = runs::apply_mode::OneStepSnapshot {
             commit: &r.commit,
             tree_digest: &r.tree_digest,
             tool_version: &r.tool_version,
             provider_lock_digest: r.provider_lock_digest.as_deref(),
             injected_env_names: &r.injected_env_names,
         };
-        if !apply_modes::record_snapshot(&self.ctx.pool, self.run.id, &self.ctx.owner, &snapshot)
-            .await
-            .map_err(store_err)?
+        if !runs::apply_mode::record_snapshot(
+            &self.ctx.pool,
+            self.run.id,
+            &self.ctx.owner,
+            &snapshot,
+        )
+        .await
+        .map_err(store_err)?
         {
             return Err(StepError::Internal("lease lost before the one-step apply".into()).into());
         }

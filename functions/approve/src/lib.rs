@@ -9,7 +9,7 @@ use serde_json::json;
 use takosumi_core::{Outcome, RunKind, RunMessage, RunStatus, StepError, Topic};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::store_err;
-use takosumi_store::{events, gates, outbox, runs};
+use takosumi_store::{approvals, events, outbox, runs};
 
 /// Handles one `run.approve` wake-up. Safe to run twice: the release is conditional.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
@@ -21,18 +21,22 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     if run.status != RunStatus::Held {
         return Ok(Outcome::Skipped("not held: already released or ended"));
     }
-    let (_, _, required, roles) = gates::gate_fields(&ctx.pool, run_id)
+    let gate = runs::hold::gate_fields(&ctx.pool, run_id)
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?;
+    let (required, roles) = (gate.approvals_required, gate.approver_roles);
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    let given = gates::count_approvals(&mut tx, run_id, run.plan_digest.as_deref(), &roles)
+    let given = approvals::count_approvals(&mut tx, run_id, run.plan_digest.as_deref(), &roles)
         .await
         .map_err(store_err)?;
     if given < i64::from(required.max(1)) {
         return Ok(Outcome::Skipped("not enough approvals yet"));
     }
-    if !gates::release(&mut tx, run_id).await.map_err(store_err)? {
+    if !runs::hold::release(&mut tx, run_id)
+        .await
+        .map_err(store_err)?
+    {
         return Ok(Outcome::Skipped("released by another handler"));
     }
     let topic = match run.kind {

@@ -12,7 +12,7 @@ use takosumi_core::{
 use takosumi_policy::{Decision, GateInput};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::store_err;
-use takosumi_store::{activity, events, gates, outbox, runs};
+use takosumi_store::{activity, events, outbox, runs, tokens};
 
 mod one_step;
 
@@ -44,7 +44,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let actor = format!("handler:{}", ctx.owner);
     if run.kind != RunKind::Apply {
         let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-        if !runs::record_gate_release(&mut tx, run_id)
+        if !runs::hold::record_gate_release(&mut tx, run_id)
             .await
             .map_err(store_err)?
         {
@@ -61,7 +61,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         .map_err(store_err)?;
         // autoApplyRequested: the plan continues to an Apply Run, which this gate then
         // decides on like any other (deletions and rules stop it for review).
-        let speculative = takosumi_store::detection::speculative(&mut *tx, run_id)
+        let speculative = takosumi_store::runs::source::speculative(&mut *tx, run_id)
             .await
             .map_err(store_err)?;
         if run.auto_apply_requested
@@ -100,14 +100,15 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         return one_step::decide(ctx, &run, &actor).await;
     };
     let (rules, versions) = one_step::effective_rules(ctx, &run).await?;
-    let (require_approval, _, _, _) = gates::gate_fields(&ctx.pool, run_id)
+    let require_approval = runs::hold::gate_fields(&ctx.pool, run_id)
         .await
         .map_err(store_err)?
-        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?;
+        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?
+        .require_approval;
     let mut agent = run.actor_kind == ActorKind::Agent;
     let mut exemption = None;
     if agent && !rules.agent_exemptions.is_empty() {
-        let name = gates::token_name(&ctx.pool, &run.actor_id)
+        let name = tokens::token_name(&ctx.pool, &run.actor_id)
             .await
             .map_err(store_err)?;
         if let Some(name) = name.filter(|n| rules.agent_exemptions.contains(n)) {
@@ -128,7 +129,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     } else {
         None
     };
-    let scan = gates::scan_report(&ctx.pool, plan_run_id)
+    let scan = runs::plan_record::scan_report(&ctx.pool, plan_run_id)
         .await
         .map_err(store_err)?;
     let input = GateInput {
@@ -179,7 +180,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
     match &decision {
         Decision::Release { checked } => {
-            if !runs::record_gate_release(&mut tx, run_id)
+            if !runs::hold::record_gate_release(&mut tx, run_id)
                 .await
                 .map_err(store_err)?
             {
@@ -205,7 +206,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             approver_roles,
         } => {
             let required = i32::try_from(*approvals_required).unwrap_or(1);
-            if !gates::hold(&mut tx, run_id, *reason, details, required, approver_roles)
+            if !runs::hold::hold(&mut tx, run_id, *reason, details, required, approver_roles)
                 .await
                 .map_err(store_err)?
             {

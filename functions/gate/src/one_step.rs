@@ -10,16 +10,17 @@ use takosumi_core::{ActorKind, FailureCode, HoldReason, Outcome, StepError, Topi
 use takosumi_policy::RuleSet;
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::store_err;
-use takosumi_store::{events, gates, outbox, runs};
+use takosumi_store::{events, outbox, rules, runs, tokens};
 
 /// The Capsule's rules over its Workspace's, and the versions they came from.
 pub(crate) async fn effective_rules(
     ctx: &Ctx,
     run: &runs::Run,
 ) -> Result<(RuleSet, serde_json::Value), StepError> {
-    let (ws_rules, cap_rules) = gates::rules_in_force(&ctx.pool, run.workspace_id, run.capsule_id)
+    let in_force = rules::rules_in_force(&ctx.pool, run.workspace_id, run.capsule_id)
         .await
         .map_err(store_err)?;
+    let (ws_rules, cap_rules) = (in_force.workspace, in_force.capsule);
     let rules = RuleSet::layered(
         cap_rules.as_ref().map(|r| &r.rules),
         ws_rules.as_ref().map(|r| &r.rules),
@@ -35,13 +36,14 @@ pub(crate) async fn effective_rules(
 pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Outcome, StepError> {
     let run_id = run.id;
     let (rules, versions) = effective_rules(ctx, run).await?;
-    let (require_approval, _, _, _) = gates::gate_fields(&ctx.pool, run_id)
+    let require_approval = runs::hold::gate_fields(&ctx.pool, run_id)
         .await
         .map_err(store_err)?
-        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?;
+        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?
+        .require_approval;
     let mut agent = run.actor_kind == ActorKind::Agent;
     if agent {
-        let name = gates::token_name(&ctx.pool, &run.actor_id)
+        let name = tokens::token_name(&ctx.pool, &run.actor_id)
             .await
             .map_err(store_err)?;
         agent = !name.is_some_and(|n| rules.agent_exemptions.contains(&n));
@@ -55,7 +57,7 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
     }
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
     if covered_by.is_empty() {
-        if !runs::record_gate_release(&mut tx, run_id)
+        if !runs::hold::record_gate_release(&mut tx, run_id)
             .await
             .map_err(store_err)?
         {
@@ -115,21 +117,21 @@ pub(crate) async fn propose_apply(
     run: &runs::Run,
     actor: &str,
 ) -> Result<Outcome, StepError> {
-    use takosumi_store::apply_modes;
     let run_id = run.id;
-    let (require_approval, _, _, _) = gates::gate_fields(&ctx.pool, run_id)
+    let require_approval = runs::hold::gate_fields(&ctx.pool, run_id)
         .await
         .map_err(store_err)?
-        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?;
+        .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?
+        .require_approval;
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    if !apply_modes::mark_proposed(&mut tx, run_id)
+    if !runs::apply_mode::mark_proposed(&mut tx, run_id)
         .await
         .map_err(store_err)?
     {
         return Ok(Outcome::Skipped("the apply was already proposed"));
     }
     if run.gate_decision.is_none() {
-        runs::record_gate_release(&mut tx, run_id)
+        runs::hold::record_gate_release(&mut tx, run_id)
             .await
             .map_err(store_err)?;
     }
@@ -164,7 +166,7 @@ pub(crate) async fn propose_apply(
         };
         let apply_id = runs::start(&mut tx, &new, start).await.map_err(store_err)?;
         if require_approval {
-            gates::set_require_approval(&mut tx, apply_id)
+            runs::hold::set_require_approval(&mut tx, apply_id)
                 .await
                 .map_err(store_err)?;
         }
@@ -180,7 +182,7 @@ pub(crate) async fn cost_estimate(
     ctx: &Ctx,
     plan_run_id: takosumi_core::RunId,
 ) -> Result<Option<takosumi_cost::CostEstimate>, StepError> {
-    let Some(summary) = takosumi_store::records::resource_changes(&ctx.pool, plan_run_id)
+    let Some(summary) = takosumi_store::runs::plan_record::resource_changes(&ctx.pool, plan_run_id)
         .await
         .map_err(store_err)?
     else {

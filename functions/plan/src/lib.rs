@@ -211,7 +211,7 @@ impl takosumi_steps::Host for NodeHost<'_> {
 
 impl takosumi_steps::PlanHost for NodeHost<'_> {
     async fn record_scan(&self, report: &serde_json::Value) -> Result<(), PlanError> {
-        takosumi_store::gates::set_scan_report(&self.ctx.pool, self.run.id, report)
+        takosumi_store::runs::plan_record::set_scan_report(&self.ctx.pool, self.run.id, report)
             .await
             .map_err(store_err)?;
         Ok(())

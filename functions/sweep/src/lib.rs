@@ -21,7 +21,7 @@ pub async fn sweep_once(ctx: &Ctx) -> Result<i64, StepError> {
     let mut after = None;
     loop {
         let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-        let (n, last) = takosumi_store::detection::sweep_due(&mut tx, after, BATCH)
+        let (n, last) = takosumi_store::drift::sweep_due(&mut tx, after, BATCH)
             .await
             .map_err(store_err)?;
         tx.commit().await.map_err(|e| store_err(e.into()))?;

@@ -333,14 +333,18 @@ mod tests {
             ("runs::reap_expired", Planning, Failed),
             ("runs::reap_expired", Planning, Canceled),
             ("runs::reap_expired", Applying, UnknownOutcome),
-            ("gates::hold", Queued, Held),
-            ("gates::release", Held, Queued),
-            ("dry_runs::hold_claimed", Planning, Held),
-            ("records::cancel_waiting", Queued, Canceled),
-            ("records::cancel_waiting", Held, Canceled),
-            ("records::cancel_claimed", Planning, Canceled),
-            ("records::cancel_claimed", Applying, Canceled),
-            ("unrecorded::mark_unknown_outcome", Applying, UnknownOutcome),
+            ("runs::hold::hold", Queued, Held),
+            ("runs::hold::release", Held, Queued),
+            ("runs::hold::hold_claimed", Planning, Held),
+            ("runs::cancel::cancel_waiting", Queued, Canceled),
+            ("runs::cancel::cancel_waiting", Held, Canceled),
+            ("runs::cancel::cancel_claimed", Planning, Canceled),
+            ("runs::cancel::cancel_claimed", Applying, Canceled),
+            (
+                "runs::unknown::mark_unknown_outcome",
+                Applying,
+                UnknownOutcome,
+            ),
         ]
     };
 

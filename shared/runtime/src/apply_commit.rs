@@ -9,7 +9,7 @@
 
 use serde_json::{Value, json};
 use takosumi_core::{CapsuleId, FailureCode, RunId, StepError};
-use takosumi_store::{capsules, events, runs, state_versions};
+use takosumi_store::{capsules, events, runs, states};
 
 use crate::Ctx;
 use crate::step::store_err;
@@ -54,7 +54,7 @@ pub struct ApplyToCommit<'a> {
     pub plan_run_id: Option<RunId>,
     /// The StateVersion of the state the tool left, already sealed and stored (`None`:
     /// the state did not change), with its size.
-    pub state_version: Option<(state_versions::StateVersion, i64)>,
+    pub state_version: Option<(states::versions::StateVersion, i64)>,
     /// How the tool ended.
     pub end: ToolEnd,
     /// Added to the `applied` event (a relayed apply names its pool).
@@ -84,7 +84,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
     let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
     let new_generation = match &c.state_version {
         Some((sv, size)) => {
-            state_versions::insert(&mut tx, sv, *size)
+            states::versions::insert(&mut tx, sv, *size)
                 .await
                 .map_err(store_err)?;
             if !capsules::advance_generation(&mut tx, c.capsule_id, run_id, c.generation, sv.id)

@@ -4,7 +4,7 @@
 //! the next waiting apply, exactly as a failed apply does.
 
 use takosumi_core::{CapsuleId, Outcome, RunId, StepError, WorkspaceId};
-use takosumi_store::{Tx, activity, events, records, runs};
+use takosumi_store::{Tx, activity, events, runs};
 use tokio_util::sync::CancellationToken;
 
 use crate::Ctx;
@@ -64,7 +64,7 @@ pub async fn cancel_claimed_in(
     capsule_for_apply: Option<CapsuleId>,
     detail: serde_json::Value,
 ) -> Result<bool, StepError> {
-    let Some(canceled) = records::cancel_claimed(tx, run_id, owner)
+    let Some(canceled) = runs::cancel::cancel_claimed(tx, run_id, owner)
         .await
         .map_err(store_err)?
     else {

@@ -165,7 +165,9 @@ impl Ctx {
             loop {
                 tokio::time::sleep(poll).await;
                 if !cancel_token.is_cancelled() {
-                    match takosumi_store::records::cancel_requested(&pool, run_id, &owner).await {
+                    match takosumi_store::runs::cancel::cancel_requested(&pool, run_id, &owner)
+                        .await
+                    {
                         Ok(true) => {
                             tracing::info!(%run_id, "cancel requested: interrupting the step");
                             cancel_token.cancel();

@@ -16,7 +16,7 @@ use serde_json::json;
 use takosumi_core::{FailureCode, HoldReason, RunKind};
 use takosumi_policy::RuleSet;
 use takosumi_policy::scan::ScanReport;
-use takosumi_store::{Pool, activity, dry_runs, events, gates, runs};
+use takosumi_store::{Pool, activity, events, rules, runs};
 
 use crate::inputs::EnvError;
 use crate::step::store_err;
@@ -80,12 +80,12 @@ pub async fn check(
         }
         return Ok(DryRunDecision::Proceed);
     }
-    let (ws, cap) = gates::rules_in_force(pool, run.workspace_id, run.capsule_id)
+    let in_force = rules::rules_in_force(pool, run.workspace_id, run.capsule_id)
         .await
         .map_err(store_err)?;
     let rules = RuleSet::layered(
-        cap.as_ref().map(|r| &r.rules),
-        ws.as_ref().map(|r| &r.rules),
+        in_force.capsule.as_ref().map(|r| &r.rules),
+        in_force.workspace.as_ref().map(|r| &r.rules),
     )
     .map_err(|e| EnvError::Step(takosumi_core::StepError::internal(e)))?;
     let Some(reason) = rules.dry_run_hold(report.is_clean()) else {
@@ -117,13 +117,13 @@ pub async fn check(
         "approvalRule": { "required": approval.required, "approverRoles": approval.approver_roles },
         "excludeDryRun": rules.exclude_dry_run,
         "ruleVersions": {
-            "workspace": ws.as_ref().map(|r| r.version),
-            "capsule": cap.as_ref().map(|r| r.version),
+            "workspace": in_force.workspace.as_ref().map(|r| r.version),
+            "capsule": in_force.capsule.as_ref().map(|r| r.version),
         },
     });
     let required = i32::try_from(approval.required.max(1)).unwrap_or(1);
     let mut tx = pool.begin().await.map_err(|e| store_err(e.into()))?;
-    if !dry_runs::hold_claimed(
+    if !runs::hold::hold_claimed(
         &mut tx,
         run.id,
         owner,

@@ -149,14 +149,14 @@ impl Ctx {
         &self,
         run: &Run,
         capsule: &Capsule,
-    ) -> Result<takosumi_store::detection::RunSource, EnvError> {
-        let source = takosumi_store::detection::run_source(&self.pool, run.id)
+    ) -> Result<takosumi_store::runs::source::RunSource, EnvError> {
+        let source = takosumi_store::runs::source::run_source(&self.pool, run.id)
             .await
             .map_err(store_err)?;
         if source.no_baseline {
             return Err(EnvError::Fail(
                 FailureCode::NotApplied,
-                takosumi_store::detection::NOT_APPLIED.into(),
+                takosumi_store::runs::source::NOT_APPLIED.into(),
             ));
         }
         if run.vars.is_some()

@@ -370,10 +370,10 @@ pub async fn commit_plan(
     {
         return Ok(Committed::LeaseLost);
     }
-    takosumi_store::records::set_resource_changes(&mut tx, run_id, &resources)
+    takosumi_store::runs::plan_record::set_resource_changes(&mut tx, run_id, &resources)
         .await
         .map_err(store_err)?;
-    takosumi_store::records::set_plan_diff(&mut tx, run_id, &diff)
+    takosumi_store::runs::plan_record::set_plan_diff(&mut tx, run_id, &diff)
         .await
         .map_err(store_err)?;
     takosumi_store::capsules::add_sensitive_var_names(
@@ -396,14 +396,14 @@ pub async fn commit_plan(
     )
     .await
     .map_err(store_err)?;
-    takosumi_store::gates::set_plan_json_key(&mut tx, run_id, &show_key)
+    takosumi_store::runs::plan_record::set_plan_json_key(&mut tx, run_id, &show_key)
         .await
         .map_err(store_err)?;
     // A drift check replaces the plan an earlier check kept, and keeps its own only when it
     // found drift (that plan is what a reconcile carries out).
     let mut dropped = Vec::new();
     if run.kind == RunKind::DriftCheck {
-        dropped = takosumi_store::detection::drop_kept_drift_plans(&mut tx, capsule.id, run_id)
+        dropped = takosumi_store::drift::drop_kept_drift_plans(&mut tx, capsule.id, run_id)
             .await
             .map_err(store_err)?;
         if record.drift != Some(true)
@@ -437,11 +437,11 @@ pub async fn read_plan_json(
     ctx: &Ctx,
     plan_run_id: takosumi_core::RunId,
 ) -> Result<serde_json::Value, StepError> {
-    let (_, key, _, _) = takosumi_store::gates::gate_fields(&ctx.pool, plan_run_id)
+    let fields = takosumi_store::runs::hold::gate_fields(&ctx.pool, plan_run_id)
         .await
         .map_err(store_err)?
         .ok_or_else(|| StepError::Poison(format!("plan {plan_run_id} vanished")))?;
-    let key = key.ok_or_else(|| {
+    let key = fields.plan_json_object_key.ok_or_else(|| {
         StepError::Internal(format!("plan {plan_run_id} kept no plan JSON").into())
     })?;
     let sealed = ctx

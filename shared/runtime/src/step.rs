@@ -5,7 +5,7 @@ use takosumi_core::{CapsuleId, FailureCode, Outcome, RunId, StateVersionId, Step
 use takosumi_objects::ObjectError;
 use takosumi_runner::{RunnerError, Workdir};
 use takosumi_seal::Purpose;
-use takosumi_store::{StoreError, capsules::Capsule, events, runs, state_versions};
+use takosumi_store::{StoreError, capsules::Capsule, events, runs, states};
 
 use crate::Ctx;
 use crate::inputs::EnvError;
@@ -218,7 +218,7 @@ impl Ctx {
         let Some(sv_id) = capsule.current_state_version_id else {
             return Ok(None);
         };
-        let sv = state_versions::get(&self.pool, sv_id)
+        let sv = states::versions::get(&self.pool, sv_id)
             .await
             .map_err(store_err)?
             .ok_or_else(|| StepError::internal(StoreError::NotFound("state version")))?;

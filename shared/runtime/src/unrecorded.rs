@@ -9,7 +9,7 @@
 //! and the state could not be stored. Any other fault after the tool ran (reading
 //! outputs, the final commit) also ends `unknown_outcome`, never `failed` with "nothing
 //! was applied". An `unknown_outcome` apply keeps the Capsule from other applies until an
-//! operator resolves it (`takosumi_store::unrecorded`).
+//! operator resolves it (`takosumi_store::runs::unknown`).
 //!
 //! The apply handler and the API's relay endpoint (a relay worker's apply) both end an
 //! apply through here, so a state is kept the same way whichever ran the tool.
@@ -20,8 +20,8 @@ use backon::{ExponentialBuilder, Retryable};
 use takosumi_core::{CapsuleId, Outcome, RunId, StateVersionId, StepError};
 use takosumi_objects::ObjectError;
 use takosumi_seal::Purpose;
-use takosumi_store::unrecorded::{self, HeldState};
-use takosumi_store::{StoreError, events, runs, state_versions};
+use takosumi_store::states::held::HeldState;
+use takosumi_store::{StoreError, events, runs, states};
 
 use crate::Ctx;
 use crate::step::{state_key, store_err};
@@ -58,11 +58,11 @@ pub async fn seal_and_store_state(
     run_id: RunId,
     generation: i64,
     bytes: &[u8],
-) -> Result<(state_versions::StateVersion, i64), Unrecorded> {
+) -> Result<(states::versions::StateVersion, i64), Unrecorded> {
     let id = StateVersionId::new();
     let key = state_key(capsule_id, id);
     let size = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
-    let sv = state_versions::StateVersion {
+    let sv = states::versions::StateVersion {
         id,
         capsule_id,
         generation: generation + 1,
@@ -125,7 +125,7 @@ pub async fn seal_and_store_state(
         size_bytes: size,
         reason: storage_error.to_string(),
     };
-    let hold = || async { unrecorded::hold_state(&ctx.pool, &held, &sealed).await };
+    let hold = || async { states::held::hold_state(&ctx.pool, &held, &sealed).await };
     let kept = hold
         .retry(backoff(RECORD_RETRY))
         .sleep(tokio::time::sleep)
@@ -161,10 +161,10 @@ pub async fn end_unknown_outcome(
 ) -> Result<Outcome, StepError> {
     let record = || async {
         let mut tx = ctx.pool.begin().await?;
-        if !unrecorded::mark_unknown_outcome(&mut tx, run_id, owner, message).await? {
+        if !runs::unknown::mark_unknown_outcome(&mut tx, run_id, owner, message).await? {
             return Ok(false);
         }
-        let held: Vec<String> = unrecorded::held_ids_for_run(&mut *tx, run_id)
+        let held: Vec<String> = states::held::held_ids_for_run(&mut *tx, run_id)
             .await?
             .into_iter()
             .map(|id| id.to_string())
@@ -203,8 +203,8 @@ pub async fn wipe_sealed_plan(ctx: &Ctx, plan_run_id: RunId, plan_key: &str) {
     if let Err(e) = ctx.objects.delete(plan_key).await {
         tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan; it stays sealed");
     }
-    if let Ok(Some((_, Some(show_key), _, _))) =
-        takosumi_store::gates::gate_fields(&ctx.pool, plan_run_id).await
+    if let Ok(Some(fields)) = takosumi_store::runs::hold::gate_fields(&ctx.pool, plan_run_id).await
+        && let Some(show_key) = fields.plan_json_object_key
         && let Err(e) = ctx.objects.delete(&show_key).await
     {
         tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan JSON; it stays sealed");

@@ -1,5 +1,6 @@
 //! The Workspace's activity record.
 
+use chrono::{DateTime, Utc};
 use takosumi_core::WorkspaceId;
 
 use crate::StoreError;
@@ -45,4 +46,54 @@ pub async fn append_instance<'e, E: sqlx::PgExecutor<'e>>(
     .execute(executor)
     .await?;
     Ok(())
+}
+
+/// One activity entry.
+#[derive(Debug, Clone)]
+pub struct ActivityEntry {
+    /// Order within the instance (the cursor).
+    pub id: i64,
+    /// `capsule_registered`, `run_started`, `state_version_written`, …
+    pub kind: String,
+    /// The id it is about.
+    pub subject: String,
+    /// Who did it.
+    pub actor: String,
+    /// Details (never secret values).
+    pub data: serde_json::Value,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// One page of a Workspace's activity, newest first, starting below `before_id`.
+pub async fn list(
+    pool: &sqlx::PgPool,
+    workspace_id: WorkspaceId,
+    kind: Option<&str>,
+    before_id: Option<i64>,
+    limit: i64,
+) -> Result<(Vec<ActivityEntry>, Option<i64>), StoreError> {
+    let mut rows = sqlx::query_as!(
+        ActivityEntry,
+        r#"SELECT id, kind, subject, actor, data, at FROM activity
+            WHERE workspace_id = $1
+              AND ($2::text IS NULL OR kind = $2)
+              AND ($3::bigint IS NULL OR id < $3)
+            ORDER BY id DESC
+            LIMIT $4"#,
+        workspace_id.as_uuid(),
+        kind,
+        before_id,
+        limit + 1
+    )
+    .fetch_all(pool)
+    .await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(usize::try_from(limit).unwrap_or(0));
+    let next = if more {
+        rows.last().map(|r| r.id)
+    } else {
+        None
+    };
+    Ok((rows, next))
 }

@@ -98,6 +98,41 @@ where
     .await?)
 }
 
+/// The Capsules of a Workspace.
+pub async fn list(pool: &sqlx::PgPool, ws: WorkspaceId) -> Result<Vec<Capsule>, StoreError> {
+    Ok(sqlx::query_as!(
+        Capsule,
+        r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
+                  branch, dir, tool as "tool: Tool", vars, state_generation,
+                  current_state_version_id as "current_state_version_id: StateVersionId",
+                  running_apply_id as "running_apply_id: RunId", stale, sensitive_var_names,
+                  created_at
+             FROM capsules WHERE workspace_id = $1 ORDER BY created_at, id"#,
+        ws.as_uuid()
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The Capsules of a Workspace (only the stale ones when asked).
+pub async fn workspace_capsules(
+    pool: &sqlx::PgPool,
+    ws: WorkspaceId,
+    only_stale: bool,
+) -> Result<Vec<CapsuleId>, StoreError> {
+    let rows = sqlx::query!(
+        "SELECT id FROM capsules WHERE workspace_id = $1 AND (stale OR NOT $2) ORDER BY created_at, id",
+        ws.as_uuid(),
+        only_stale
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| CapsuleId::from_uuid(r.id))
+        .collect())
+}
+
 /// Records which variables the configuration a plan just read declares sensitive, added to
 /// those earlier plans saw: once a configuration marked a variable sensitive its value stays
 /// withheld (a pull request's plan cannot unmark one).
@@ -116,6 +151,37 @@ pub async fn add_sensitive_var_names(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Marks Capsules stale with the pushed commit.
+pub async fn mark_stale(tx: &mut Tx, ids: &[CapsuleId], commit: &str) -> Result<u64, StoreError> {
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|c| c.as_uuid()).collect();
+    let done = sqlx::query!(
+        "UPDATE capsules SET stale = true, stale_commit = $2, updated_at = now() WHERE id = ANY($1)",
+        &ids,
+        commit
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Turns automatic update on or off, recording on whose behalf it runs.
+pub async fn set_auto_update(
+    tx: &mut Tx,
+    id: CapsuleId,
+    on: bool,
+    by: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "UPDATE capsules SET auto_update = $2, auto_update_by = CASE WHEN $2 THEN $3 ELSE NULL END, updated_at = now() WHERE id = $1",
+        id.as_uuid(),
+        on,
+        by
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// Takes the Capsule for an apply: only where no other apply holds it. Returns the
@@ -168,6 +234,29 @@ pub async fn advance_generation(
         run_id.as_uuid(),
         expected,
         state_version_id.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The generation compare-and-set for a state an operator gives the Capsule: `g` → `g + 1`
+/// pointing at `sv`, only where the generation is still `expected` and no apply holds the
+/// Capsule. `false`: the generation moved or an apply holds the Capsule; nothing changed.
+pub async fn advance_generation_unheld(
+    tx: &mut Tx,
+    capsule_id: CapsuleId,
+    expected: i64,
+    sv: StateVersionId,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE capsules
+              SET state_generation = state_generation + 1, current_state_version_id = $3,
+                  updated_at = now()
+            WHERE id = $1 AND state_generation = $2 AND running_apply_id IS NULL"#,
+        capsule_id.as_uuid(),
+        expected,
+        sv.as_uuid()
     )
     .execute(&mut **tx)
     .await?;

@@ -307,7 +307,10 @@ async fn predicate(
         _ => None,
     };
     let (scan_run, scan_report) = match plan_run {
-        Some(plan) => (plan, crate::gates::scan_report(&mut **tx, plan).await?),
+        Some(plan) => (
+            plan,
+            crate::runs::plan_record::scan_report(&mut **tx, plan).await?,
+        ),
         None => (run_id, extra.scan_report),
     };
     let dry_run_scan = match &scan_report {
@@ -356,7 +359,7 @@ async fn predicate(
         }),
         None => None,
     };
-    let approvals = crate::gates::approvals(&mut **tx, run_id)
+    let approvals = crate::approvals::approvals(&mut **tx, run_id)
         .await?
         .into_iter()
         .map(|a| Approval {
@@ -395,9 +398,9 @@ async fn predicate(
         })
     })
     .collect();
-    let ws_rules = crate::gates::current_rules(&mut **tx, run.workspace_id, None).await?;
+    let ws_rules = crate::rules::current_rules(&mut **tx, run.workspace_id, None).await?;
     let cap_rules =
-        crate::gates::current_rules(&mut **tx, run.workspace_id, Some(run.capsule_id)).await?;
+        crate::rules::current_rules(&mut **tx, run.workspace_id, Some(run.capsule_id)).await?;
     let changes = run.changes().map(|c| ChangeCounts {
         add: c.add,
         change: c.change,

@@ -2,30 +2,35 @@
 //! conditional update, leases, the state-generation compare-and-set and the transactional
 //! outbox. A function that changes a row and wakes a handler does both in one transaction.
 //! This crate never talks to the broker, the object store or the tool.
+//!
+//! A module per aggregate, named by the thing it owns: [`workspaces`], [`capsules`]
+//! (rows, listing, staleness, automatic update and the generation compare-and-set),
+//! [`runs`] (the lifecycle, with a sub-module per other part of the Run row),
+//! [`states`] (StateVersions and held states), [`events`], [`logs`], [`activity`],
+//! [`rules`], [`approvals`], [`groups`] (RunGroups), [`drift`], [`webhooks`],
+//! [`bindings`], [`pools`], [`tokens`], [`sessions`], [`evidence`], [`outbox`],
+//! [`dead_letters`] and [`stats`].
 #![deny(missing_docs)]
 
 pub mod activity;
-pub mod apply_modes;
+pub mod approvals;
 pub mod bindings;
 pub mod capsules;
 pub mod dead_letters;
-pub mod detection;
-pub mod dry_runs;
+pub mod drift;
 pub mod events;
 pub mod evidence;
-pub mod gates;
-pub mod listing;
+pub mod groups;
 pub mod logs;
 pub mod outbox;
 pub mod pools;
-pub mod records;
-pub mod resolutions;
+pub mod rules;
 pub mod runs;
 pub mod sessions;
-pub mod state_versions;
+pub mod states;
 pub mod stats;
 pub mod tokens;
-pub mod unrecorded;
+pub mod webhooks;
 pub mod workspaces;
 
 use std::str::FromStr;

@@ -22,13 +22,9 @@ pub async fn append(
     Ok(())
 }
 
-/// The whole log of a Run, in order: `(step, text)`.
-pub async fn read(pool: &sqlx::PgPool, run_id: RunId) -> Result<Vec<(String, String)>, StoreError> {
-    Ok(read_after(pool, run_id, 0)
-        .await?
-        .into_iter()
-        .map(|c| (c.step, c.text))
-        .collect())
+/// The whole log of a Run, in order.
+pub async fn read(pool: &sqlx::PgPool, run_id: RunId) -> Result<Vec<LogChunk>, StoreError> {
+    read_after(pool, run_id, 0).await
 }
 
 /// One stored chunk of a Run's log.

@@ -268,3 +268,17 @@ impl From<TokenRow> for TokenInfo {
         }
     }
 }
+
+/// A token's name (agent exemptions name tokens).
+pub async fn token_name<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    token_id: &str,
+) -> Result<Option<String>, StoreError> {
+    let Ok(id) = token_id.parse::<takosumi_core::TokenId>() else {
+        return Ok(None);
+    };
+    let row = sqlx::query!("SELECT name FROM api_tokens WHERE id = $1", id.as_uuid())
+        .fetch_optional(executor)
+        .await?;
+    Ok(row.map(|r| r.name))
+}

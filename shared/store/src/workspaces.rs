@@ -48,6 +48,27 @@ pub async fn get(pool: &sqlx::PgPool, id: WorkspaceId) -> Result<Option<Workspac
     }))
 }
 
+/// Every Workspace, or only `scope` (a token limited to one Workspace sees only it).
+pub async fn list(
+    pool: &sqlx::PgPool,
+    scope: Option<WorkspaceId>,
+) -> Result<Vec<Workspace>, StoreError> {
+    let rows = sqlx::query!(
+        "SELECT id, name, created_at FROM workspaces WHERE $1::uuid IS NULL OR id = $1 ORDER BY created_at, id",
+        scope.map(|s| s.as_uuid())
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Workspace {
+            id: WorkspaceId::from_uuid(r.id),
+            name: r.name,
+            created_at: r.created_at,
+        })
+        .collect())
+}
+
 /// A resource a request path names, for finding the Workspace it belongs to (the API's
 /// access check, made before any handler runs).
 #[derive(Debug, Clone, Copy)]

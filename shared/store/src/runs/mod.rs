@@ -2,6 +2,21 @@
 //! (and, while a step runs, `AND lease_owner = me`): zero rows means "already done, or not
 //! yours", which callers treat as an answer, not an error. Which transitions exist at all
 //! is `takosumi_core::RunStatus::TRANSITIONS`; each function here checks its own against it.
+//!
+//! This module holds the row and its pipeline lifecycle (start, claim, record, fail, hand
+//! back, reap, wake the next apply). The row's other parts have a module each:
+//! [`apply_mode`] (how an apply submission runs), [`cancel`], [`hold`] (held for people and
+//! released), [`list`] (a Workspace's history), [`plan_record`] (what a plan keeps beside
+//! its status: resource changes, diff, scan report), [`source`] (what a plan checks out)
+//! and [`unknown`] (`unknown_outcome` applies and their resolution).
+
+pub mod apply_mode;
+pub mod cancel;
+pub mod hold;
+pub mod list;
+pub mod plan_record;
+pub mod source;
+pub mod unknown;
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{
@@ -96,7 +111,7 @@ pub struct Run {
     pub created_at: DateTime<Utc>,
     /// Last change.
     pub updated_at: DateTime<Utc>,
-    /// How an apply submission runs (`apply_modes`); `None`: the ordinary paths.
+    /// How an apply submission runs ([`apply_mode`]); `None`: the ordinary paths.
     pub apply_mode: Option<ApplyMode>,
     /// When a cancel was requested of the running step.
     pub cancel_requested_at: Option<DateTime<Utc>>,
@@ -511,18 +526,6 @@ pub async fn fail(
     Ok(done.rows_affected() == 1)
 }
 
-/// The gate released the Run: records the decision once.
-pub async fn record_gate_release(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        r#"UPDATE runs SET gate_decision = 'released', updated_at = now()
-            WHERE id = $1 AND gate_decision IS NULL AND status IN ('queued', 'planned')"#,
-        id.as_uuid()
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
 /// How an apply claim ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApplyClaim {
@@ -571,10 +574,8 @@ pub async fn claim_apply(
     let capsule_id = CapsuleId::from_uuid(row.capsule_id);
     // An unresolved unknown_outcome apply keeps the Capsule from any other apply until a
     // person has inspected it: this apply is refused, the tool never starts.
-    if let Some(blocking) =
-        crate::unrecorded::unresolved_unknown_apply(&mut **tx, capsule_id).await?
-    {
-        let message = crate::unrecorded::needs_inspection_message(blocking);
+    if let Some(blocking) = unknown::unresolved_unknown_apply(&mut **tx, capsule_id).await? {
+        let message = unknown::needs_inspection_message(blocking);
         fail(tx, id, None, FailureCode::CapsuleNeedsInspection, &message).await?;
         return Ok(ApplyClaim::NeedsInspection { blocking });
     }

@@ -1,12 +1,8 @@
-//! Applies whose result could not be recorded, and the Capsule lock they leave behind.
-//!
-//! When the tool has applied but the step cannot record what it did (the new state does
-//! not reach object storage, reading the outputs fails, the final commit fails), the
-//! apply ends `unknown_outcome`, never `failed` with "nothing was applied". A state the
-//! tool wrote is kept sealed in `held_states` when object storage will not take it, so an
-//! operator can recover it. A Capsule with an `unknown_outcome` apply that no operator
-//! has resolved (`POST /runs/{id}/resolve`) takes no other apply: applying on top of a
-//! state nobody has looked at could undo or repeat what the lost apply did.
+//! States an apply's tool wrote that object storage would not take, kept sealed in
+//! `held_states` so an operator can recover them: the step keeps one
+//! ([`hold_state`]), and the operator action `restore_held_state` reads it back and records
+//! that it reached object storage. This module never reads or writes a state's bytes in
+//! the clear.
 
 use takosumi_core::{CapsuleId, RunId, StateVersionId};
 
@@ -109,56 +105,55 @@ pub async fn held_ids_for_run(
     Ok(ids.into_iter().map(StateVersionId::from_uuid).collect())
 }
 
-/// `applying` → `unknown_outcome` with `message`, only while `owner` holds the lease; lets
-/// go of the Capsule's running-apply slot (the lock that matters from here on is
-/// [`unresolved_unknown_apply`]). `false`: the lease was lost (the reaper took the Run,
-/// and made it `unknown_outcome` itself).
-pub async fn mark_unknown_outcome(
-    tx: &mut Tx,
-    run_id: RunId,
-    owner: &str,
-    message: &str,
-) -> Result<bool, StoreError> {
-    crate::transitions!(Applying => UnknownOutcome);
-    let row = sqlx::query_scalar!(
-        r#"UPDATE runs SET status = 'unknown_outcome', error_code = 'unknown_outcome', error_message = $3,
-                  lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
-            WHERE id = $1 AND status = 'applying' AND lease_owner = $2
-        RETURNING capsule_id"#,
-        run_id.as_uuid(),
-        owner,
-        message
-    )
-    .fetch_optional(&mut **tx)
-    .await?;
-    let Some(capsule) = row else {
-        return Ok(false);
-    };
-    crate::capsules::release_apply(tx, CapsuleId::from_uuid(capsule), run_id).await?;
-    Ok(true)
+/// A state held for an apply Run, sealed under its StateVersion id.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// The StateVersion id the state was sealed under; it becomes the StateVersion's id.
+    pub state_version_id: StateVersionId,
+    /// The generation it becomes (the apply started from `generation - 1`).
+    pub generation: i64,
+    /// The object key it was meant for.
+    pub object_key: String,
+    /// SHA-256 hex of the unsealed state.
+    pub digest: String,
+    /// Size of the unsealed state.
+    pub size_bytes: i64,
+    /// The sealed bytes.
+    pub sealed: Vec<u8>,
+    /// How many states are held for the Run (normally one).
+    pub count: i64,
 }
 
-/// The Capsule's oldest `unknown_outcome` apply that no operator has resolved, if any.
-pub async fn unresolved_unknown_apply<'e>(
-    executor: impl sqlx::PgExecutor<'e>,
-    capsule_id: CapsuleId,
-) -> Result<Option<RunId>, StoreError> {
-    let id = sqlx::query_scalar!(
-        r#"SELECT id FROM runs
-            WHERE capsule_id = $1 AND kind = 'apply' AND status = 'unknown_outcome' AND resolved_at IS NULL
-            ORDER BY finished_at NULLS LAST, created_at LIMIT 1"#,
-        capsule_id.as_uuid()
+/// The newest state held for `run_id`, if any.
+pub async fn latest_held(pool: &sqlx::PgPool, run_id: RunId) -> Result<Option<Held>, StoreError> {
+    let row = sqlx::query!(
+        r#"SELECT state_version_id, generation, object_key, digest, size_bytes, sealed,
+                  count(*) OVER () AS "n!"
+             FROM held_states WHERE run_id = $1
+         ORDER BY created_at DESC LIMIT 1"#,
+        run_id.as_uuid()
     )
-    .fetch_optional(executor)
+    .fetch_optional(pool)
     .await?;
-    Ok(id.map(RunId::from_uuid))
+    Ok(row.map(|r| Held {
+        state_version_id: StateVersionId::from_uuid(r.state_version_id),
+        generation: r.generation,
+        object_key: r.object_key,
+        digest: r.digest,
+        size_bytes: r.size_bytes,
+        sealed: r.sealed,
+        count: r.n,
+    }))
 }
 
-/// The message a refused apply carries.
-pub fn needs_inspection_message(blocking: RunId) -> String {
-    format!(
-        "apply {blocking} of this Capsule ended unknown_outcome and nobody has resolved it yet; nothing was applied. \
-         Inspect the provider side and the Capsule's current StateVersion, record it with \
-         `takosumi resolve {blocking} --note …` (POST /api/v1/runs/{blocking}/resolve), then plan again"
+/// Records that a held state is now in object storage (it stays in the table, sealed,
+/// as the record of what was held).
+pub async fn mark_held_stored(tx: &mut Tx, sv: StateVersionId) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE held_states SET stored_at = now() WHERE state_version_id = $1 AND stored_at IS NULL",
+        sv.as_uuid()
     )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

@@ -1,0 +1,88 @@
+//! Approvals given on held Runs. An approval is bound to the digest of the plan its
+//! approver was shown; the holds they release are [`crate::runs::hold`].
+
+use takosumi_core::RunId;
+
+use crate::{StoreError, Tx};
+
+/// Records an approval; `false` when this approver already approved.
+pub async fn add_approval(
+    tx: &mut Tx,
+    run_id: RunId,
+    plan_digest: Option<&str>,
+    approver_id: &str,
+    approver_role: &str,
+    note: Option<&str>,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"INSERT INTO approvals (run_id, plan_digest, approver_id, approver_role, note)
+           VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id, approver_id) DO NOTHING"#,
+        run_id.as_uuid(),
+        plan_digest,
+        approver_id,
+        approver_role,
+        note
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Distinct approvals of a Run that are bound to `plan_digest` and given by one of
+/// `roles`.
+pub async fn count_approvals(
+    tx: &mut Tx,
+    run_id: RunId,
+    plan_digest: Option<&str>,
+    roles: &[String],
+) -> Result<i64, StoreError> {
+    let row = sqlx::query!(
+        r#"SELECT count(*) as "n!" FROM approvals
+            WHERE run_id = $1 AND plan_digest IS NOT DISTINCT FROM $2 AND approver_role = ANY($3)"#,
+        run_id.as_uuid(),
+        plan_digest,
+        roles
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(row.n)
+}
+
+/// One approval given on a Run.
+#[derive(Debug, Clone)]
+pub struct GivenApproval {
+    /// The approver's token id.
+    pub approver_id: String,
+    /// The role it had.
+    pub approver_role: String,
+    /// The plan digest the approval is bound to.
+    pub plan_digest: Option<String>,
+    /// What the approver wrote.
+    pub note: Option<String>,
+    /// When.
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The approvals given on a Run, oldest first.
+pub async fn approvals<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    run_id: RunId,
+) -> Result<Vec<GivenApproval>, StoreError> {
+    let rows = sqlx::query!(
+        r#"SELECT approver_id, approver_role, plan_digest, note, created_at FROM approvals
+            WHERE run_id = $1 ORDER BY id"#,
+        run_id.as_uuid()
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|a| GivenApproval {
+            approver_id: a.approver_id,
+            approver_role: a.approver_role,
+            plan_digest: a.plan_digest,
+            note: a.note,
+            at: a.created_at,
+        })
+        .collect())
+}

@@ -1,0 +1,82 @@
+//! Rule sets: the versioned approval rules of a Workspace or a Capsule.
+
+use takosumi_core::{CapsuleId, WorkspaceId};
+
+use crate::{StoreError, Tx};
+
+/// A stored rule set version.
+#[derive(Debug, Clone)]
+pub struct StoredRules {
+    /// Version number (1, 2, …) within its scope.
+    pub version: i32,
+    /// The rules (JSON of `takosumi_policy::RuleSet`).
+    pub rules: serde_json::Value,
+    /// Who set them.
+    pub created_by: String,
+}
+
+/// Stores a new version of the rules of a Workspace (`capsule_id` None) or a Capsule.
+pub async fn set_rules(
+    tx: &mut Tx,
+    workspace_id: WorkspaceId,
+    capsule_id: Option<CapsuleId>,
+    rules: &serde_json::Value,
+    created_by: &str,
+) -> Result<i32, StoreError> {
+    let row = sqlx::query!(
+        r#"INSERT INTO rule_sets (workspace_id, capsule_id, version, rules, created_by)
+           SELECT $1, $2, COALESCE(MAX(version), 0) + 1, $3, $4
+             FROM rule_sets WHERE workspace_id = $1 AND capsule_id IS NOT DISTINCT FROM $2
+        RETURNING version"#,
+        workspace_id.as_uuid(),
+        capsule_id.map(|c| c.as_uuid()),
+        rules,
+        created_by
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(row.version)
+}
+
+/// The rules in force for a Capsule: each scope's latest version.
+#[derive(Debug, Clone, Default)]
+pub struct RulesInForce {
+    /// The Workspace's rules.
+    pub workspace: Option<StoredRules>,
+    /// The Capsule's own rules.
+    pub capsule: Option<StoredRules>,
+}
+
+/// The rules in force for a Capsule, each scope's latest version.
+pub async fn rules_in_force(
+    pool: &sqlx::PgPool,
+    workspace_id: WorkspaceId,
+    capsule_id: CapsuleId,
+) -> Result<RulesInForce, StoreError> {
+    Ok(RulesInForce {
+        workspace: current_rules(pool, workspace_id, None).await?,
+        capsule: current_rules(pool, workspace_id, Some(capsule_id)).await?,
+    })
+}
+
+/// The current rules of a scope.
+pub async fn current_rules<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    workspace_id: WorkspaceId,
+    capsule_id: Option<CapsuleId>,
+) -> Result<Option<StoredRules>, StoreError> {
+    let row = sqlx::query!(
+        r#"SELECT version, rules, created_by FROM rule_sets
+            WHERE workspace_id = $1 AND capsule_id IS NOT DISTINCT FROM $2
+            ORDER BY version DESC LIMIT 1"#,
+        workspace_id.as_uuid(),
+        capsule_id.map(|c| c.as_uuid())
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| StoredRules {
+        version: r.version,
+        rules: r.rules,
+        created_by: r.created_by,
+    }))
+}

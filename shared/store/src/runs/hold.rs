@@ -1,0 +1,134 @@
+//! Runs held for people and released: the gate's hold of a queued Run, the plan step's hold
+//! of a claimed plan (a dry run the approval rule covers, or whose exemption did not hold
+//! because the dry-run scan found a data source that acts or something it could not read),
+//! the release, and the fields the gate decides on. A hold and a release are conditional
+//! updates like every other transition; the approvals that release a hold are
+//! [`crate::approvals`].
+
+use takosumi_core::{HoldReason, RunId};
+
+use crate::{StoreError, Tx};
+
+/// Holds a queued Run for people: records the reason and how many approvals release it.
+pub async fn hold(
+    tx: &mut Tx,
+    id: RunId,
+    reason: HoldReason,
+    details: &serde_json::Value,
+    approvals_required: i32,
+    approver_roles: &[String],
+) -> Result<bool, StoreError> {
+    crate::transitions!(Queued => Held);
+    let done = sqlx::query!(
+        r#"UPDATE runs SET status = 'held', hold_reason = $2, hold_details = $3, gate_decision = 'held',
+                  approvals_required = $4, approver_roles = $5, updated_at = now()
+            WHERE id = $1 AND status = 'queued' AND gate_decision IS NULL"#,
+        id.as_uuid(),
+        reason as HoldReason,
+        details,
+        approvals_required,
+        approver_roles
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// `planning` → `held` for the lease holder, before the tool planned anything; the approve
+/// step releases it back to the planner like an agent's plan.
+pub async fn hold_claimed(
+    tx: &mut Tx,
+    id: RunId,
+    owner: &str,
+    reason: HoldReason,
+    details: &serde_json::Value,
+    approvals_required: i32,
+    approver_roles: &[String],
+) -> Result<bool, StoreError> {
+    crate::transitions!(Planning => Held);
+    // The claim ended cleanly (held for a person, not lost): counted as handed back, so a
+    // released plan keeps every attempt `max_attempts` allows.
+    let done = sqlx::query!(
+        r#"UPDATE runs SET status = 'held', hold_reason = $3, hold_details = $4, gate_decision = 'held',
+                  approvals_required = $5, approver_roles = $6, lease_owner = NULL, lease_until = NULL,
+                  handbacks = handbacks + 1, updated_at = now()
+            WHERE id = $1 AND status = 'planning' AND lease_owner = $2 AND gate_decision IS NULL"#,
+        id.as_uuid(),
+        owner,
+        reason as HoldReason,
+        details,
+        approvals_required,
+        approver_roles
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Releases a held Run back to `queued` with the gate decision `released`.
+pub async fn release(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
+    crate::transitions!(Held => Queued);
+    let done = sqlx::query!(
+        r#"UPDATE runs SET status = 'queued', gate_decision = 'released', updated_at = now()
+            WHERE id = $1 AND status = 'held'"#,
+        id.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The gate released the Run: records the decision once.
+pub async fn record_gate_release(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        r#"UPDATE runs SET gate_decision = 'released', updated_at = now()
+            WHERE id = $1 AND gate_decision IS NULL AND status IN ('queued', 'planned')"#,
+        id.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Marks a submission as asking for approval.
+pub async fn set_require_approval(tx: &mut Tx, id: RunId) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE runs SET require_approval = true WHERE id = $1",
+        id.as_uuid()
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The gate's view of a Run's private fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GateFields {
+    /// The submission asked for approval ([`set_require_approval`]).
+    pub require_approval: bool,
+    /// Private: where the sealed `show -json` of the plan lives.
+    pub plan_json_object_key: Option<String>,
+    /// How many approvals release the hold.
+    pub approvals_required: i32,
+    /// The roles whose approvals count.
+    pub approver_roles: Vec<String>,
+}
+
+/// The gate's view of a Run's private fields.
+pub async fn gate_fields<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: RunId,
+) -> Result<Option<GateFields>, StoreError> {
+    let row = sqlx::query!(
+        "SELECT require_approval, plan_json_object_key, approvals_required, approver_roles FROM runs WHERE id = $1",
+        id.as_uuid()
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| GateFields {
+        require_approval: r.require_approval,
+        plan_json_object_key: r.plan_json_object_key,
+        approvals_required: r.approvals_required,
+        approver_roles: r.approver_roles,
+    }))
+}
