@@ -235,28 +235,21 @@ pub(crate) async fn propose_apply(
             format!("{existing} already applies this plan"),
         ));
     }
-    let new = runs::NewRun {
-        kind: RunKind::Apply,
-        workspace_id: plan.workspace_id,
-        capsule_id: plan.capsule_id,
-        run_group_id: plan.run_group_id,
-        plan_run_id: Some(plan.id),
+    let actor = caller.actor();
+    let proposal = runs::ApplyProposal {
         actor_kind: actor_kind(caller),
         actor_id: caller.0.id.to_string(),
+        actor: &actor,
         auto_apply_requested: false,
         idempotency_key: key.clone(),
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
-    };
-    let actor = caller.actor();
-    let start = runs::Start {
-        actor: &actor,
-        event: json!({ "kind": "apply", "planRunId": plan.id, "planDigest": plan.plan_digest }),
-        activity: json!({ "kind": "apply", "planRunId": plan.id }),
+        require_approval,
+        proposed_by: None,
         // Woken below, unless its pool can never receive the plan.
         wake: None,
     };
     let mut tx = st.pool.begin().await?;
-    let id = match runs::start(&mut tx, &new, start).await {
+    let id = match runs::propose_apply(&mut tx, plan, proposal).await {
         Ok(id) => id,
         Err(e) if e.is_unique_violation() => {
             drop(tx);
@@ -278,9 +271,6 @@ pub(crate) async fn propose_apply(
         }
         Err(e) => return Err(e.into()),
     };
-    if require_approval {
-        takosumi_store::runs::hold::set_require_approval(&mut tx, id).await?;
-    }
     // A pool with no delivery key can never receive the saved plan: the apply fails at
     // once, with a code that says so.
     if !crate::relay::fail_if_pool_has_no_key(&mut tx, id, plan.capsule_id).await? {

@@ -69,26 +69,21 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             && !speculative
             && run.plan_object_key.is_some()
         {
-            let new = runs::NewRun {
-                kind: RunKind::Apply,
-                workspace_id: run.workspace_id,
-                capsule_id: run.capsule_id,
-                run_group_id: run.run_group_id,
-                plan_run_id: Some(run_id),
+            let proposal = runs::ApplyProposal {
                 actor_kind: ActorKind::System,
                 actor_id: run.actor_id.clone(),
+                actor: &actor,
                 auto_apply_requested: true,
                 idempotency_key: None,
                 // The apply continues its plan's trace.
                 traceparent: None,
-            };
-            let start = runs::Start {
-                actor: &actor,
-                event: json!({ "kind": "apply", "planRunId": run_id, "autoApplyRequested": true }),
-                activity: json!({ "kind": "apply", "planRunId": run_id, "autoApply": true }),
+                require_approval: false,
+                proposed_by: None,
                 wake: Some(Topic::Gate),
             };
-            runs::start(&mut tx, &new, start).await.map_err(store_err)?;
+            runs::propose_apply(&mut tx, &run, proposal)
+                .await
+                .map_err(store_err)?;
         }
         tx.commit().await.map_err(|e| store_err(e.into()))?;
         ctx.relay_wake.notify_one();

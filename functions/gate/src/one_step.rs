@@ -145,31 +145,21 @@ pub(crate) async fn propose_apply(
     .await
     .map_err(store_err)?;
     if run.plan_object_key.is_some() {
-        let new = runs::NewRun {
-            kind: takosumi_core::RunKind::Apply,
-            workspace_id: run.workspace_id,
-            capsule_id: run.capsule_id,
-            run_group_id: run.run_group_id,
-            plan_run_id: Some(run_id),
+        let proposal = runs::ApplyProposal {
             actor_kind: run.actor_kind,
             actor_id: run.actor_id.clone(),
+            actor,
             auto_apply_requested: false,
             idempotency_key: None,
             // The apply continues its plan's trace.
             traceparent: None,
-        };
-        let start = runs::Start {
-            actor,
-            event: json!({ "kind": "apply", "planRunId": run_id, "planDigest": run.plan_digest, "proposedBy": "apply_submission" }),
-            activity: json!({ "kind": "apply", "planRunId": run_id }),
+            require_approval,
+            proposed_by: Some("apply_submission"),
             wake: Some(Topic::Gate),
         };
-        let apply_id = runs::start(&mut tx, &new, start).await.map_err(store_err)?;
-        if require_approval {
-            runs::hold::set_require_approval(&mut tx, apply_id)
-                .await
-                .map_err(store_err)?;
-        }
+        runs::propose_apply(&mut tx, run, proposal)
+            .await
+            .map_err(store_err)?;
     }
     tx.commit().await.map_err(|e| store_err(e.into()))?;
     ctx.relay_wake.notify_one();

@@ -340,16 +340,16 @@ async fn measure(
         format!("+{} (Takosumi {})", dp.ms_median_p95(), tp.ms_median_p95()),
         format!("bare init+plan+show {}", bp.ms_median_p95()),
         format!("{:.2}× bare", tp.median / bp.median),
-        "≤ 30 ms median",
-        Some(dp.median <= 30.0),
+        "≤ +40 ms median",
+        Some(dp.median <= 40.0),
     );
     report.row(
         format!("2. apply overhead (n={runs})"),
         format!("+{} (Takosumi {})", da.ms_median_p95(), ta.ms_median_p95()),
         format!("bare init+apply+output {}", ba.ms_median_p95()),
         format!("{:.2}× bare", ta.median / ba.median),
-        "≤ 30 ms median",
-        Some(da.median <= 30.0),
+        "≤ +60 ms median",
+        Some(da.median <= 60.0),
     );
     let mut lines = vec![
         "Overhead = Takosumi (client `POST` → the Run's `planned`/`applied` event) minus the bare tool, paired per iteration; median / p95.".to_owned(),

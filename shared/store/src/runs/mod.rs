@@ -15,8 +15,11 @@ pub mod cancel;
 pub mod hold;
 pub mod list;
 pub mod plan_record;
+mod propose;
 pub mod source;
 pub mod unknown;
+
+pub use propose::{ApplyProposal, propose_apply};
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{
