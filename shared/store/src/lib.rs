@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn every_text_column_check_lists_its_closed_set() {
         use std::collections::BTreeSet;
-        use takosumi_core::{ApplyMode, HoldReason, ProviderLockState, Tool};
+        use takosumi_core::{ApplyMode, EventKind, HoldReason, ProviderLockState, Tool};
         // As sets: the order of a CHECK's list means nothing.
         fn names<T: Copy>(all: &[T], name: fn(T) -> &'static str) -> BTreeSet<String> {
             all.iter().map(|v| name(*v).to_owned()).collect()
@@ -321,6 +321,11 @@ mod tests {
                 names(ProviderLockState::ALL, ProviderLockState::as_str),
             ),
             ("capsules", "tool", names(Tool::ALL, Tool::as_str)),
+            (
+                "run_events",
+                "kind",
+                names(EventKind::ALL, EventKind::as_str),
+            ),
         ] {
             let checked: BTreeSet<String> = check_names(table, column).into_iter().collect();
             assert_eq!(checked, all, "{table}.{column} CHECK");
