@@ -551,7 +551,7 @@ async fn a_plan_whose_handler_vanished_after_a_cancel_request_is_canceled_by_the
         .events(plan.id)
         .await?
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.to_string())
         .collect();
     assert!(k.iter().any(|k| k == "lease_expired_canceled"), "{k:?}");
     let wakeups: i64 =

@@ -375,7 +375,7 @@ async fn a_failure_after_the_apply_records_the_applied_state_first() -> anyhow::
         .events(apply.id)
         .await?
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.to_string())
         .collect();
     let written = kinds.iter().position(|k| k == "state_version_written");
     let failed = kinds.iter().position(|k| k == "failed");

@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{CapsuleId, HoldReason, RunId, RunStatus, Topic, WorkspaceId};
+use takosumi_core::{CapsuleId, EventKind, HoldReason, RunId, RunStatus, Topic, WorkspaceId};
 use takosumi_policy::RuleSet;
 use takosumi_store::{activity, approvals, capsules, events, outbox, rules, runs};
 
@@ -273,7 +273,7 @@ pub async fn approve_run(
     events::append(
         &mut *tx,
         id,
-        "approved",
+        EventKind::Approved,
         &caller.actor(),
         json!({ "planDigest": run.plan_digest, "approvals": given, "required": required }),
     )
@@ -326,7 +326,7 @@ pub async fn hold_agent_plan(
     events::append(
         &mut **tx,
         id,
-        "held",
+        EventKind::Held,
         &caller.actor(),
         json!({ "reason": HoldReason::AgentRun, "stage": "before_plan" }),
     )

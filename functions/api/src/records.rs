@@ -27,7 +27,7 @@ use axum::response::IntoResponse;
 use chrono::DateTime;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, WorkspaceId};
+use takosumi_core::{CapsuleId, EventKind, RunId, RunKind, RunStatus, WorkspaceId};
 use takosumi_cost::{Catalogue, PlanResources, estimate};
 use takosumi_store::runs::list::{RunCursor, RunFilter};
 use takosumi_store::{activity, events, runs};
@@ -187,7 +187,7 @@ async fn cancel_run(
             events::append(
                 &mut *tx,
                 run.id,
-                "canceled",
+                EventKind::Canceled,
                 &actor,
                 json!({ "from": from, "whileRunning": false, "reason": reason }),
             )
@@ -211,7 +211,7 @@ async fn cancel_run(
             events::append(
                 &mut *tx,
                 run.id,
-                "cancel_requested",
+                EventKind::CancelRequested,
                 &actor,
                 json!({ "reason": reason }),
             )
@@ -405,7 +405,7 @@ async fn resolve_run(
     events::append(
         &mut *tx,
         run.id,
-        "resolved",
+        EventKind::Resolved,
         &actor,
         json!({ "action": req.action, "note": note }),
     )

@@ -38,7 +38,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, FailureCode, RunId, RunKind, RunStatus};
+use takosumi_core::{CapsuleId, EventKind, FailureCode, RunId, RunKind, RunStatus};
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
@@ -365,7 +365,7 @@ async fn fail_unclaimed(
         events::append(
             &mut *tx,
             run_id,
-            "failed",
+            EventKind::Failed,
             &format!("relay:{}", pool.name),
             json!({ "code": code, "message": message }),
         )
@@ -716,7 +716,7 @@ async fn end_failed(
         events::append(
             &mut *tx,
             run_id,
-            "failed",
+            EventKind::Failed,
             &format!("handler:{owner}"),
             json!({ "code": code, "message": message }),
         )
@@ -910,7 +910,7 @@ async fn apply_job(
     events::append(
         &st.pool,
         run_id,
-        "pin_checked",
+        EventKind::PinChecked,
         &format!("handler:{owner}"),
         json!({ "pin": "planDigest", "planDigest": plan_digest, "deliveredTo": key.key_id }),
     )
@@ -1128,22 +1128,28 @@ async fn progress(
     // Only progress a worker may report: what it decided or what the control node
     // records (`approved`, `applied`, `state_version_written`, `gate_decision`, …) is
     // never taken from a worker. The whole request is refused before anything is stored.
-    if let Some(bad) = req
-        .events
-        .iter()
-        .find(|e| !WORKER_EVENT_KINDS.contains(&e.kind.as_str()))
-    {
-        return Err(ApiError::invalid(
-            ErrorCode::InvalidEvent,
-            format!(
-                "a worker may report only the event kinds {}; {:?} is not one of them",
-                WORKER_EVENT_KINDS.join(", "),
-                bad.kind.chars().take(64).collect::<String>()
-            ),
-        ));
-    }
+    let mut reported = Vec::with_capacity(req.events.len());
     for e in &req.events {
-        events::append(&st.pool, run.id, &e.kind, &actor, e.data.clone()).await?;
+        match e.kind.parse::<EventKind>() {
+            Ok(kind) if kind.reported_by_worker() => reported.push((kind, &e.data)),
+            _ => {
+                return Err(ApiError::invalid(
+                    ErrorCode::InvalidEvent,
+                    format!(
+                        "a worker may report only the event kinds {}; {:?} is not one of them",
+                        WORKER_EVENT_KINDS
+                            .iter()
+                            .map(|k| k.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        e.kind.chars().take(64).collect::<String>()
+                    ),
+                ));
+            }
+        }
+    }
+    for (kind, data) in reported {
+        events::append(&st.pool, run.id, kind, &actor, data.clone()).await?;
     }
     if !req.logs.is_empty() {
         // The worker masked it with the run's secrets before sending; the control node
@@ -1571,7 +1577,7 @@ pub(crate) async fn fail_if_pool_has_no_key(
     events::append(
         &mut **tx,
         run_id,
-        "failed",
+        EventKind::Failed,
         "system:relay",
         json!({ "code": code, "message": message }),
     )
@@ -1604,7 +1610,7 @@ async fn canceled(
     events::append(
         &mut *tx,
         run.id,
-        "canceled",
+        EventKind::Canceled,
         &actor,
         json!({ "canceledBy": done.by, "whileRunning": true, "pool": caller.0.name }),
     )

@@ -20,7 +20,7 @@
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use takosumi_core::StateVersionId;
+use takosumi_core::{EventKind, StateVersionId};
 use takosumi_objects::{ObjectError, PutOutcome};
 use takosumi_runtime::step::{MAX_STATE_BYTES, state_key};
 use takosumi_seal::Purpose;
@@ -195,7 +195,7 @@ async fn commit(
                 events::append(
                     &mut *tx,
                     run.id,
-                    "state_version_written",
+                    EventKind::StateVersionWritten,
                     actor,
                     json!({ "stateVersionId": w.sv.id, "generation": w.sv.generation, "by": w.action }),
                 )
@@ -212,7 +212,7 @@ async fn commit(
                 let mut event = facts.clone();
                 event["action"] = json!(w.action);
                 event["note"] = json!(w.note);
-                events::append(&mut *tx, run.id, "resolved", actor, event.clone()).await?;
+                events::append(&mut *tx, run.id, EventKind::Resolved, actor, event.clone()).await?;
                 event["capsuleId"] = json!(run.capsule_id);
                 activity::append(
                     &mut *tx,

@@ -161,7 +161,7 @@ impl Watch {
             self.pending.push_back(StreamEvent::Event {
                 event: RunEvent {
                     id: e.id,
-                    kind: e.kind,
+                    kind: e.kind.into(),
                     actor: e.actor,
                     data: e.data,
                     at: Some(e.at),

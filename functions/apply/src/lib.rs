@@ -7,7 +7,7 @@
 //! file is wiped when the apply ends. An apply is never retried automatically once the
 //! tool may have started.
 
-use takosumi_core::{FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
+use takosumi_core::{EventKind, FailureCode, Outcome, RunId, RunKind, RunMessage, StepError};
 use takosumi_runner::{Masker, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
@@ -219,7 +219,7 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
     }
     ctx.event(
         run_id,
-        "pin_checked",
+        EventKind::PinChecked,
         serde_json::json!({ "pin": "planDigest", "planDigest": plan_digest }),
     )
     .await;
@@ -273,7 +273,7 @@ struct NodeApplyHost<'a> {
 impl takosumi_steps::Host for NodeApplyHost<'_> {
     type Error = ApplyError;
 
-    async fn event(&self, kind: &'static str, data: serde_json::Value) {
+    async fn event(&self, kind: EventKind, data: serde_json::Value) {
         self.ctx.event(self.run_id, kind, data).await;
     }
 

@@ -8,7 +8,7 @@
 //! the gate releases a plan-less Apply Run only when no rule, approval request or agent
 //! hold covers it, and it takes the pinned path otherwise.
 
-use takosumi_core::{Outcome, StepError};
+use takosumi_core::{EventKind, Outcome, StepError};
 use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::{runner_err, store_err};
@@ -27,7 +27,7 @@ struct NodeOneStepHost<'a> {
 impl takosumi_steps::Host for NodeOneStepHost<'_> {
     type Error = ApplyError;
 
-    async fn event(&self, kind: &'static str, data: serde_json::Value) {
+    async fn event(&self, kind: EventKind, data: serde_json::Value) {
         self.ctx.event(self.run.id, kind, data).await;
     }
 

@@ -6,7 +6,7 @@
 //! approval of another plan can never count here.
 
 use serde_json::json;
-use takosumi_core::{Outcome, RunKind, RunMessage, RunStatus, StepError, Topic};
+use takosumi_core::{EventKind, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::store_err;
 use takosumi_store::{approvals, events, outbox, runs};
@@ -51,7 +51,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     events::append(
         &mut *tx,
         run_id,
-        "released",
+        EventKind::Released,
         &actor,
         // a dry run held before planning is released bound to what its scan read
         json!({

@@ -7,7 +7,8 @@
 
 use serde_json::{Value, json};
 use takosumi_core::{
-    ActorKind, Changes, HoldReason, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic,
+    ActorKind, Changes, EventKind, HoldReason, Outcome, RunKind, RunMessage, RunStatus, StepError,
+    Topic,
 };
 use takosumi_policy::{Decision, GateInput};
 use takosumi_runtime::Ctx;
@@ -53,7 +54,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         events::append(
             &mut *tx,
             run_id,
-            "gate_decision",
+            EventKind::GateDecision,
             &actor,
             json!({ "decision": "recorded", "reason": "a plan proposes; its Apply Run is gated" }),
         )
@@ -184,7 +185,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             events::append(
                 &mut *tx,
                 run_id,
-                "gate_decision",
+                EventKind::GateDecision,
                 &actor,
                 json!({ "decision": "released", "rules": checked, "ruleVersions": versions, "agentExemption": exemption, "planDigest": run.plan_digest, "cost": cost_record }),
             )
@@ -210,7 +211,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             events::append(
                 &mut *tx,
                 run_id,
-                "gate_decision",
+                EventKind::GateDecision,
                 &actor,
                 json!({ "decision": "held", "reason": reason, "details": details, "ruleVersions": versions, "approvalsRequired": required, "planDigest": run.plan_digest, "cost": cost_record }),
             )

@@ -6,7 +6,7 @@
 //! hold needs a saved plan for its approval to bind.
 
 use serde_json::json;
-use takosumi_core::{ActorKind, FailureCode, HoldReason, Outcome, StepError, Topic};
+use takosumi_core::{ActorKind, EventKind, FailureCode, HoldReason, Outcome, StepError, Topic};
 use takosumi_policy::RuleSet;
 use takosumi_runtime::Ctx;
 use takosumi_runtime::step::store_err;
@@ -66,7 +66,7 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
         events::append(
             &mut *tx,
             run_id,
-            "gate_decision",
+            EventKind::GateDecision,
             actor,
             json!({ "decision": "released", "oneStep": true, "rules": [], "ruleVersions": versions,
                     "reason": "no rule covers this apply: it runs apply -auto-approve, with nothing saved in between" }),
@@ -94,7 +94,7 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
         events::append(
             &mut *tx,
             run_id,
-            "gate_decision",
+            EventKind::GateDecision,
             actor,
             json!({ "decision": "refused", "oneStep": true, "coveredBy": covered_by, "ruleVersions": versions }),
         )
@@ -138,7 +138,7 @@ pub(crate) async fn propose_apply(
     events::append(
         &mut *tx,
         run_id,
-        "gate_decision",
+        EventKind::GateDecision,
         actor,
         json!({ "decision": "recorded", "reason": "an apply submission a rule covers was planned first; its Apply Run carries out this saved plan and is gated" }),
     )

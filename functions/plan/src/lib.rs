@@ -6,7 +6,7 @@
 //! (module tree digest plus lock digest), and commits the record together with the
 //! gate's wake-up. It never applies anything.
 
-use takosumi_core::{FailureCode, Outcome, RunKind, RunMessage, RunStatus, StepError};
+use takosumi_core::{EventKind, FailureCode, Outcome, RunKind, RunMessage, RunStatus, StepError};
 use takosumi_policy::scan::ScanReport;
 use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
@@ -65,7 +65,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             events::append(
                 &mut *tx,
                 run_id,
-                "failed",
+                EventKind::Failed,
                 "system:plan",
                 serde_json::json!({ "code": "attempts_exhausted" }),
             )
@@ -183,7 +183,7 @@ struct NodeHost<'a> {
 impl takosumi_steps::Host for NodeHost<'_> {
     type Error = PlanError;
 
-    async fn event(&self, kind: &'static str, data: serde_json::Value) {
+    async fn event(&self, kind: EventKind, data: serde_json::Value) {
         self.ctx.event(self.run.id, kind, data).await;
     }
 

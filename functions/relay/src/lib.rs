@@ -18,7 +18,7 @@ use base64::Engine as _;
 use serde::Serialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::{Value, json};
-use takosumi_core::{RunKind, Secret};
+use takosumi_core::{EventKind, RunKind, Secret};
 use takosumi_policy::scan::ScanReport;
 use takosumi_runner::{Masker, Runner, Tool, ToolEnv, Workdir};
 use takosumi_seal::Purpose;
@@ -316,12 +316,9 @@ impl Job<'_> {
             .await
     }
 
-    async fn event(&self, kind: &str, data: Value) {
+    async fn event(&self, kind: EventKind, data: Value) {
         let report = ProgressReport {
-            events: vec![WorkerEvent {
-                kind: kind.to_owned(),
-                data,
-            }],
+            events: vec![WorkerEvent::new(kind, data)],
             logs: Vec::new(),
         };
         if let Err(e) = self.progress(&report).await {
@@ -603,7 +600,7 @@ async fn prepared_env(
 ) -> Result<ToolEnv, JobFailure> {
     let env = tool_env(settings, runner, wd, spec).await?;
     job.event(
-        "environment_prepared",
+        EventKind::EnvironmentPrepared,
         json!({ "providerBindings": spec.provider_bindings, "injectedEnvNames": env.names() }),
     )
     .await;
@@ -627,7 +624,7 @@ struct RelayHost<'a> {
 impl takosumi_steps::Host for RelayHost<'_> {
     type Error = JobFailure;
 
-    async fn event(&self, kind: &'static str, data: Value) {
+    async fn event(&self, kind: EventKind, data: Value) {
         self.job.event(kind, data).await;
     }
 

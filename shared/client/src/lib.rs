@@ -38,8 +38,8 @@ pub use dead_letters::{
 pub use pools::{CreatedPool, DeliveryKey, Pool};
 pub use records::{Cost, RunQuery};
 pub use takosumi_core::{
-    ActorKind, CapsuleId, Changes, RunGroupId, RunId, RunKind, RunStatus, StateVersionId, TokenId,
-    WorkspaceId,
+    ActorKind, CapsuleId, Changes, EventKind, RunGroupId, RunId, RunKind, RunStatus,
+    StateVersionId, TokenId, WorkspaceId,
 };
 pub use takosumi_cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};
 pub(crate) use takosumi_wire::null_as_default;
@@ -769,12 +769,19 @@ mod tests {
     fn events_and_logs_decode() {
         let body: EventsBody = serde_json::from_value(json!({"events": [
             {"id": 1, "kind": "queued", "actor": "user:tok_1", "data": {}, "at": "2026-11-30T10:00:00Z"},
-            {"id": 2, "kind": "claimed", "actor": {"kind": "handler", "id": "plan"}, "data": null, "at": "2026-11-30T10:00:01Z"}
+            {"id": 2, "kind": "claimed", "actor": {"kind": "handler", "id": "plan"}, "data": null, "at": "2026-11-30T10:00:01Z"},
+            {"id": 3, "kind": "a_kind_from_a_newer_server", "actor": "system:x", "at": "2026-11-30T10:00:02Z"},
+            {"id": 4, "kind": null, "actor": "system:x", "at": "2026-11-30T10:00:03Z"}
         ]}))
         .unwrap();
         assert_eq!(body.events[0].actor, "user:tok_1");
+        assert_eq!(body.events[0].kind, EventKind::Queued);
         assert_eq!(body.events[1].actor, "handler:plan");
         assert_eq!(body.events[1].data, Value::Null);
+        // A kind this build does not know still decodes, as its text.
+        assert_eq!(body.events[2].kind.known(), None);
+        assert_eq!(body.events[2].kind, "a_kind_from_a_newer_server");
+        assert!(body.events[3].kind.is_empty());
 
         let body: LogsBody = serde_json::from_value(json!({"logs": [
             {"step": "init", "text": "Initializing"},

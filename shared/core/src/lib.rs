@@ -6,6 +6,7 @@
 
 pub mod decisions;
 pub mod error;
+pub mod event;
 pub mod ids;
 pub mod lock_state;
 pub mod role;
@@ -16,6 +17,7 @@ pub mod tool;
 
 pub use decisions::{ApplyMode, GateDecision, HoldReason};
 pub use error::{FailureCode, Outcome, StepError};
+pub use event::EventKind;
 pub use ids::{
     CapsuleId, EventId, IdParseError, ProviderBindingId, RunGroupId, RunId, StateVersionId,
     TokenId, WorkspaceId,

@@ -117,7 +117,7 @@ macro_rules! text_enum {
 
 #[cfg(test)]
 mod tests {
-    use crate::{ApplyMode, GateDecision, HoldReason, ProviderLockState, Tool};
+    use crate::{ApplyMode, EventKind, GateDecision, HoldReason, ProviderLockState, Tool};
 
     fn round_trips<T>(all: &[T])
     where
@@ -140,5 +140,6 @@ mod tests {
         round_trips(ProviderLockState::ALL);
         round_trips(Tool::ALL);
         round_trips(HoldReason::ALL);
+        round_trips(EventKind::ALL);
     }
 }

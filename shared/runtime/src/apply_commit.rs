@@ -8,7 +8,7 @@
 //! and holds it in Postgres when storage refuses; see `functions/apply`).
 
 use serde_json::{Value, json};
-use takosumi_core::{CapsuleId, FailureCode, RunId, StepError};
+use takosumi_core::{CapsuleId, EventKind, FailureCode, RunId, StepError};
 use takosumi_store::{capsules, events, runs, states};
 
 use crate::Ctx;
@@ -97,7 +97,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             events::append(
                 &mut *tx,
                 run_id,
-                "state_version_written",
+                EventKind::StateVersionWritten,
                 &actor,
                 json!({ "stateVersionId": sv.id, "generation": generation }),
             )
@@ -143,7 +143,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             if let (Some(d), Some(extra)) = (data.as_object_mut(), c.event_extra.as_object()) {
                 d.extend(extra.clone());
             }
-            events::append(&mut *tx, run_id, "applied", &actor, data)
+            events::append(&mut *tx, run_id, EventKind::Applied, &actor, data)
                 .await
                 .map_err(store_err)?;
         }
@@ -211,7 +211,7 @@ async fn fail_after_tool(
     events::append(
         &mut **tx,
         run_id,
-        "failed",
+        EventKind::Failed,
         &format!("handler:{owner}"),
         data,
     )

@@ -3,7 +3,7 @@
 //! when, an event and an activity entry. An apply also lets go of its Capsule and wakes
 //! the next waiting apply, exactly as a failed apply does.
 
-use takosumi_core::{CapsuleId, Outcome, RunId, StepError, WorkspaceId};
+use takosumi_core::{CapsuleId, EventKind, Outcome, RunId, StepError, WorkspaceId};
 use takosumi_store::{Tx, activity, events, runs};
 use tokio_util::sync::CancellationToken;
 
@@ -80,7 +80,7 @@ pub async fn cancel_claimed_in(
     if let (Some(map), serde_json::Value::Object(extra)) = (data.as_object_mut(), detail) {
         map.extend(extra);
     }
-    events::append(&mut **tx, run_id, "canceled", &actor, data)
+    events::append(&mut **tx, run_id, EventKind::Canceled, &actor, data)
         .await
         .map_err(store_err)?;
     record_activity(tx, canceled.workspace_id, run_id, &canceled.by).await?;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use takosumi_core::RunId;
+use takosumi_core::{EventKind, RunId};
 use takosumi_objects::{ObjectStore, ObjectStoreConfig};
 use takosumi_queue::Bus;
 use takosumi_runner::Runner;
@@ -108,11 +108,11 @@ impl Ctx {
     }
 
     /// Records an event on a Run; a failure to record is logged, never fatal to the step.
-    pub async fn event(&self, run_id: RunId, kind: &str, data: serde_json::Value) {
+    pub async fn event(&self, run_id: RunId, kind: EventKind, data: serde_json::Value) {
         let actor = format!("handler:{}", self.owner);
         if let Err(e) = takosumi_store::events::append(&self.pool, run_id, kind, &actor, data).await
         {
-            tracing::warn!(%run_id, kind, error = %e, "could not record event");
+            tracing::warn!(%run_id, %kind, error = %e, "could not record event");
         }
     }
 

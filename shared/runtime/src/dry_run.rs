@@ -13,7 +13,7 @@
 //! the API's relay endpoint for a relay worker's (`owner` is the claim either way).
 
 use serde_json::json;
-use takosumi_core::{FailureCode, HoldReason, RunKind};
+use takosumi_core::{EventKind, FailureCode, HoldReason, RunKind};
 use takosumi_policy::RuleSet;
 use takosumi_policy::scan::ScanReport;
 use takosumi_store::{Pool, activity, events, rules, runs};
@@ -141,7 +141,7 @@ pub async fn check(
     events::append(
         &mut *tx,
         run.id,
-        "held",
+        EventKind::Held,
         &actor,
         json!({ "reason": reason, "stage": "before_plan", "findings": details["findings"], "commit": commit, "modulesDigest": modules_digest }),
     )

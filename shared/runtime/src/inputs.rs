@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use takosumi_core::{FailureCode, RunId, Secret, StepError};
+use takosumi_core::{EventKind, FailureCode, RunId, Secret, StepError};
 use takosumi_runner::{ToolEnv, Workdir, check_env_name};
 use takosumi_seal::Purpose;
 use takosumi_store::bindings;
@@ -414,7 +414,7 @@ impl Ctx {
         .map_err(store_err)?;
         self.event(
             record_on,
-            "environment_prepared",
+            EventKind::EnvironmentPrepared,
             json!({ "providerBindings": used, "injectedEnvNames": names }),
         )
         .await;

@@ -6,7 +6,7 @@
 //! worker's (`owner` is the claim either way).
 
 use serde_json::{Value, json};
-use takosumi_core::{FailureCode, RunKind, StepError, Topic};
+use takosumi_core::{EventKind, FailureCode, RunKind, StepError, Topic};
 use takosumi_objects::PutOutcome;
 use takosumi_runner::{Masker, SourceSnapshot, Workdir, count_changes};
 use takosumi_seal::{CHUNK_LEN, Purpose, SealError};
@@ -390,7 +390,7 @@ pub async fn commit_plan(
     events::append(
         &mut *tx,
         run_id,
-        "planned",
+        EventKind::Planned,
         &format!("handler:{owner}"),
         data,
     )

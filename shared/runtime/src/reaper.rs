@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use takosumi_core::{GateDecision, RunKind, RunStatus, Topic};
+use takosumi_core::{EventKind, GateDecision, RunKind, RunStatus, Topic};
 use takosumi_store::{events, outbox, runs};
 use tokio_util::sync::CancellationToken;
 
@@ -33,13 +33,13 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
         let kind = match r.status {
             RunStatus::Queued => {
                 outbox::enqueue(&mut tx, topic_for(r.kind, None), r.id).await?;
-                "lease_expired_requeued"
+                EventKind::LeaseExpiredRequeued
             }
-            RunStatus::UnknownOutcome => "lease_expired_unknown_outcome",
-            RunStatus::Canceled => "lease_expired_canceled",
-            _ => "lease_expired_failed",
+            RunStatus::UnknownOutcome => EventKind::LeaseExpiredUnknownOutcome,
+            RunStatus::Canceled => EventKind::LeaseExpiredCanceled,
+            _ => EventKind::LeaseExpiredFailed,
         };
-        actions.push(kind);
+        actions.push(kind.as_str());
         events::append(
             &mut *tx,
             r.id,
@@ -55,7 +55,7 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
         events::append(
             &mut *tx,
             s.id,
-            "wake_up_resent",
+            EventKind::WakeUpResent,
             "system:reaper",
             serde_json::json!({}),
         )

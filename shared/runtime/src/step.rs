@@ -1,7 +1,7 @@
 //! Pieces the plan and apply steps share: ending a Run, restoring a Capsule's state into
 //! the private directory, the object keys of sealed artifacts.
 
-use takosumi_core::{CapsuleId, FailureCode, Outcome, RunId, StateVersionId, StepError};
+use takosumi_core::{CapsuleId, EventKind, FailureCode, Outcome, RunId, StateVersionId, StepError};
 use takosumi_objects::ObjectError;
 use takosumi_runner::{RunnerError, Workdir};
 use takosumi_seal::Purpose;
@@ -89,7 +89,7 @@ pub async fn record_claimed(
     events::append(
         &mut **tx,
         run_id,
-        "claimed",
+        EventKind::Claimed,
         &format!("handler:{owner}"),
         data,
     )
@@ -139,7 +139,7 @@ pub async fn claim_apply_recorded(
         runs::ApplyClaim::CapsuleBusy | runs::ApplyClaim::NotClaimable => None,
     };
     if let Some(failed) = failed {
-        events::append(&mut **tx, run_id, "failed", &actor, failed)
+        events::append(&mut **tx, run_id, EventKind::Failed, &actor, failed)
             .await
             .map_err(store_err)?;
     }
@@ -185,7 +185,7 @@ impl Ctx {
         events::append(
             &mut *tx,
             run_id,
-            "failed",
+            EventKind::Failed,
             &actor,
             serde_json::json!({ "code": code, "message": message }),
         )

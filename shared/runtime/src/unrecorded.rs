@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
-use takosumi_core::{CapsuleId, Outcome, RunId, StateVersionId, StepError};
+use takosumi_core::{CapsuleId, EventKind, Outcome, RunId, StateVersionId, StepError};
 use takosumi_objects::ObjectError;
 use takosumi_seal::Purpose;
 use takosumi_store::states::held::HeldState;
@@ -92,7 +92,7 @@ pub async fn seal_and_store_state(
             && let Err(store) = events::append(
                 &ctx.pool,
                 run_id,
-                "state_store_retrying",
+                EventKind::StateStoreRetrying,
                 &format!("handler:{owner}"),
                 serde_json::json!({ "error": e.to_string() }),
             )
@@ -172,7 +172,7 @@ pub async fn end_unknown_outcome(
         events::append(
             &mut *tx,
             run_id,
-            "unknown_outcome",
+            EventKind::UnknownOutcome,
             &format!("handler:{owner}"),
             serde_json::json!({ "message": message, "toolStarted": true, "heldStateVersionIds": held }),
         )

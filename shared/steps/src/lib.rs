@@ -12,7 +12,7 @@
 use std::future::Future;
 
 use serde_json::{Value, json};
-use takosumi_core::{FailureCode, RunKind};
+use takosumi_core::{EventKind, FailureCode, RunKind};
 use takosumi_policy::scan::ScanReport;
 use takosumi_runner::{
     Masker, Runner, RunnerError, SourceSnapshot, Tool, ToolEnv, ToolOutput, Workdir,
@@ -54,7 +54,7 @@ pub trait Host: Sync {
     type Error: Send;
 
     /// Records an event on the Run; a failure to record is the host's to log.
-    fn event(&self, kind: &'static str, data: Value) -> impl Future<Output = ()> + Send;
+    fn event(&self, kind: EventKind, data: Value) -> impl Future<Output = ()> + Send;
 
     /// Stores tool output, masked with `masker`.
     fn log(
@@ -200,13 +200,13 @@ async fn checkout<H: Host>(
     (repo, branch, commit, dir): (&str, &str, Option<&str>, &str),
     started: Value,
 ) -> Result<SourceSnapshot, PlanError<H::Error>> {
-    host.event("checkout_started", started).await;
+    host.event(EventKind::CheckoutStarted, started).await;
     let source = runner
         .checkout(wd, repo, branch, commit, dir)
         .await
         .map_err(|e| tool_failure(e, "checking out the source failed"))?;
     host.event(
-        "checked_out",
+        EventKind::CheckedOut,
         json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
     )
     .await;
@@ -268,7 +268,7 @@ pub async fn plan<H: PlanHost>(
     // configuration that calls no module skips `get` (one tool start less), and the
     // apply skips it the same way, so the digests agree wherever each ran.
     if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        host.event("tool_started", json!({ "command": "get" }))
+        host.event(EventKind::ToolStarted, json!({ "command": "get" }))
             .await;
         let got = runner.get_modules(wd, tool, &env).await;
         log_result(host, "get", masker, &got).await;
@@ -293,7 +293,7 @@ pub async fn plan<H: PlanHost>(
     host.record_scan(&scan_report)
         .await
         .map_err(PlanError::Host)?;
-    host.event("dry_run_scan", scan_report.clone()).await;
+    host.event(EventKind::DryRunScan, scan_report.clone()).await;
     if inputs.speculative && !report.is_clean() {
         let named: Vec<String> = report
             .findings
@@ -320,7 +320,7 @@ pub async fn plan<H: PlanHost>(
         return Ok(Planned::Held);
     }
 
-    host.event("tool_started", json!({ "command": "init" }))
+    host.event(EventKind::ToolStarted, json!({ "command": "init" }))
         .await;
     let init = runner.init_without_get(wd, tool, &env).await;
     log_result(host, "init", masker, &init).await;
@@ -344,7 +344,7 @@ pub async fn plan<H: PlanHost>(
     let destroy = inputs.kind == RunKind::Destroy;
     let drift_check = inputs.kind == RunKind::DriftCheck;
     host.event(
-        "tool_started",
+        EventKind::ToolStarted,
         json!({ "command": "plan", "destroy": destroy, "detailedExitcode": drift_check }),
     )
     .await;
@@ -533,7 +533,7 @@ pub async fn apply<H: ApplyHost>(
         ));
     }
     host.event(
-        "pin_checked",
+        EventKind::PinChecked,
         json!({ "pin": "sourceSnapshot", "commit": inputs.commit }),
     )
     .await;
@@ -558,7 +558,7 @@ pub async fn apply<H: ApplyHost>(
         ));
     };
     if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        host.event("tool_started", json!({ "command": "get" }))
+        host.event(EventKind::ToolStarted, json!({ "command": "get" }))
             .await;
         let got = runner.get_modules(wd, tool, &env).await;
         log_result(host, "get", masker, &got).await;
@@ -582,12 +582,12 @@ pub async fn apply<H: ApplyHost>(
         ));
     }
     host.event(
-        "pin_checked",
+        EventKind::PinChecked,
         json!({ "pin": "dependencySnapshot", "dependencySnapshot": planned }),
     )
     .await;
 
-    host.event("tool_started", json!({ "command": "init" }))
+    host.event(EventKind::ToolStarted, json!({ "command": "init" }))
         .await;
     let init = runner.init_without_get(wd, tool, &env).await;
     log_result(host, "init", masker, &init).await;
@@ -616,7 +616,7 @@ pub async fn apply<H: ApplyHost>(
     };
     masker.add_plan_sensitive(&show);
     drop(show);
-    host.event("tool_started", json!({ "command": "apply" }))
+    host.event(EventKind::ToolStarted, json!({ "command": "apply" }))
         .await;
     let applied = runner.apply(wd, tool, &env).await;
     let _ = runner.wipe_plan_file(wd);
@@ -777,7 +777,7 @@ pub async fn one_step_apply<H: OneStepHost>(
     .await?;
     let (restored, env, tool_version) = prepare(host, runner, wd, tool).await?;
     let masker = env.masker();
-    host.event("tool_started", json!({ "command": "init" }))
+    host.event(EventKind::ToolStarted, json!({ "command": "init" }))
         .await;
     let init = runner.init(wd, tool, &env).await;
     log_result(host, "init", masker, &init).await;
@@ -802,7 +802,7 @@ pub async fn one_step_apply<H: OneStepHost>(
     .await
     .map_err(PlanError::Host)?;
     host.event(
-        "tool_started",
+        EventKind::ToolStarted,
         json!({ "command": "apply", "oneStep": true, "autoApprove": true, "savedPlan": false }),
     )
     .await;

@@ -1,7 +1,7 @@
 //! Run events: the ordered record of every step and transition, with time and actor.
 
 use chrono::{DateTime, Utc};
-use takosumi_core::RunId;
+use takosumi_core::{EventKind, RunId};
 
 use crate::StoreError;
 
@@ -10,8 +10,8 @@ use crate::StoreError;
 pub struct Event {
     /// Order within the Run.
     pub id: i64,
-    /// What happened (`queued`, `claimed`, `tool_started`, …).
-    pub kind: String,
+    /// What happened.
+    pub kind: EventKind,
     /// Who did it (`user:tok_…`, `handler:plan`, `system:reaper`).
     pub actor: String,
     /// Details (never secret values).
@@ -24,14 +24,14 @@ pub struct Event {
 pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     run_id: RunId,
-    kind: &str,
+    kind: EventKind,
     actor: &str,
     data: serde_json::Value,
 ) -> Result<(), StoreError> {
     sqlx::query!(
         "INSERT INTO run_events (run_id, kind, actor, data) VALUES ($1, $2, $3, $4)",
         run_id.as_uuid(),
-        kind,
+        kind as EventKind,
         actor,
         data
     )
@@ -53,7 +53,7 @@ pub async fn list_after(
 ) -> Result<Vec<Event>, StoreError> {
     let rows = sqlx::query_as!(
         Event,
-        "SELECT id, kind, actor, data, at FROM run_events WHERE run_id = $1 AND id > $2 ORDER BY id",
+        r#"SELECT id, kind as "kind: EventKind", actor, data, at FROM run_events WHERE run_id = $1 AND id > $2 ORDER BY id"#,
         run_id.as_uuid(),
         after
     )

@@ -245,6 +245,93 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    /// The names the last `CHECK` on `table.column` in the embedded migrations (the SQL the
+    /// server runs, in order) allows: the quoted list of its `column IN (…)`.
+    fn check_names(table: &str, column: &str) -> Vec<String> {
+        let needle = format!("{column} IN (");
+        let mut last = None;
+        for migration in MIGRATOR.iter() {
+            let sql: Vec<&str> = migration
+                .sql
+                .lines()
+                .map(|l| l.split("--").next().unwrap_or_default())
+                .collect();
+            for statement in sql.join("\n").split(';') {
+                let words: Vec<&str> = statement.split_whitespace().take(3).collect();
+                let on_table = match words[..] {
+                    ["CREATE" | "ALTER", "TABLE", t] => t.trim_end_matches('(') == table,
+                    _ => false,
+                };
+                if !on_table {
+                    continue;
+                }
+                for (at, _) in statement.match_indices("CHECK (") {
+                    let check = &statement[at..];
+                    // The CHECK's own parentheses: up to the `)` that closes `CHECK (`.
+                    let mut depth = 0usize;
+                    let end = check
+                        .char_indices()
+                        .find(|&(_, c)| {
+                            match c {
+                                '(' => depth += 1,
+                                ')' => depth -= 1,
+                                _ => return false,
+                            }
+                            depth == 0
+                        })
+                        .map(|(i, _)| i)
+                        .expect("a CHECK closes");
+                    let check = &check[..end];
+                    if let Some(list) = check.find(&needle).map(|i| &check[i + needle.len()..]) {
+                        let list = &list[..list.find(')').expect("the list closes")];
+                        last = Some(
+                            list.split(',')
+                                .map(|n| n.trim().trim_matches('\'').to_owned())
+                                .collect::<Vec<_>>(),
+                        );
+                    }
+                }
+            }
+        }
+        last.unwrap_or_else(|| panic!("no CHECK lists the names of {table}.{column}"))
+    }
+
+    #[test]
+    fn every_text_column_check_lists_its_closed_set() {
+        use std::collections::BTreeSet;
+        use takosumi_core::{ApplyMode, EventKind, HoldReason, ProviderLockState, Tool};
+        // As sets: the order of a CHECK's list means nothing.
+        fn names<T: Copy>(all: &[T], name: fn(T) -> &'static str) -> BTreeSet<String> {
+            all.iter().map(|v| name(*v).to_owned()).collect()
+        }
+        for (table, column, all) in [
+            (
+                "runs",
+                "hold_reason",
+                names(HoldReason::ALL, HoldReason::as_str),
+            ),
+            (
+                "runs",
+                "apply_mode",
+                names(ApplyMode::ALL, ApplyMode::as_str),
+            ),
+            (
+                "runs",
+                "provider_lock_state",
+                names(ProviderLockState::ALL, ProviderLockState::as_str),
+            ),
+            ("capsules", "tool", names(Tool::ALL, Tool::as_str)),
+            (
+                "run_events",
+                "kind",
+                names(EventKind::ALL, EventKind::as_str),
+            ),
+        ] {
+            let checked: BTreeSet<String> = check_names(table, column).into_iter().collect();
+            assert_eq!(checked, all, "{table}.{column} CHECK");
+        }
+    }
+
     #[test]
     fn a_caller_given_transition_outside_the_lifecycle_is_refused() {
         for from in RunStatus::ALL {

@@ -7,7 +7,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use takosumi_core::{FailureCode, HoldReason, Tool};
+use takosumi_core::{EventKind, FailureCode, HoldReason, Tool};
 
 /// Declares [`ErrorCode`] once: the variant, and the wire string it must serialize as (a
 /// test checks serde and [`ErrorCode::as_str`] agree).
@@ -232,6 +232,13 @@ impl KnownCode for FailureCode {
 
 impl KnownCode for Tool {
     const ALL: &'static [Self] = Tool::ALL;
+    fn wire(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl KnownCode for EventKind {
+    const ALL: &'static [Self] = EventKind::ALL;
     fn wire(self) -> &'static str {
         self.as_str()
     }

@@ -13,8 +13,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use takosumi_core::{
-    CapsuleId, Changes, FailureCode, HoldReason, ProviderBindingId, RunGroupId, RunId, RunKind,
-    RunStatus, StateVersionId, Tool, WorkspaceId,
+    CapsuleId, Changes, EventKind, FailureCode, HoldReason, ProviderBindingId, RunGroupId, RunId,
+    RunKind, RunStatus, StateVersionId, Tool, WorkspaceId,
 };
 
 mod error;
@@ -293,9 +293,11 @@ impl Run {
 pub struct RunEvent {
     /// Order within the Run.
     pub id: i64,
-    /// What happened (`queued`, `claimed`, `tool_started`, …).
+    /// What happened (`queued`, `claimed`, `tool_started`, …; a kind newer than this build
+    /// reads as its text).
     #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
+    #[schema(value_type = EventKind)]
+    pub kind: Code<EventKind>,
     /// Who did it (`user:tok_…`, `handler:plan`, …); an `{kind, id}` object is read as
     /// `kind:id`.
     #[serde(default, deserialize_with = "actor_text")]

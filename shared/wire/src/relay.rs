@@ -14,7 +14,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
-use takosumi_core::{RunId, RunKind, Tool};
+use takosumi_core::{EventKind, RunId, RunKind, Tool};
 
 use crate::{Code, UsedBinding};
 
@@ -349,26 +349,31 @@ pub struct ProgressReport {
     pub logs: Vec<LogChunk>,
 }
 
-/// The event kinds a worker may report; the API refuses any other (`invalid_event`),
-/// since what the control node decides or records is never taken from a worker.
-pub const WORKER_EVENT_KINDS: &[&str] = &[
-    "checkout_started",
-    "environment_prepared",
-    "checked_out",
-    "tool_started",
-    "dry_run_scan",
-    "pin_checked",
-];
+/// The event kinds a worker may report ([`EventKind::WORKER`]); the API refuses any other
+/// (`invalid_event`), since what the control node decides or records is never taken from a
+/// worker.
+pub const WORKER_EVENT_KINDS: &[EventKind] = EventKind::WORKER;
 
 /// One reported event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerEvent {
-    /// One of [`WORKER_EVENT_KINDS`]; text, so the API can name a refused one.
+    /// One of [`WORKER_EVENT_KINDS`]; text, so the API can name a refused one (an unknown
+    /// kind is `invalid_event`, not a body that does not parse).
     pub kind: String,
     /// The event's data.
     #[serde(default)]
     pub data: Value,
+}
+
+impl WorkerEvent {
+    /// An event of `kind` with `data`.
+    pub fn new(kind: EventKind, data: Value) -> Self {
+        Self {
+            kind: kind.as_str().to_owned(),
+            data,
+        }
+    }
 }
 
 /// One masked log chunk.

@@ -23,7 +23,7 @@ pub use propose::{ApplyProposal, propose_apply};
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{
-    ActorKind, ApplyMode, CapsuleId, Changes, FailureCode, GateDecision, HoldReason,
+    ActorKind, ApplyMode, CapsuleId, Changes, EventKind, FailureCode, GateDecision, HoldReason,
     ProviderLockState, RunGroupId, RunId, RunKind, RunStatus, StateVersionId, Topic, WorkspaceId,
 };
 
@@ -226,7 +226,7 @@ pub struct Start<'a> {
 /// (the sweep's bulk drift checks write the same four in one statement per batch).
 pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId, StoreError> {
     let id = insert(tx, new).await?;
-    crate::events::append(&mut **tx, id, "queued", start.actor, start.event).await?;
+    crate::events::append(&mut **tx, id, EventKind::Queued, start.actor, start.event).await?;
     crate::activity::append(
         &mut **tx,
         new.workspace_id,
@@ -386,7 +386,7 @@ pub async fn hand_back(
     crate::events::append(
         &mut **tx,
         id,
-        "requeued",
+        EventKind::Requeued,
         &format!("handler:{owner}"),
         serde_json::json!({ "reason": reason }),
     )
