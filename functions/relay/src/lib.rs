@@ -317,6 +317,11 @@ impl Job<'_> {
     }
 
     async fn event(&self, kind: EventKind, data: Value) {
+        // The API refuses a whole report with any other kind (`invalid_event`).
+        debug_assert!(
+            kind.reported_by_worker(),
+            "a relay worker reported {kind}, which only the control node records"
+        );
         let report = ProgressReport {
             events: vec![WorkerEvent::new(kind, data)],
             logs: Vec::new(),

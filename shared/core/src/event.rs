@@ -79,3 +79,25 @@ impl EventKind {
         Self::WORKER.contains(&self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::EventKind;
+
+    #[test]
+    fn a_worker_reports_only_what_it_observed() {
+        for decided in [
+            EventKind::Queued,
+            EventKind::Claimed,
+            EventKind::Planned,
+            EventKind::GateDecision,
+            EventKind::Approved,
+            EventKind::Applied,
+            EventKind::StateVersionWritten,
+            EventKind::Failed,
+            EventKind::Canceled,
+        ] {
+            assert!(!decided.reported_by_worker(), "{decided}");
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! Capsules: what to run (repo, branch, directory, tool, variables) and the state
-//! generation every apply moves forward by exactly one.
+//! generation every apply moves forward by exactly one; a Workspace's Capsules, the
+//! staleness a push marks and automatic update.
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{CapsuleId, RunId, StateVersionId, Tool, WorkspaceId};

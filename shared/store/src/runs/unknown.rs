@@ -4,13 +4,10 @@
 //! When the tool has applied but the step cannot record what it did (the new state does
 //! not reach object storage, reading the outputs fails, the final commit fails), the
 //! apply ends `unknown_outcome`, never `failed` with "nothing was applied". A state the
-//! tool wrote is kept sealed in `held_states` when object storage will not take it, so an
-//! operator can recover it. A Capsule with an `unknown_outcome` apply that no operator
+//! tool wrote is kept sealed ([`crate::states::held`]) when object storage will not take
+//! it, so an operator can recover it. A Capsule with an `unknown_outcome` apply that no operator
 //! has resolved (`POST /runs/{id}/resolve`) takes no other apply: applying on top of a
 //! state nobody has looked at could undo or repeat what the lost apply did.
-//!
-//! The state such an apply's tool wrote, when object storage would not take it, is kept in
-//! [`crate::states::held`].
 
 use takosumi_core::{CapsuleId, RunId, StateVersionId};
 
