@@ -13,7 +13,7 @@ use takosumi_runtime::Ctx;
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::plan_commit::{self, PlanFetchError};
-use takosumi_runtime::step::{runner_err, store_err};
+use takosumi_runtime::step::runner_err;
 use takosumi_steps::ApplyEnd;
 use takosumi_store::runs::ApplyClaim;
 use takosumi_store::{capsules, runs};
@@ -21,14 +21,14 @@ use takosumi_store::{capsules, runs};
 mod one_step;
 
 use takosumi_runtime::unrecorded::{self, Unrecorded};
+use takosumi_store::StoreError;
 
 /// Handles one `run.apply` wake-up. Safe to run twice: the claim lets one handler in;
 /// a duplicate finds the Run applying or applied and does nothing.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run_id = msg.run_id;
     let run = runs::get(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
     if run.kind != RunKind::Apply {
         return Err(StepError::Poison(format!("{run_id} is not an apply run")));
@@ -43,17 +43,14 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
 
     // A Capsule that names a worker pool applies on that pool's relay workers, never here.
     if takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .is_some()
     {
         return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
     }
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     if plan_run_id.is_none() {
-        takosumi_store::runs::apply_mode::pin_current_generation(&mut tx, run_id)
-            .await
-            .map_err(store_err)?;
+        takosumi_store::runs::apply_mode::pin_current_generation(&mut tx, run_id).await?;
     }
     let claim = takosumi_runtime::step::claim_apply_recorded(
         &mut tx,
@@ -64,7 +61,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         Some(ctx.runner.sandbox_mode().as_str()),
     )
     .await?;
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    tx.commit().await.map_err(StoreError::from)?;
     match claim {
         ApplyClaim::Claimed => {}
         ApplyClaim::GenerationChanged { .. } => {
@@ -149,6 +146,12 @@ impl From<StepError> for ApplyError {
     }
 }
 
+impl From<StoreError> for ApplyError {
+    fn from(e: StoreError) -> Self {
+        Self::Step(e.into())
+    }
+}
+
 fn fail(code: FailureCode, message: impl Into<String>) -> ApplyError {
     ApplyError::Fail(code, message.into())
 }
@@ -156,12 +159,10 @@ fn fail(code: FailureCode, message: impl Into<String>) -> ApplyError {
 async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome, ApplyError> {
     let run_id = run.id;
     let plan_run = runs::get(&ctx.pool, plan_run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("plan {plan_run_id} is gone")))?;
     let capsule = capsules::get(&ctx.pool, run.capsule_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
     let tool = capsule.tool;
     let (Some(plan_digest), Some(commit), Some(tree_digest), Some(generation)) = (

@@ -11,7 +11,7 @@
 use takosumi_core::{EventKind, Outcome, StepError};
 use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
-use takosumi_runtime::step::{runner_err, store_err};
+use takosumi_runtime::step::runner_err;
 use takosumi_steps::{OneStepInputs, OneStepRecord};
 use takosumi_store::{capsules, runs};
 
@@ -66,8 +66,7 @@ impl takosumi_steps::OneStepHost for NodeOneStepHost<'_> {
             &self.ctx.owner,
             &snapshot,
         )
-        .await
-        .map_err(store_err)?
+        .await?
         {
             return Err(StepError::Internal("lease lost before the one-step apply".into()).into());
         }
@@ -78,14 +77,12 @@ impl takosumi_steps::OneStepHost for NodeOneStepHost<'_> {
 pub(crate) async fn apply(ctx: &Ctx, run: &runs::Run) -> Result<Outcome, ApplyError> {
     let run_id = run.id;
     let capsule = capsules::get(&ctx.pool, run.capsule_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
     let tool = capsule.tool;
     // The claim pinned the Capsule's generation at that moment and took the Capsule.
     let Some(generation) = runs::get(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .and_then(|r| r.state_generation)
     else {
         return Err(StepError::Internal("one-step apply without a generation".into()).into());

@@ -8,35 +8,29 @@
 use serde_json::json;
 use takosumi_core::{EventKind, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic};
 use takosumi_runtime::Ctx;
-use takosumi_runtime::step::store_err;
+use takosumi_store::StoreError;
 use takosumi_store::{approvals, events, outbox, runs};
 
 /// Handles one `run.approve` wake-up. Safe to run twice: the release is conditional.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run_id = msg.run_id;
     let run = runs::get(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
     if run.status != RunStatus::Held {
         return Ok(Outcome::Skipped("not held: already released or ended"));
     }
     let gate = runs::hold::gate_fields(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?;
     let (required, roles) = (gate.approvals_required, gate.approver_roles);
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    let given = approvals::count_approvals(&mut tx, run_id, run.plan_digest.as_deref(), &roles)
-        .await
-        .map_err(store_err)?;
+    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+    let given =
+        approvals::count_approvals(&mut tx, run_id, run.plan_digest.as_deref(), &roles).await?;
     if given < i64::from(required.max(1)) {
         return Ok(Outcome::Skipped("not enough approvals yet"));
     }
-    if !runs::hold::release(&mut tx, run_id)
-        .await
-        .map_err(store_err)?
-    {
+    if !runs::hold::release(&mut tx, run_id).await? {
         return Ok(Outcome::Skipped("released by another handler"));
     }
     let topic = match run.kind {
@@ -44,9 +38,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         RunKind::DriftCheck => Topic::Drift,
         RunKind::Plan | RunKind::Destroy => Topic::Plan,
     };
-    outbox::enqueue(&mut tx, topic, run_id)
-        .await
-        .map_err(store_err)?;
+    outbox::enqueue(&mut tx, topic, run_id).await?;
     let actor = format!("handler:{}", ctx.owner);
     events::append(
         &mut *tx,
@@ -62,9 +54,8 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             "modulesDigest": run.hold_details.as_ref().and_then(|d| d.get("modulesDigest")),
         }),
     )
-    .await
-    .map_err(store_err)?;
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    .await?;
+    tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     Ok(Outcome::Done)
 }

@@ -10,13 +10,11 @@
 
 use takosumi_core::{Outcome, RunKind, RunMessage, StepError};
 use takosumi_runtime::Ctx;
-use takosumi_runtime::step::store_err;
 
 /// Handles one `run.drift` wake-up. Safe to run twice (the plan step's claim decides).
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run = takosumi_store::runs::get(&ctx.pool, msg.run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{} does not exist", msg.run_id)))?;
     if run.kind != RunKind::DriftCheck {
         return Err(StepError::Poison(format!(

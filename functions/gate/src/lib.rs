@@ -12,7 +12,7 @@ use takosumi_core::{
 };
 use takosumi_policy::{Decision, GateInput};
 use takosumi_runtime::Ctx;
-use takosumi_runtime::step::store_err;
+use takosumi_store::StoreError;
 use takosumi_store::{activity, events, outbox, runs, tokens};
 
 mod one_step;
@@ -21,8 +21,7 @@ mod one_step;
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run_id = msg.run_id;
     let run = runs::get(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
     // An apply submission a rule covers was planned first: the plan proposes its apply
     // (also after a person released it before planning, as an agent's is).
@@ -44,11 +43,8 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     }
     let actor = format!("handler:{}", ctx.owner);
     if run.kind != RunKind::Apply {
-        let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-        if !runs::hold::record_gate_release(&mut tx, run_id)
-            .await
-            .map_err(store_err)?
-        {
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        if !runs::hold::record_gate_release(&mut tx, run_id).await? {
             return Ok(Outcome::Skipped("decided by another handler"));
         }
         events::append(
@@ -58,13 +54,10 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             &actor,
             json!({ "decision": "recorded", "reason": "a plan proposes; its Apply Run is gated" }),
         )
-        .await
-        .map_err(store_err)?;
+        .await?;
         // autoApplyRequested: the plan continues to an Apply Run, which this gate then
         // decides on like any other (deletions and rules stop it for review).
-        let speculative = takosumi_store::runs::source::speculative(&mut *tx, run_id)
-            .await
-            .map_err(store_err)?;
+        let speculative = takosumi_store::runs::source::speculative(&mut *tx, run_id).await?;
         if run.auto_apply_requested
             && run.kind == RunKind::Plan
             && !speculative
@@ -82,11 +75,9 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 proposed_by: None,
                 wake: Some(Topic::Gate),
             };
-            runs::propose_apply(&mut tx, &run, proposal)
-                .await
-                .map_err(store_err)?;
+            runs::propose_apply(&mut tx, &run, proposal).await?;
         }
-        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        tx.commit().await.map_err(StoreError::from)?;
         ctx.relay_wake.notify_one();
         return Ok(Outcome::Done);
     }
@@ -97,16 +88,13 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     };
     let (rules, versions) = one_step::effective_rules(ctx, &run).await?;
     let require_approval = runs::hold::gate_fields(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?
         .require_approval;
     let mut agent = run.actor_kind == ActorKind::Agent;
     let mut exemption = None;
     if agent && !rules.agent_exemptions.is_empty() {
-        let name = tokens::token_name(&ctx.pool, &run.actor_id)
-            .await
-            .map_err(store_err)?;
+        let name = tokens::token_name(&ctx.pool, &run.actor_id).await?;
         if let Some(name) = name.filter(|n| rules.agent_exemptions.contains(n)) {
             agent = false;
             exemption = Some(name);
@@ -125,9 +113,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     } else {
         None
     };
-    let scan = runs::plan_record::scan_report(&ctx.pool, plan_run_id)
-        .await
-        .map_err(store_err)?;
+    let scan = runs::plan_record::scan_report(&ctx.pool, plan_run_id).await?;
     let input = GateInput {
         changes,
         plan_json: plan_json.as_ref(),
@@ -173,13 +159,10 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         }
     };
 
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     match &decision {
         Decision::Release { checked } => {
-            if !runs::hold::record_gate_release(&mut tx, run_id)
-                .await
-                .map_err(store_err)?
-            {
+            if !runs::hold::record_gate_release(&mut tx, run_id).await? {
                 return Ok(Outcome::Skipped("decided by another handler"));
             }
             events::append(
@@ -189,11 +172,8 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 &actor,
                 json!({ "decision": "released", "rules": checked, "ruleVersions": versions, "agentExemption": exemption, "planDigest": run.plan_digest, "cost": cost_record }),
             )
-            .await
-            .map_err(store_err)?;
-            outbox::enqueue(&mut tx, Topic::Apply, run_id)
-                .await
-                .map_err(store_err)?;
+            .await?;
+            outbox::enqueue(&mut tx, Topic::Apply, run_id).await?;
         }
         Decision::Hold {
             reason,
@@ -203,8 +183,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         } => {
             let required = i32::try_from(*approvals_required).unwrap_or(1);
             if !runs::hold::hold(&mut tx, run_id, *reason, details, required, approver_roles)
-                .await
-                .map_err(store_err)?
+                .await?
             {
                 return Ok(Outcome::Skipped("decided by another handler"));
             }
@@ -215,8 +194,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 &actor,
                 json!({ "decision": "held", "reason": reason, "details": details, "ruleVersions": versions, "approvalsRequired": required, "planDigest": run.plan_digest, "cost": cost_record }),
             )
-            .await
-            .map_err(store_err)?;
+            .await?;
             activity::append(
                 &mut *tx,
                 run.workspace_id,
@@ -225,11 +203,10 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 &actor,
                 json!({ "reason": reason }),
             )
-            .await
-            .map_err(store_err)?;
+            .await?;
         }
     }
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     Ok(Outcome::Done)
 }

@@ -9,7 +9,7 @@ use serde_json::json;
 use takosumi_core::{ActorKind, EventKind, FailureCode, HoldReason, Outcome, StepError, Topic};
 use takosumi_policy::RuleSet;
 use takosumi_runtime::Ctx;
-use takosumi_runtime::step::store_err;
+use takosumi_store::StoreError;
 use takosumi_store::{events, outbox, rules, runs, tokens};
 
 /// The Capsule's rules over its Workspace's, and the versions they came from.
@@ -17,9 +17,7 @@ pub(crate) async fn effective_rules(
     ctx: &Ctx,
     run: &runs::Run,
 ) -> Result<(RuleSet, serde_json::Value), StepError> {
-    let in_force = rules::rules_in_force(&ctx.pool, run.workspace_id, run.capsule_id)
-        .await
-        .map_err(store_err)?;
+    let in_force = rules::rules_in_force(&ctx.pool, run.workspace_id, run.capsule_id).await?;
     let (ws_rules, cap_rules) = (in_force.workspace, in_force.capsule);
     let rules = RuleSet::layered(
         cap_rules.as_ref().map(|r| &r.rules),
@@ -37,15 +35,12 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
     let run_id = run.id;
     let (rules, versions) = effective_rules(ctx, run).await?;
     let require_approval = runs::hold::gate_fields(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?
         .require_approval;
     let mut agent = run.actor_kind == ActorKind::Agent;
     if agent {
-        let name = tokens::token_name(&ctx.pool, &run.actor_id)
-            .await
-            .map_err(store_err)?;
+        let name = tokens::token_name(&ctx.pool, &run.actor_id).await?;
         agent = !name.is_some_and(|n| rules.agent_exemptions.contains(&n));
     }
     let mut covered_by: Vec<HoldReason> = rules.covering_rules();
@@ -55,12 +50,9 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
     if agent {
         covered_by.push(HoldReason::AgentRun);
     }
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     if covered_by.is_empty() {
-        if !runs::hold::record_gate_release(&mut tx, run_id)
-            .await
-            .map_err(store_err)?
-        {
+        if !runs::hold::record_gate_release(&mut tx, run_id).await? {
             return Ok(Outcome::Skipped("decided by another handler"));
         }
         events::append(
@@ -71,11 +63,8 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
             json!({ "decision": "released", "oneStep": true, "rules": [], "ruleVersions": versions,
                     "reason": "no rule covers this apply: it runs apply -auto-approve, with nothing saved in between" }),
         )
-        .await
-        .map_err(store_err)?;
-        outbox::enqueue(&mut tx, Topic::Apply, run_id)
-            .await
-            .map_err(store_err)?;
+        .await?;
+        outbox::enqueue(&mut tx, Topic::Apply, run_id).await?;
     } else {
         let message = format!(
             "a rule now covers applies of this Capsule ({}), so it cannot run in one step; nothing was applied. Submit the apply again: it is planned first and the rules decide on the saved plan",
@@ -85,10 +74,7 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        if !runs::fail(&mut tx, run_id, None, FailureCode::StalePlan, &message)
-            .await
-            .map_err(store_err)?
-        {
+        if !runs::fail(&mut tx, run_id, None, FailureCode::StalePlan, &message).await? {
             return Ok(Outcome::Skipped("decided by another handler"));
         }
         events::append(
@@ -98,10 +84,9 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
             actor,
             json!({ "decision": "refused", "oneStep": true, "coveredBy": covered_by, "ruleVersions": versions }),
         )
-        .await
-        .map_err(store_err)?;
+        .await?;
     }
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     Ok(Outcome::Done)
 }
@@ -119,21 +104,15 @@ pub(crate) async fn propose_apply(
 ) -> Result<Outcome, StepError> {
     let run_id = run.id;
     let require_approval = runs::hold::gate_fields(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{run_id} vanished")))?
         .require_approval;
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    if !runs::apply_mode::mark_proposed(&mut tx, run_id)
-        .await
-        .map_err(store_err)?
-    {
+    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+    if !runs::apply_mode::mark_proposed(&mut tx, run_id).await? {
         return Ok(Outcome::Skipped("the apply was already proposed"));
     }
     if run.gate_decision.is_none() {
-        runs::hold::record_gate_release(&mut tx, run_id)
-            .await
-            .map_err(store_err)?;
+        runs::hold::record_gate_release(&mut tx, run_id).await?;
     }
     events::append(
         &mut *tx,
@@ -142,8 +121,7 @@ pub(crate) async fn propose_apply(
         actor,
         json!({ "decision": "recorded", "reason": "an apply submission a rule covers was planned first; its Apply Run carries out this saved plan and is gated" }),
     )
-    .await
-    .map_err(store_err)?;
+    .await?;
     if run.plan_object_key.is_some() {
         let proposal = runs::ApplyProposal {
             actor_kind: run.actor_kind,
@@ -157,11 +135,9 @@ pub(crate) async fn propose_apply(
             proposed_by: Some("apply_submission"),
             wake: Some(Topic::Gate),
         };
-        runs::propose_apply(&mut tx, run, proposal)
-            .await
-            .map_err(store_err)?;
+        runs::propose_apply(&mut tx, run, proposal).await?;
     }
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     Ok(Outcome::Done)
 }
@@ -172,9 +148,8 @@ pub(crate) async fn cost_estimate(
     ctx: &Ctx,
     plan_run_id: takosumi_core::RunId,
 ) -> Result<Option<takosumi_cost::CostEstimate>, StepError> {
-    let Some(summary) = takosumi_store::runs::plan_record::resource_changes(&ctx.pool, plan_run_id)
-        .await
-        .map_err(store_err)?
+    let Some(summary) =
+        takosumi_store::runs::plan_record::resource_changes(&ctx.pool, plan_run_id).await?
     else {
         return Ok(None);
     };

@@ -14,8 +14,9 @@ use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::plan_commit::{
     self, Committed, PlanPut, PlanSource, PlanToCommit, StoredLockfile,
 };
-use takosumi_runtime::step::{runner_err, store_err};
+use takosumi_runtime::step::runner_err;
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
+use takosumi_store::StoreError;
 use takosumi_store::{capsules, events, runs};
 
 /// The kinds of Run this step plans.
@@ -26,8 +27,7 @@ const PLAN_KINDS: &[RunKind] = &[RunKind::Plan, RunKind::Destroy, RunKind::Drift
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run_id = msg.run_id;
     let run = runs::get(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
     if !PLAN_KINDS.contains(&run.kind) {
         return Err(StepError::Poison(format!(
@@ -42,26 +42,20 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     }
     // A Capsule that names a worker pool plans on that pool's relay workers, never here.
     if takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .is_some()
     {
         return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
     }
     // Claims whose handler vanished; a claim handed back after a transient fault (an
     // outage the handler rode out) does not count.
-    let lost = runs::lost_claims(&ctx.pool, run_id)
-        .await
-        .map_err(store_err)?;
+    let lost = runs::lost_claims(&ctx.pool, run_id).await?;
     if lost >= ctx.max_attempts {
-        let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let msg = format!(
             "planning was attempted {lost} times without finishing; check the logs and plan again"
         );
-        if runs::fail(&mut tx, run_id, None, FailureCode::AttemptsExhausted, &msg)
-            .await
-            .map_err(store_err)?
-        {
+        if runs::fail(&mut tx, run_id, None, FailureCode::AttemptsExhausted, &msg).await? {
             events::append(
                 &mut *tx,
                 run_id,
@@ -69,14 +63,13 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 "system:plan",
                 serde_json::json!({ "code": "attempts_exhausted" }),
             )
-            .await
-            .map_err(store_err)?;
+            .await?;
         }
-        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        tx.commit().await.map_err(StoreError::from)?;
         return Ok(Outcome::Failed(FailureCode::AttemptsExhausted));
     }
 
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     if !runs::claim(
         &mut tx,
         run_id,
@@ -86,8 +79,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         &ctx.owner,
         ctx.lease_secs,
     )
-    .await
-    .map_err(store_err)?
+    .await?
     {
         return Ok(Outcome::Skipped("claimed by another handler"));
     }
@@ -97,7 +89,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         serde_json::json!({ "step": "plan", "attempt": run.attempts + 1 }),
     )
     .await?;
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    tx.commit().await.map_err(StoreError::from)?;
     let attempt = run.attempts + 1;
 
     let lease = ctx.keep_lease(run_id);
@@ -149,6 +141,12 @@ impl From<takosumi_runtime::inputs::EnvError> for PlanError {
 impl From<StepError> for PlanError {
     fn from(e: StepError) -> Self {
         Self::Step(e)
+    }
+}
+
+impl From<StoreError> for PlanError {
+    fn from(e: StoreError) -> Self {
+        Self::Step(e.into())
     }
 }
 
@@ -212,8 +210,7 @@ impl takosumi_steps::Host for NodeHost<'_> {
 impl takosumi_steps::PlanHost for NodeHost<'_> {
     async fn record_scan(&self, report: &serde_json::Value) -> Result<(), PlanError> {
         takosumi_store::runs::plan_record::set_scan_report(&self.ctx.pool, self.run.id, report)
-            .await
-            .map_err(store_err)?;
+            .await?;
         Ok(())
     }
 
@@ -260,8 +257,7 @@ async fn plan(
     let run_id = run.id;
     // One read gives a consistent (generation, StateVersion) pair.
     let capsule = capsules::get(&ctx.pool, run.capsule_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
     let tool = capsule.tool;
     let wd = ctx

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use takosumi_core::StepError;
 use takosumi_runtime::Ctx;
-use takosumi_runtime::step::store_err;
+use takosumi_store::StoreError;
 use tokio_util::sync::CancellationToken;
 
 /// Capsules claimed per statement.
@@ -20,11 +20,9 @@ pub async fn sweep_once(ctx: &Ctx) -> Result<i64, StepError> {
     let mut total = 0;
     let mut after = None;
     loop {
-        let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-        let (n, last) = takosumi_store::drift::sweep_due(&mut tx, after, BATCH)
-            .await
-            .map_err(store_err)?;
-        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        let (n, last) = takosumi_store::drift::sweep_due(&mut tx, after, BATCH).await?;
+        tx.commit().await.map_err(StoreError::from)?;
         total += n;
         if n < BATCH {
             break;

@@ -9,10 +9,10 @@
 
 use serde_json::{Value, json};
 use takosumi_core::{CapsuleId, EventKind, FailureCode, RunId, StepError};
+use takosumi_store::StoreError;
 use takosumi_store::{capsules, events, runs, states};
 
 use crate::Ctx;
-use crate::step::store_err;
 
 /// How the apply tool ended.
 #[derive(Debug, Clone)]
@@ -75,21 +75,24 @@ pub enum ApplyCommitError {
     Step(#[from] StepError),
 }
 
+impl From<StoreError> for ApplyCommitError {
+    fn from(e: StoreError) -> Self {
+        Self::Step(e.into())
+    }
+}
+
 /// Commits an apply (see the module documentation). Returns the Capsule's generation
 /// after it.
 pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyCommitError> {
     let run_id = c.run.id;
     let actor = format!("handler:{}", c.owner);
     let sv_id = c.state_version.as_ref().map(|(s, _)| s.id);
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
+    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     let new_generation = match &c.state_version {
         Some((sv, size)) => {
-            states::versions::insert(&mut tx, sv, *size)
-                .await
-                .map_err(store_err)?;
+            states::versions::insert(&mut tx, sv, *size).await?;
             if !capsules::advance_generation(&mut tx, c.capsule_id, run_id, c.generation, sv.id)
-                .await
-                .map_err(store_err)?
+                .await?
             {
                 return Err(ApplyCommitError::GenerationMoved);
             }
@@ -101,8 +104,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
                 &actor,
                 json!({ "stateVersionId": sv.id, "generation": generation }),
             )
-            .await
-            .map_err(store_err)?;
+            .await?;
             takosumi_store::activity::append(
                 &mut *tx,
                 c.run.workspace_id,
@@ -111,31 +113,22 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
                 &actor,
                 json!({ "capsuleId": c.capsule_id, "runId": run_id, "generation": generation }),
             )
-            .await
-            .map_err(store_err)?;
+            .await?;
             generation
         }
         None => {
-            capsules::release_apply(&mut tx, c.capsule_id, run_id)
-                .await
-                .map_err(store_err)?;
+            capsules::release_apply(&mut tx, c.capsule_id, run_id).await?;
             c.generation
         }
     };
     if let Some(plan_run_id) = c.plan_run_id {
-        runs::clear_plan_object(&mut tx, plan_run_id)
-            .await
-            .map_err(store_err)?;
+        runs::clear_plan_object(&mut tx, plan_run_id).await?;
         // The plan's sealed sensitive variables go with its plan file.
-        takosumi_store::bindings::forget_sensitive_vars(&mut *tx, plan_run_id)
-            .await
-            .map_err(store_err)?;
+        takosumi_store::bindings::forget_sensitive_vars(&mut *tx, plan_run_id).await?;
     }
     match &c.end {
         ToolEnd::Applied { outputs } => {
-            if !runs::record_apply(&mut tx, run_id, c.owner, outputs, sv_id, new_generation)
-                .await
-                .map_err(store_err)?
+            if !runs::record_apply(&mut tx, run_id, c.owner, outputs, sv_id, new_generation).await?
             {
                 return Err(ApplyCommitError::LeaseLost);
             }
@@ -143,9 +136,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             if let (Some(d), Some(extra)) = (data.as_object_mut(), c.event_extra.as_object()) {
                 d.extend(extra.clone());
             }
-            events::append(&mut *tx, run_id, EventKind::Applied, &actor, data)
-                .await
-                .map_err(store_err)?;
+            events::append(&mut *tx, run_id, EventKind::Applied, &actor, data).await?;
         }
         ToolEnd::Canceled { detail } => {
             // Canceled mid-tool: the state the interrupted tool wrote is recorded above.
@@ -182,10 +173,8 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             fail_after_tool(&mut tx, c.owner, run_id, sv_id, code, message, data).await?;
         }
     }
-    runs::wake_next_apply(&mut tx, c.capsule_id)
-        .await
-        .map_err(store_err)?;
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    runs::wake_next_apply(&mut tx, c.capsule_id).await?;
+    tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     Ok(new_generation)
 }
@@ -201,10 +190,7 @@ async fn fail_after_tool(
     message: &str,
     data: Value,
 ) -> Result<(), ApplyCommitError> {
-    if !runs::fail(tx, run_id, Some(owner), code, message)
-        .await
-        .map_err(store_err)?
-    {
+    if !runs::fail(tx, run_id, Some(owner), code, message).await? {
         return Err(ApplyCommitError::LeaseLost);
     }
     record_state_version(tx, run_id, sv).await?;
@@ -215,8 +201,7 @@ async fn fail_after_tool(
         &format!("handler:{owner}"),
         data,
     )
-    .await
-    .map_err(store_err)?;
+    .await?;
     Ok(())
 }
 
@@ -226,9 +211,7 @@ async fn record_state_version(
     sv: Option<takosumi_core::StateVersionId>,
 ) -> Result<(), StepError> {
     if let Some(sv) = sv {
-        runs::set_state_version(tx, run_id, sv)
-            .await
-            .map_err(store_err)?;
+        runs::set_state_version(tx, run_id, sv).await?;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use takosumi_store::{Tx, activity, events, runs};
 use tokio_util::sync::CancellationToken;
 
 use crate::Ctx;
-use crate::step::store_err;
+use takosumi_store::StoreError;
 
 impl Ctx {
     /// This context with a runner whose long tool steps stop when `cancel` fires (see
@@ -27,7 +27,7 @@ impl Ctx {
         capsule_for_apply: Option<CapsuleId>,
         detail: serde_json::Value,
     ) -> Result<Outcome, StepError> {
-        let mut tx = self.pool.begin().await.map_err(|e| store_err(e.into()))?;
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
         if !self
             .cancel_claimed_in(&mut tx, run_id, capsule_for_apply, detail)
             .await?
@@ -36,7 +36,7 @@ impl Ctx {
                 "lease lost before the cancel was recorded",
             ));
         }
-        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        tx.commit().await.map_err(StoreError::from)?;
         self.relay_wake.notify_one();
         tracing::info!(%run_id, "run canceled");
         Ok(Outcome::Done)
@@ -64,25 +64,18 @@ pub async fn cancel_claimed_in(
     capsule_for_apply: Option<CapsuleId>,
     detail: serde_json::Value,
 ) -> Result<bool, StepError> {
-    let Some(canceled) = runs::cancel::cancel_claimed(tx, run_id, owner)
-        .await
-        .map_err(store_err)?
-    else {
+    let Some(canceled) = runs::cancel::cancel_claimed(tx, run_id, owner).await? else {
         return Ok(false);
     };
     if let Some(capsule_id) = capsule_for_apply {
-        runs::release_capsule_and_wake_next(tx, capsule_id, run_id)
-            .await
-            .map_err(store_err)?;
+        runs::release_capsule_and_wake_next(tx, capsule_id, run_id).await?;
     }
     let actor = format!("handler:{owner}");
     let mut data = serde_json::json!({ "canceledBy": canceled.by, "whileRunning": true });
     if let (Some(map), serde_json::Value::Object(extra)) = (data.as_object_mut(), detail) {
         map.extend(extra);
     }
-    events::append(&mut **tx, run_id, EventKind::Canceled, &actor, data)
-        .await
-        .map_err(store_err)?;
+    events::append(&mut **tx, run_id, EventKind::Canceled, &actor, data).await?;
     record_activity(tx, canceled.workspace_id, run_id, &canceled.by).await?;
     Ok(true)
 }
@@ -102,5 +95,5 @@ async fn record_activity(
         serde_json::json!({ "whileRunning": true }),
     )
     .await
-    .map_err(store_err)
+    .map_err(StepError::from)
 }

@@ -19,7 +19,7 @@ use takosumi_policy::scan::ScanReport;
 use takosumi_store::{Pool, activity, events, rules, runs};
 
 use crate::inputs::EnvError;
-use crate::step::store_err;
+use takosumi_store::StoreError;
 
 /// What the dry-run check decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,9 +80,7 @@ pub async fn check(
         }
         return Ok(DryRunDecision::Proceed);
     }
-    let in_force = rules::rules_in_force(pool, run.workspace_id, run.capsule_id)
-        .await
-        .map_err(store_err)?;
+    let in_force = rules::rules_in_force(pool, run.workspace_id, run.capsule_id).await?;
     let rules = RuleSet::layered(
         in_force.capsule.as_ref().map(|r| &r.rules),
         in_force.workspace.as_ref().map(|r| &r.rules),
@@ -122,7 +120,7 @@ pub async fn check(
         },
     });
     let required = i32::try_from(approval.required.max(1)).unwrap_or(1);
-    let mut tx = pool.begin().await.map_err(|e| store_err(e.into()))?;
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
     if !runs::hold::hold_claimed(
         &mut tx,
         run.id,
@@ -132,8 +130,7 @@ pub async fn check(
         required,
         &approval.approver_roles,
     )
-    .await
-    .map_err(store_err)?
+    .await?
     {
         return Ok(DryRunDecision::LeaseLost);
     }
@@ -145,8 +142,7 @@ pub async fn check(
         &actor,
         json!({ "reason": reason, "stage": "before_plan", "findings": details["findings"], "commit": commit, "modulesDigest": modules_digest }),
     )
-    .await
-    .map_err(store_err)?;
+    .await?;
     activity::append(
         &mut *tx,
         run.workspace_id,
@@ -155,8 +151,7 @@ pub async fn check(
         &actor,
         json!({ "reason": reason }),
     )
-    .await
-    .map_err(store_err)?;
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    .await?;
+    tx.commit().await.map_err(StoreError::from)?;
     Ok(DryRunDecision::Held)
 }

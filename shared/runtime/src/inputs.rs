@@ -23,7 +23,7 @@ use takosumi_store::runs::Run;
 use zeroize::Zeroize;
 
 use crate::Ctx;
-use crate::step::store_err;
+use takosumi_store::StoreError;
 
 /// The variables a token credential is exposed as: `TAKOSUMI_TOKEN` and, as the seed
 /// names it, `SWITCHTENDER_TOKEN` (the same value under both).
@@ -150,9 +150,7 @@ impl Ctx {
         run: &Run,
         capsule: &Capsule,
     ) -> Result<takosumi_store::runs::source::RunSource, EnvError> {
-        let source = takosumi_store::runs::source::run_source(&self.pool, run.id)
-            .await
-            .map_err(store_err)?;
+        let source = takosumi_store::runs::source::run_source(&self.pool, run.id).await?;
         if source.no_baseline {
             return Err(EnvError::Fail(
                 FailureCode::NotApplied,
@@ -161,8 +159,7 @@ impl Ctx {
         }
         if run.vars.is_some()
             || bindings::sealed_run_vars(&self.pool, run.id)
-                .await
-                .map_err(store_err)?
+                .await?
                 .is_some()
         {
             return Ok(source);
@@ -170,8 +167,7 @@ impl Ctx {
         let vars = match source.baseline_run {
             Some(baseline) => {
                 let baseline = takosumi_store::runs::get(&self.pool, baseline)
-                    .await
-                    .map_err(store_err)?
+                    .await?
                     .ok_or_else(|| {
                         StepError::Poison(format!("the applied Run {baseline} is gone"))
                     })?;
@@ -181,9 +177,7 @@ impl Ctx {
         };
         let (names, sealed) = seal_run_vars(&self.sealer, run.id, &vars)?;
         drop(vars);
-        bindings::settle_run_vars(&self.pool, run.id, &names, &sealed)
-            .await
-            .map_err(store_err)?;
+        bindings::settle_run_vars(&self.pool, run.id, &names, &sealed).await?;
         Ok(source)
     }
 
@@ -195,10 +189,7 @@ impl Ctx {
         capsule: &Capsule,
     ) -> Result<Map<String, Value>, EnvError> {
         let value =
-            match bindings::sealed_run_vars(&self.pool, inputs_of.id)
-                .await
-                .map_err(store_err)?
-            {
+            match bindings::sealed_run_vars(&self.pool, inputs_of.id).await? {
                 Some(sealed) => {
                     let mut plain = self
                     .sealer
@@ -246,6 +237,12 @@ pub enum EnvError {
 impl From<StepError> for EnvError {
     fn from(e: StepError) -> Self {
         Self::Step(e)
+    }
+}
+
+impl From<StoreError> for EnvError {
+    fn from(e: StoreError) -> Self {
+        Self::Step(e.into())
     }
 }
 
@@ -335,10 +332,7 @@ impl Ctx {
             .with_variables(&vars)
             .map_err(|e| EnvError::Fail(FailureCode::InvalidConfiguration, e.to_string()))?;
 
-        if let Some((names, sealed)) = bindings::sensitive_vars(&self.pool, inputs_of.id)
-            .await
-            .map_err(store_err)?
-        {
+        if let Some((names, sealed)) = bindings::sensitive_vars(&self.pool, inputs_of.id).await? {
             let subject = sensitive_vars_subject(inputs_of.id);
             let mut plain = self
                 .sealer
@@ -367,10 +361,7 @@ impl Ctx {
 
         let mut used = Vec::new();
         let mut taken = Injected::new(env.names());
-        for sealed in bindings::sealed_for_capsule(&self.pool, capsule.id)
-            .await
-            .map_err(store_err)?
-        {
+        for sealed in bindings::sealed_for_capsule(&self.pool, capsule.id).await? {
             let b = &sealed.binding;
             let (what, set) = open_binding(&self.sealer, &sealed)?;
             let entries: Vec<(String, Secret<String>)> = match &set {
@@ -410,8 +401,7 @@ impl Ctx {
             &names,
             &var_names,
         )
-        .await
-        .map_err(store_err)?;
+        .await?;
         self.event(
             record_on,
             EventKind::EnvironmentPrepared,

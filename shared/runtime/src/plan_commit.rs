@@ -15,7 +15,8 @@ use takosumi_store::{events, outbox, runs};
 use crate::Ctx;
 use crate::dependencies::{LockfileError, dependency_snapshot};
 use crate::inputs::EnvError;
-use crate::step::{lockfile_key, object_err, plan_key, store_err};
+use crate::step::{lockfile_key, object_err, plan_key};
+use takosumi_store::StoreError;
 
 /// The largest plan file that crosses the relay: a relay worker uploads it as one request
 /// body, which the API holds in memory to seal. A plan the control node executes has no
@@ -307,8 +308,7 @@ pub async fn commit_plan(
         ))));
     }
     let capsule = takosumi_store::capsules::get(&ctx.pool, run.capsule_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
     let (lock_digest, lock_key) = match p.lockfile {
         None => (None, None),
@@ -363,26 +363,18 @@ pub async fn commit_plan(
         drift,
         injected_env_names: p.injected_env_names,
     };
-    let mut tx = ctx.pool.begin().await.map_err(|e| store_err(e.into()))?;
-    if !runs::record_plan(&mut tx, run_id, owner, &record)
-        .await
-        .map_err(store_err)?
-    {
+    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+    if !runs::record_plan(&mut tx, run_id, owner, &record).await? {
         return Ok(Committed::LeaseLost);
     }
-    takosumi_store::runs::plan_record::set_resource_changes(&mut tx, run_id, &resources)
-        .await
-        .map_err(store_err)?;
-    takosumi_store::runs::plan_record::set_plan_diff(&mut tx, run_id, &diff)
-        .await
-        .map_err(store_err)?;
+    takosumi_store::runs::plan_record::set_resource_changes(&mut tx, run_id, &resources).await?;
+    takosumi_store::runs::plan_record::set_plan_diff(&mut tx, run_id, &diff).await?;
     takosumi_store::capsules::add_sensitive_var_names(
         &mut tx,
         capsule.id,
         &declared_sensitive_vars(&p.show),
     )
-    .await
-    .map_err(store_err)?;
+    .await?;
     let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": capsule.state_generation });
     if let (Some(d), Some(extra)) = (data.as_object_mut(), p.event_extra.as_object()) {
         d.extend(extra.clone());
@@ -394,31 +386,22 @@ pub async fn commit_plan(
         &format!("handler:{owner}"),
         data,
     )
-    .await
-    .map_err(store_err)?;
-    takosumi_store::runs::plan_record::set_plan_json_key(&mut tx, run_id, &show_key)
-        .await
-        .map_err(store_err)?;
+    .await?;
+    takosumi_store::runs::plan_record::set_plan_json_key(&mut tx, run_id, &show_key).await?;
     // A drift check replaces the plan an earlier check kept, and keeps its own only when it
     // found drift (that plan is what a reconcile carries out).
     let mut dropped = Vec::new();
     if run.kind == RunKind::DriftCheck {
-        dropped = takosumi_store::drift::drop_kept_drift_plans(&mut tx, capsule.id, run_id)
-            .await
-            .map_err(store_err)?;
+        dropped = takosumi_store::drift::drop_kept_drift_plans(&mut tx, capsule.id, run_id).await?;
         if record.drift != Some(true)
             && let Some(key) = &record.plan_object_key
         {
-            runs::clear_plan_object(&mut tx, run_id)
-                .await
-                .map_err(store_err)?;
+            runs::clear_plan_object(&mut tx, run_id).await?;
             dropped.push(key.clone());
         }
     }
-    outbox::enqueue(&mut tx, Topic::Gate, run_id)
-        .await
-        .map_err(store_err)?;
-    tx.commit().await.map_err(|e| store_err(e.into()))?;
+    outbox::enqueue(&mut tx, Topic::Gate, run_id).await?;
+    tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     for key in dropped {
         if let Err(e) = ctx.objects.delete(&key).await {
@@ -438,8 +421,7 @@ pub async fn read_plan_json(
     plan_run_id: takosumi_core::RunId,
 ) -> Result<serde_json::Value, StepError> {
     let fields = takosumi_store::runs::hold::gate_fields(&ctx.pool, plan_run_id)
-        .await
-        .map_err(store_err)?
+        .await?
         .ok_or_else(|| StepError::Poison(format!("plan {plan_run_id} vanished")))?;
     let key = fields.plan_json_object_key.ok_or_else(|| {
         StepError::Internal(format!("plan {plan_run_id} kept no plan JSON").into())

@@ -29,15 +29,6 @@ pub fn state_key(capsule_id: CapsuleId, sv: StateVersionId) -> String {
     format!("states/{capsule_id}/{sv}.sealed")
 }
 
-/// Maps a store error to a step error.
-pub fn store_err(e: StoreError) -> StepError {
-    if e.retryable() {
-        StepError::transient(e)
-    } else {
-        StepError::internal(e)
-    }
-}
-
 /// Maps an object-store error to a step error.
 pub fn object_err(e: ObjectError) -> StepError {
     if e.retryable() {
@@ -93,12 +84,9 @@ pub async fn record_claimed(
         &format!("handler:{owner}"),
         data,
     )
-    .await
-    .map_err(store_err)?;
+    .await?;
     if let Some(sandbox) = sandbox {
-        runs::record_sandbox(&mut **tx, run_id, owner, sandbox)
-            .await
-            .map_err(store_err)?;
+        runs::record_sandbox(&mut **tx, run_id, owner, sandbox).await?;
     }
     Ok(())
 }
@@ -116,9 +104,7 @@ pub async fn claim_apply_recorded(
     data: serde_json::Value,
     sandbox: Option<&str>,
 ) -> Result<runs::ApplyClaim, StepError> {
-    let claim = runs::claim_apply(tx, run_id, owner, lease_secs)
-        .await
-        .map_err(store_err)?;
+    let claim = runs::claim_apply(tx, run_id, owner, lease_secs).await?;
     let actor = format!("handler:{owner}");
     let failed = match &claim {
         runs::ApplyClaim::Claimed => {
@@ -139,9 +125,7 @@ pub async fn claim_apply_recorded(
         runs::ApplyClaim::CapsuleBusy | runs::ApplyClaim::NotClaimable => None,
     };
     if let Some(failed) = failed {
-        events::append(&mut **tx, run_id, EventKind::Failed, &actor, failed)
-            .await
-            .map_err(store_err)?;
+        events::append(&mut **tx, run_id, EventKind::Failed, &actor, failed).await?;
     }
     Ok(claim)
 }
@@ -167,19 +151,15 @@ impl Ctx {
         code: FailureCode,
         message: &str,
     ) -> Result<Outcome, StepError> {
-        let mut tx = self.pool.begin().await.map_err(|e| store_err(e.into()))?;
-        let done = runs::fail(&mut tx, run_id, Some(&self.owner), code, message)
-            .await
-            .map_err(store_err)?;
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        let done = runs::fail(&mut tx, run_id, Some(&self.owner), code, message).await?;
         if !done {
             return Ok(Outcome::Skipped(
                 "lease lost before the failure was recorded",
             ));
         }
         if let Some(capsule_id) = capsule_for_apply {
-            runs::release_capsule_and_wake_next(&mut tx, capsule_id, run_id)
-                .await
-                .map_err(store_err)?;
+            runs::release_capsule_and_wake_next(&mut tx, capsule_id, run_id).await?;
         }
         let actor = format!("handler:{}", self.owner);
         events::append(
@@ -189,9 +169,8 @@ impl Ctx {
             &actor,
             serde_json::json!({ "code": code, "message": message }),
         )
-        .await
-        .map_err(store_err)?;
-        tx.commit().await.map_err(|e| store_err(e.into()))?;
+        .await?;
+        tx.commit().await.map_err(StoreError::from)?;
         self.relay_wake.notify_one();
         tracing::info!(%run_id, %code, "run failed");
         Ok(Outcome::Failed(code))
@@ -219,8 +198,7 @@ impl Ctx {
             return Ok(None);
         };
         let sv = states::versions::get(&self.pool, sv_id)
-            .await
-            .map_err(store_err)?
+            .await?
             .ok_or_else(|| StepError::internal(StoreError::NotFound("state version")))?;
         let refused = |what: &str| {
             EnvError::Fail(

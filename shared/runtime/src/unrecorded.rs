@@ -24,7 +24,7 @@ use takosumi_store::states::held::HeldState;
 use takosumi_store::{StoreError, events, runs, states};
 
 use crate::Ctx;
-use crate::step::{state_key, store_err};
+use crate::step::state_key;
 
 /// The tool ran (it may have changed infrastructure) but its result could not be
 /// recorded: the apply ends `unknown_outcome` with this message, never `failed`.
@@ -185,8 +185,7 @@ pub async fn end_unknown_outcome(
         .retry(backoff(RECORD_RETRY))
         .sleep(tokio::time::sleep)
         .when(StoreError::retryable)
-        .await
-        .map_err(store_err)?;
+        .await?;
     if !recorded {
         return Ok(Outcome::Skipped(
             "lease lost before the unknown outcome was recorded",

@@ -108,6 +108,18 @@ pub(crate) fn check_transition(from: RunStatus, to: RunStatus) -> Result<(), Sto
     }
 }
 
+/// A step meets a store failure as transient when trying again can help (the message is
+/// taken back and redelivered), as internal otherwise.
+impl From<StoreError> for takosumi_core::StepError {
+    fn from(e: StoreError) -> Self {
+        if e.retryable() {
+            Self::transient(e)
+        } else {
+            Self::internal(e)
+        }
+    }
+}
+
 impl StoreError {
     /// Connection, pool and I/O errors pass; constraint violations and bugs do not.
     pub fn retryable(&self) -> bool {
