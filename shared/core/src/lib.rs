@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod decisions;
+pub mod digest;
 pub mod error;
 pub mod event;
 pub mod ids;
@@ -16,6 +17,7 @@ pub mod text_enum;
 pub mod tool;
 
 pub use decisions::{ApplyMode, GateDecision, HoldReason};
+pub use digest::sha256_hex;
 pub use error::{FailureCode, Outcome, StepError};
 pub use event::EventKind;
 pub use ids::{

@@ -12,7 +12,7 @@
 use std::future::Future;
 
 use serde_json::{Value, json};
-use takosumi_core::{EventKind, FailureCode, RunKind};
+use takosumi_core::{EventKind, FailureCode, RunKind, sha256_hex};
 use takosumi_policy::scan::ScanReport;
 use takosumi_runner::{
     Masker, Runner, RunnerError, SourceSnapshot, Tool, ToolEnv, ToolOutput, Workdir,
@@ -663,11 +663,6 @@ fn apply_timed_out<E>(limit_secs: u64) -> PlanError<E> {
     PlanError::AfterTool(format!(
         "the apply ran past its time limit of {limit_secs} s (TAKOSUMI_LIMIT_APPLY_SECS) and was stopped mid-run: what it changed is unknown; inspect the provider side and the Capsule's current StateVersion, then resolve this Run"
     ))
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// Whether a saved plan would change anything: a resource action other than no-op/read,

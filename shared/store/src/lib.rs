@@ -247,11 +247,8 @@ pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// SHA-256 hex of bytes; used for digests recorded on rows.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(bytes))
-}
+/// SHA-256 hex of bytes, the digest recorded on rows (defined once, in core).
+pub use takosumi_core::sha256_hex;
 
 #[cfg(test)]
 mod tests {
