@@ -106,7 +106,13 @@ async fn measure(stack: &Stack, report: &mut Report, secs: u64) -> anyhow::Resul
     };
     // The goals: reads at ≥ 5,000 req/s with p99 ≤ 20 ms, admissions at ≥ 1,500/s.
     let goals = [
-        ("GET /runs/{id}", get, "≥ 5,000 req/s, p99 ≤ 20 ms", 5000.0, Some(20.0)),
+        (
+            "GET /runs/{id}",
+            get,
+            "≥ 5,000 req/s, p99 ≤ 20 ms",
+            5000.0,
+            Some(20.0),
+        ),
         ("POST plan admission", post, "≥ 1,500 req/s", 1500.0, None),
     ];
     for (name, l, goal, rps, p99) in goals {
