@@ -474,10 +474,15 @@ pub fn read_apply_result(
 fn applied_outputs(state: Option<&[u8]>, masker: &Masker) -> ApplyEnd {
     let outputs = match state.map(takosumi_runner::state_outputs).transpose() {
         Ok(outputs) => outputs.unwrap_or_default(),
-        // serde's message names a position, never the document's text.
+        // Only where it failed: serde's own message can quote a string of the state.
         Err(e) => {
             return ApplyEnd::OutputsUnreadable {
-                message: format!("reading the outputs from the state the apply wrote failed: {e}"),
+                message: format!(
+                    "reading the outputs from the state the apply wrote failed ({:?} error at line {}, column {})",
+                    e.classify(),
+                    e.line(),
+                    e.column()
+                ),
             };
         }
     };
@@ -710,6 +715,22 @@ mod tests {
         assert_eq!(drift_verdict(Some(false), &no_op), Some(false));
         assert_eq!(drift_verdict(Some(true), &no_op), Some(true));
         assert_eq!(drift_verdict(Some(false), &replace), Some(true));
+    }
+
+    #[test]
+    fn unreadable_outputs_never_quote_the_state() {
+        // serde's own message would quote this string ("invalid type: string …").
+        let canary = br#""canary-d81f3a-secret""#;
+        let ApplyEnd::OutputsUnreadable { message } = applied_outputs(Some(canary), &Masker::new())
+        else {
+            panic!("a state that is a JSON string has no readable outputs")
+        };
+        assert!(!message.contains("canary-d81f3a-secret"), "{message}");
+        assert!(message.contains("line 1"), "{message}");
+        let ApplyEnd::Applied { outputs } = applied_outputs(None, &Masker::new()) else {
+            panic!("no state: no outputs")
+        };
+        assert_eq!(outputs, json!({}));
     }
 }
 
