@@ -7,6 +7,7 @@
 //! guard is the floor.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{FromRequestParts, RawPathParams, Request};
@@ -17,8 +18,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, on};
 use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
 use takosumi_store::workspaces::{self, Owned};
+use takosumi_store::{capsules, runs};
 
-use crate::auth::{Action, Caller};
+use crate::auth::{Action, Caller, Prefetched};
 pub use crate::openapi::Doc;
 use crate::relay::PoolCaller;
 use crate::{ApiError, AppState};
@@ -222,9 +224,13 @@ async fn guard(access: Access, req: Request, next: Next) -> Response {
                             .collect(),
                         Err(_) => HashMap::new(),
                     };
+                let mut caller = caller;
                 match workspace_of(&st, scope, &params).await? {
                     Named::Instance => caller.require(action, None)?,
-                    Named::Workspace(ws) => caller.require(action, Some(ws))?,
+                    Named::Workspace(ws, read) => {
+                        caller.require(action, Some(ws))?;
+                        caller.1 = read;
+                    }
                     // An id that does not parse or names nothing: the handler answers it
                     // (400 / 404) exactly as for any caller, revealing nothing more.
                     Named::Unknown => {}
@@ -243,10 +249,13 @@ async fn guard(access: Access, req: Request, next: Next) -> Response {
 
 enum Named {
     Instance,
-    Workspace(WorkspaceId),
+    Workspace(WorkspaceId, Prefetched),
     Unknown,
 }
 
+/// The Workspace the path names, with the row the guard read to learn it when the path
+/// names a Workspace, Capsule or Run: the handler's [`crate::extract`] takes that row from
+/// the [`Caller`] instead of reading it again.
 async fn workspace_of(
     st: &AppState,
     scope: Scope,
@@ -258,19 +267,35 @@ async fn workspace_of(
     let Some(raw) = params.get(param) else {
         return Ok(Named::Unknown);
     };
-    let owned = match scope {
+    let named = match scope {
         Scope::Instance => return Ok(Named::Instance),
-        Scope::Workspace => raw.parse::<WorkspaceId>().ok().map(Owned::Workspace),
-        Scope::Capsule => raw.parse::<CapsuleId>().ok().map(Owned::Capsule),
-        Scope::Run => raw.parse::<RunId>().ok().map(Owned::Run),
-        Scope::RunGroup => raw.parse::<RunGroupId>().ok().map(Owned::RunGroup),
-        Scope::Pool => Some(Owned::Pool(raw)),
+        Scope::Workspace => match raw.parse::<WorkspaceId>() {
+            Ok(id) => workspaces::get(&st.pool, id)
+                .await?
+                .map(|_| Named::Workspace(id, Prefetched::Workspace(id))),
+            Err(_) => None,
+        },
+        Scope::Capsule => match raw.parse::<CapsuleId>() {
+            Ok(id) => capsules::get(&st.pool, id)
+                .await?
+                .map(|c| Named::Workspace(c.workspace_id, Prefetched::Capsule(Arc::new(c)))),
+            Err(_) => None,
+        },
+        Scope::Run => match raw.parse::<RunId>() {
+            Ok(id) => runs::get(&st.pool, id)
+                .await?
+                .map(|r| Named::Workspace(r.workspace_id, Prefetched::Run(Arc::new(r)))),
+            Err(_) => None,
+        },
+        Scope::RunGroup => match raw.parse::<RunGroupId>() {
+            Ok(id) => workspaces::owner_of(&st.pool, Owned::RunGroup(id))
+                .await?
+                .map(|ws| Named::Workspace(ws, Prefetched::Nothing)),
+            Err(_) => None,
+        },
+        Scope::Pool => workspaces::owner_of(&st.pool, Owned::Pool(raw))
+            .await?
+            .map(|ws| Named::Workspace(ws, Prefetched::Nothing)),
     };
-    let Some(owned) = owned else {
-        return Ok(Named::Unknown);
-    };
-    Ok(match workspaces::owner_of(&st.pool, owned).await? {
-        Some(ws) => Named::Workspace(ws),
-        None => Named::Unknown,
-    })
+    Ok(named.unwrap_or(Named::Unknown))
 }

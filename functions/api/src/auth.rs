@@ -5,15 +5,33 @@
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
+use std::sync::Arc;
 use takosumi_core::{Role, WorkspaceId};
+
 use takosumi_store::tokens::TokenGrant;
+use takosumi_store::{capsules, runs};
 
 use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
-/// The caller, authenticated.
+/// The caller, authenticated, and the row the route's guard read to learn which Workspace
+/// the path names (so the handler does not read it a second time).
 #[derive(Debug, Clone)]
-pub struct Caller(pub TokenGrant);
+pub struct Caller(pub TokenGrant, pub(crate) Prefetched);
+
+/// What the access guard read of the resource the path names, for [`crate::extract`].
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Prefetched {
+    /// Nothing (an instance-wide route, or a scope whose row the handler reads itself).
+    #[default]
+    Nothing,
+    /// The Workspace exists.
+    Workspace(WorkspaceId),
+    /// The Capsule, as read.
+    Capsule(Arc<capsules::Capsule>),
+    /// The Run, as read.
+    Run(Arc<runs::Run>),
+}
 
 /// What an endpoint needs the caller to be allowed to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +133,7 @@ impl FromRequestParts<AppState> for Caller {
             .find(&state.pool, token)
             .await?
             .ok_or_else(|| unauthorized("the token is not valid"))?;
-        Ok(Caller(grant))
+        Ok(Caller(grant, Prefetched::Nothing))
     }
 }
 

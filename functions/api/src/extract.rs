@@ -1,7 +1,9 @@
 //! What a handler reads from a request before it does anything: the JSON body, an id from
 //! the path, the `Idempotency-Key`, a name, and the Workspace, Capsule, Run or RunGroup the
 //! path names, loaded and access-checked. Every endpoint answers a bad id, a missing row or
-//! a foreign Workspace the same way because they all go through here.
+//! a foreign Workspace the same way because they all go through here. The row the access
+//! guard already read to find the path's Workspace is taken from the [`Caller`], not read
+//! again: one read per request, whichever checks it.
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
@@ -9,7 +11,7 @@ use serde::de::DeserializeOwned;
 use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
 use takosumi_store::{capsules, groups, runs, workspaces};
 
-use crate::auth::{Action, Caller};
+use crate::auth::{Action, Caller, Prefetched};
 use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
@@ -79,9 +81,11 @@ pub(crate) async fn workspace(
 ) -> Result<WorkspaceId, ApiError> {
     let ws: WorkspaceId = parse_id(raw)?;
     caller.require(Action::Read, Some(ws))?;
-    workspaces::get(&st.pool, ws)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Workspace {ws}")))?;
+    let known = matches!(caller.1, Prefetched::Workspace(read) if read == ws)
+        || workspaces::get(&st.pool, ws).await?.is_some();
+    if !known {
+        return Err(ApiError::not_found(&format!("Workspace {ws}")));
+    }
     caller.require(action, Some(ws))?;
     Ok(ws)
 }
@@ -95,9 +99,12 @@ pub(crate) async fn capsule(
     action: Action,
 ) -> Result<capsules::Capsule, ApiError> {
     let id: CapsuleId = parse_id(raw)?;
-    let capsule = capsules::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?;
+    let capsule = match &caller.1 {
+        Prefetched::Capsule(read) if read.id == id => capsules::Capsule::clone(read),
+        _ => capsules::get(&st.pool, id)
+            .await?
+            .ok_or_else(|| ApiError::not_found(&format!("Capsule {id}")))?,
+    };
     caller.require(Action::Read, Some(capsule.workspace_id))?;
     caller.require(action, Some(capsule.workspace_id))?;
     Ok(capsule)
@@ -111,9 +118,12 @@ pub(crate) async fn run(
     action: Action,
 ) -> Result<runs::Run, ApiError> {
     let id: RunId = parse_id(raw)?;
-    let run = runs::get(&st.pool, id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?;
+    let run = match &caller.1 {
+        Prefetched::Run(read) if read.id == id => runs::Run::clone(read),
+        _ => runs::get(&st.pool, id)
+            .await?
+            .ok_or_else(|| ApiError::not_found(&format!("Run {id}")))?,
+    };
     caller.require(Action::Read, Some(run.workspace_id))?;
     caller.require(action, Some(run.workspace_id))?;
     Ok(run)

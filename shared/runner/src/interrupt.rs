@@ -76,6 +76,11 @@ mod tests {
     /// A child that honours SIGINT stops at once, and its output says it was interrupted.
     #[tokio::test]
     async fn sigint_stops_the_child_first() {
+        // A SIGINT this process ignores (a shell's background job starts so) would be
+        // ignored by the child too, which then cannot trap it; a handled one is reset to
+        // the default at exec, as in the step binaries, which all handle SIGINT.
+        let _handled =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).unwrap();
         let i = interrupt(20_000);
         let token = i.token.clone();
         tokio::spawn(async move {

@@ -37,7 +37,7 @@ use takosumi_store::{sessions, tokens};
 use tower::ServiceExt;
 
 use crate::access::{Access, Api, Doc};
-use crate::auth::Caller;
+use crate::auth::{Caller, Prefetched};
 use crate::{ApiError, AppState};
 
 /// The session cookie's name.
@@ -273,7 +273,7 @@ pub(crate) async fn authenticate(
         Body::from(bytes)
     };
     parts.extensions.insert(Session {
-        caller: Caller(grant),
+        caller: Caller(grant, Prefetched::Nothing),
         csrf,
     });
     Ok(Request::from_parts(parts, body))

@@ -225,43 +225,32 @@ pub struct Start<'a> {
 /// activity and its wake-up, all in the caller's transaction. The one way a Run is created
 /// (the sweep's bulk drift checks write the same four in one statement per batch).
 pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId, StoreError> {
-    let id = insert(tx, new).await?;
-    crate::events::append(&mut **tx, id, EventKind::Queued, start.actor, start.event).await?;
-    crate::activity::append(
-        &mut **tx,
-        new.workspace_id,
-        "run_started",
-        &id.to_string(),
-        start.actor,
-        start.activity,
-    )
-    .await?;
-    if let Some(topic) = start.wake {
-        crate::outbox::enqueue(tx, topic, id).await?;
-    }
-    Ok(id)
-}
-
-/// Inserts a queued Run. An Apply Run copies its plan's pins so the record shows what it
-/// is bound to from the start. Only [`start`] inserts, so no Run exists without its event,
-/// activity and wake-up.
-async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
     // The row takes the column's default status, which is where the lifecycle starts.
     const _: () = assert!(matches!(RunStatus::INITIAL, RunStatus::Queued));
     let id = RunId::new();
+    // The row, its event and its activity entry are one statement (one round trip, where
+    // three appends cost three); an Apply Run copies its plan's pins so the record shows
+    // what it is bound to from the start.
     sqlx::query!(
-        r#"INSERT INTO runs (id, kind, workspace_id, capsule_id, run_group_id, plan_run_id, actor_kind,
-                             actor_id, auto_apply_requested, idempotency_key,
-                             source_commit, tree_digest, plan_digest, state_generation,
-                             provider_lock_state, provider_lock_digest, dependency_snapshot, tool_version,
-                             changes, injected_env_names, traceparent)
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                  p.source_commit, p.tree_digest, p.plan_digest, p.state_generation,
-                  COALESCE(p.provider_lock_state, 'unknown'), p.provider_lock_digest, p.dependency_snapshot,
-                  p.tool_version, p.changes, COALESCE(p.injected_env_names, '{}'),
-                  COALESCE($11, p.traceparent)
-             FROM (SELECT 1) one
-             LEFT JOIN runs p ON p.id = $6"#,
+        r#"WITH run AS (
+               INSERT INTO runs (id, kind, workspace_id, capsule_id, run_group_id, plan_run_id, actor_kind,
+                                 actor_id, auto_apply_requested, idempotency_key,
+                                 source_commit, tree_digest, plan_digest, state_generation,
+                                 provider_lock_state, provider_lock_digest, dependency_snapshot, tool_version,
+                                 changes, injected_env_names, traceparent)
+               SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                      p.source_commit, p.tree_digest, p.plan_digest, p.state_generation,
+                      COALESCE(p.provider_lock_state, 'unknown'), p.provider_lock_digest, p.dependency_snapshot,
+                      p.tool_version, p.changes, COALESCE(p.injected_env_names, '{}'),
+                      COALESCE($11, p.traceparent)
+                 FROM (SELECT 1) one
+                 LEFT JOIN runs p ON p.id = $6
+               RETURNING id, workspace_id),
+           queued AS (
+               INSERT INTO run_events (run_id, kind, actor, data)
+               SELECT id, $12, $13, $14 FROM run)
+           INSERT INTO activity (workspace_id, kind, subject, actor, data)
+           SELECT workspace_id, 'run_started', $15, $13, $16 FROM run"#,
         id.as_uuid(),
         new.kind as RunKind,
         new.workspace_id.as_uuid(),
@@ -272,10 +261,18 @@ async fn insert(tx: &mut Tx, new: &NewRun) -> Result<RunId, StoreError> {
         new.actor_id,
         new.auto_apply_requested,
         new.idempotency_key,
-        new.traceparent
+        new.traceparent,
+        EventKind::Queued as EventKind,
+        start.actor,
+        start.event,
+        id.to_string(),
+        start.activity,
     )
     .execute(&mut **tx)
     .await?;
+    if let Some(topic) = start.wake {
+        crate::outbox::enqueue(tx, topic, id).await?;
+    }
     Ok(id)
 }
 
