@@ -582,15 +582,14 @@ impl PlanInputs {
         Ok(Value::Object(merged))
     }
 
-    /// Seals and stores the Run's variables (their names stay readable on the record) and
-    /// its sensitive ones, in the submission's transaction.
-    pub(crate) async fn store(
+    /// The Run's variables sealed for it (their names stay readable on the record), for
+    /// [`runs::NewRun::vars`]: written with its row.
+    pub(crate) fn seal_vars(
         &self,
         st: &AppState,
-        tx: &mut Tx,
         run_id: RunId,
         vars: &Value,
-    ) -> Result<(), ApiError> {
+    ) -> Result<takosumi_store::runs::SealedVars, ApiError> {
         let plain = vars.as_object().cloned().unwrap_or_default();
         let (names, sealed) = takosumi_runtime::inputs::seal_run_vars(&st.sealer, run_id, &plain)
             .map_err(|e| ApiError::Internal {
@@ -598,7 +597,16 @@ impl PlanInputs {
             source: Box::new(e),
         })?;
         drop(plain);
-        bindings::set_run_vars(tx, run_id, &names, &sealed).await?;
+        Ok(takosumi_store::runs::SealedVars { names, sealed })
+    }
+
+    /// Seals and stores the Run's sensitive variables, in the submission's transaction.
+    pub(crate) async fn store_sensitive(
+        &self,
+        st: &AppState,
+        tx: &mut Tx,
+        run_id: RunId,
+    ) -> Result<(), ApiError> {
         if self.sensitive_vars.is_empty() {
             return Ok(());
         }

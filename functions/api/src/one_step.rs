@@ -99,6 +99,7 @@ async fn apply_capsule(
     }
     let one_step = covered_by.is_empty();
     let new = runs::NewRun {
+        id: takosumi_core::RunId::new(),
         kind: if one_step {
             RunKind::Apply
         } else {
@@ -113,6 +114,7 @@ async fn apply_capsule(
         auto_apply_requested: false,
         idempotency_key: key.clone(),
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
+        vars: None,
     };
     let mode = if one_step {
         ApplyMode::OneStep

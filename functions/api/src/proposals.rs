@@ -95,7 +95,9 @@ pub(crate) async fn submit_plan(
     {
         return Ok((StatusCode::ACCEPTED, views::run_json(&run)));
     }
+    let id = RunId::new();
     let new = runs::NewRun {
+        id,
         kind,
         workspace_id: capsule.workspace_id,
         capsule_id: capsule.id,
@@ -106,6 +108,7 @@ pub(crate) async fn submit_plan(
         auto_apply_requested: inputs.auto_apply_requested,
         idempotency_key: key.clone(),
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
+        vars: Some(inputs.seal_vars(&st, id, &vars)?),
     };
     let actor = caller.actor();
     let start = runs::Start {
@@ -133,7 +136,7 @@ pub(crate) async fn submit_plan(
         }
         Err(e) => return Err(e.into()),
     };
-    inputs.store(&st, &mut tx, id, &vars).await?;
+    inputs.store_sensitive(&st, &mut tx, id).await?;
     if hold_agent {
         crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
     }
@@ -297,6 +300,7 @@ pub(crate) struct RunStart<'a> {
 /// for an agent's Run, holds it for a person instead of waking a step.
 pub(crate) async fn start_run(tx: &mut Tx, s: &RunStart<'_>) -> Result<RunId, ApiError> {
     let new = runs::NewRun {
+        id: RunId::new(),
         kind: s.kind,
         workspace_id: s.capsule.workspace_id,
         capsule_id: s.capsule.id,
@@ -307,6 +311,7 @@ pub(crate) async fn start_run(tx: &mut Tx, s: &RunStart<'_>) -> Result<RunId, Ap
         auto_apply_requested: s.auto_apply,
         idempotency_key: None,
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
+        vars: None,
     };
     let topic = if s.kind == RunKind::DriftCheck {
         Topic::Drift

@@ -124,7 +124,7 @@ pub fn run_vars_subject(run_id: RunId) -> String {
     format!("{run_id}/vars")
 }
 
-/// Seals a Run's plain variables for [`bindings::set_run_vars`]: their names (sorted) and
+/// Seals a Run's plain variables for its row (`runs::NewRun::vars`, `bindings::settle_run_vars`): their names (sorted) and
 /// the sealed JSON object.
 pub fn seal_run_vars(
     sealer: &takosumi_seal::Sealer,

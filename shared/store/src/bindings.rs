@@ -221,27 +221,6 @@ pub async fn detach(
     Ok(done.rows_affected() == 1)
 }
 
-/// Sets a just-inserted Run's variables (the Capsule's defaults with the submission's
-/// overrides merged over them), sealed, with their names. Only while it is queued and has
-/// none yet.
-pub async fn set_run_vars(
-    tx: &mut Tx,
-    run_id: RunId,
-    names: &[String],
-    sealed: &[u8],
-) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        r#"UPDATE runs SET vars_sealed = $2, var_names = $3
-            WHERE id = $1 AND status = 'queued' AND vars IS NULL AND vars_sealed IS NULL"#,
-        run_id.as_uuid(),
-        sealed,
-        names
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
 /// Settles a plan Run's variables at its claim when its submission set none (a webhook's
 /// plan, a drift check): from then on the record names what it planned with and its apply
 /// reads the same values. Only once; `false` if they were already set.

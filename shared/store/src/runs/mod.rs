@@ -184,6 +184,9 @@ pub async fn get_many<'e, E: sqlx::PgExecutor<'e>>(
 /// What a new Run starts with.
 #[derive(Debug, Clone)]
 pub struct NewRun {
+    /// Its id, chosen before the row exists so what is sealed for the Run (its
+    /// variables, bound to its id) is written with the row.
+    pub id: RunId,
     /// Kind.
     pub kind: RunKind,
     /// Workspace.
@@ -205,6 +208,19 @@ pub struct NewRun {
     /// The W3C `traceparent` of the request that made it; `None` takes the plan's (an
     /// apply a step makes continues its plan's trace).
     pub traceparent: Option<String>,
+    /// The variables its submission set, sealed; `None` leaves them to be settled at its
+    /// claim (a webhook's plan, a drift check, an apply: it reads its plan's).
+    pub vars: Option<SealedVars>,
+}
+
+/// A Run's variables as its submission set them: their names, and the values sealed for
+/// the Run (`takosumi_runtime::inputs::seal_run_vars`).
+#[derive(Debug, Clone)]
+pub struct SealedVars {
+    /// The names, sorted: what the record shows.
+    pub names: Vec<String>,
+    /// The values, sealed.
+    pub sealed: Vec<u8>,
 }
 
 /// What a new Run's start records beside its row: who started it, what its `queued` event
@@ -227,7 +243,7 @@ pub struct Start<'a> {
 pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId, StoreError> {
     // The row takes the column's default status, which is where the lifecycle starts.
     const _: () = assert!(matches!(RunStatus::INITIAL, RunStatus::Queued));
-    let id = RunId::new();
+    let id = new.id;
     // The row, its event and its activity entry are one statement (one round trip, where
     // three appends cost three); an Apply Run copies its plan's pins so the record shows
     // what it is bound to from the start.
@@ -237,12 +253,12 @@ pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId,
                                  actor_id, auto_apply_requested, idempotency_key,
                                  source_commit, tree_digest, plan_digest, state_generation,
                                  provider_lock_state, provider_lock_digest, dependency_snapshot, tool_version,
-                                 changes, injected_env_names, traceparent)
+                                 changes, injected_env_names, traceparent, var_names, vars_sealed)
                SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
                       p.source_commit, p.tree_digest, p.plan_digest, p.state_generation,
                       COALESCE(p.provider_lock_state, 'unknown'), p.provider_lock_digest, p.dependency_snapshot,
                       p.tool_version, p.changes, COALESCE(p.injected_env_names, '{}'),
-                      COALESCE($11, p.traceparent)
+                      COALESCE($11, p.traceparent), $17, $18
                  FROM (SELECT 1) one
                  LEFT JOIN runs p ON p.id = $6
                RETURNING id, workspace_id),
@@ -267,6 +283,8 @@ pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId,
         start.event,
         id.to_string(),
         start.activity,
+        new.vars.as_ref().map(|v| v.names.as_slice()),
+        new.vars.as_ref().map(|v| v.sealed.as_slice()),
     )
     .execute(&mut **tx)
     .await?;

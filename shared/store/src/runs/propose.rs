@@ -42,6 +42,7 @@ pub async fn propose_apply(
     p: ApplyProposal<'_>,
 ) -> Result<RunId, StoreError> {
     let new = NewRun {
+        id: RunId::new(),
         kind: RunKind::Apply,
         workspace_id: plan.workspace_id,
         capsule_id: plan.capsule_id,
@@ -52,6 +53,7 @@ pub async fn propose_apply(
         auto_apply_requested: p.auto_apply_requested,
         idempotency_key: p.idempotency_key,
         traceparent: p.traceparent,
+        vars: None,
     };
     let mut event = Map::new();
     event.insert("kind".into(), json!(RunKind::Apply));
