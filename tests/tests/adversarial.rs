@@ -335,3 +335,121 @@ async fn hostile_run_in(
     }
     Ok(())
 }
+
+/// The tool as a hostile provider would leave it: `show -json` starts the configuration's
+/// providers, and this one rewrites the saved plan once `show` has read it (the real
+/// terraform's `show`, then the file replaced). Everything else is the real terraform.
+fn plan_rewriting_tool(dir: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let real = std::env::var("TAKOSUMI_TERRAFORM_BIN")?;
+    let path = dir.join("terraform");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = show ]; then\n  for plan; do :; done\n  '{real}' \"$@\"\n  status=$?\n  printf '{REWRITTEN}' > \"$plan\"\n  exit $status\nfi\nexec '{real}' \"$@\"\n"
+        ),
+    )?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(path)
+}
+
+/// What the hostile provider writes over the saved plan.
+const REWRITTEN: &str = "not the plan anybody reviewed";
+
+/// A plan file rewritten while `show -json` runs is never what is sealed, reviewed or
+/// applied: the plan step keeps the file before `show` starts any provider (control node
+/// and relay worker alike), and an apply that has to run `show` itself (a relay worker's)
+/// refuses to apply a file that changed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_rewritten_while_show_runs_is_never_applied() -> anyhow::Result<()> {
+    let fixtures = takosumi_tests::fixture_dir()?;
+    let tool = plan_rewriting_tool(fixtures.path())?;
+    let stack =
+        takosumi_tests::Stack::start_with_tool(takosumi_tests::Options::default(), Some(&tool))
+            .await?;
+    let rewritten = takosumi_core::sha256_hex(REWRITTEN.as_bytes());
+
+    // The control node: the plan kept is the one `show` read; the apply reads the plan's
+    // sealed `show -json` (no `show` of its own) and applies it.
+    let repo = GitRepo::with_example("network")?;
+    let capsule = stack
+        .new_capsule(&repo, "network", "infra/network", json!({ "region": "eu" }))
+        .await?;
+    let (plan, apply) = stack.plan_and_apply(capsule.id).await?;
+    let digest = plan.plan_digest.clone().expect("a plan digest");
+    assert_ne!(
+        digest, rewritten,
+        "the control node sealed the rewritten plan"
+    );
+    assert_eq!(apply.outputs, Some(json!({ "vpc": "vpc-eu" })), "{apply:?}");
+
+    // A relay worker: its plan keeps the file before `show` too; its apply runs `show`
+    // (it has no sealed JSON), and the file changed under it: nothing is applied.
+    let pool = format!("edge-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let key = DeliveryKeyPair::generate("k1")?;
+    let ws = stack.client.create_workspace("rewritten-plan").await?;
+    let (status, created) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{}/pools", ws.id),
+            json!({ "name": pool, "deliveryKey": { "keyId": key.key_id(), "publicKey": base64::engine::general_purpose::STANDARD.encode(key.public().public) } }),
+        )
+        .await?;
+    assert_eq!(status, 201, "{created}");
+    let token = created["token"].as_str().unwrap().to_owned();
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
+    let capsule = stack
+        .client
+        .create_capsule(
+            ws.id,
+            &NewCapsule {
+                name: "network".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra/network".into(),
+                tool: "terraform".into(),
+                vars: Map::from_iter([("region".to_owned(), json!("eu"))]),
+            },
+        )
+        .await?;
+    let (status, v) = stack
+        .call(
+            "PUT",
+            &format!("/api/v1/capsules/{}/pool", capsule.id),
+            json!({ "pool": pool }),
+        )
+        .await?;
+    assert_eq!(status, 200, "{v}");
+    let plan = stack
+        .wait(stack.client.plan(capsule.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, takosumi_core::RunStatus::Planned, "{plan:?}");
+    assert_ne!(
+        plan.plan_digest.as_deref(),
+        Some(rewritten.as_str()),
+        "the relay worker sent the rewritten plan"
+    );
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    worker.kill().await?;
+    assert_eq!(apply.status, takosumi_core::RunStatus::Failed, "{apply:?}");
+    let error = apply.error.expect("the failure");
+    assert_eq!(error.code, "apply_failed", "{error:?}");
+    assert!(
+        error.message.contains("changed while `show -json` ran"),
+        "{error:?}"
+    );
+    assert!(
+        !stack
+            .client
+            .logs(apply.id)
+            .await?
+            .contains("Apply complete"),
+        "the rewritten plan was applied"
+    );
+    stack.stop().await
+}

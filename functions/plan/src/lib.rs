@@ -12,7 +12,7 @@ use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::plan_commit::{
-    self, Committed, PlanPut, PlanSource, PlanToCommit, StoredLockfile,
+    self, Committed, PlanPut, PlanSource, PlanToCommit, StoredLockfile, StoredPlan,
 };
 use takosumi_runtime::step::runner_err;
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
@@ -176,6 +176,8 @@ struct NodeHost<'a> {
     stopped: std::sync::Mutex<Option<Outcome>>,
     /// The lockfile as stored and read back, before the plan ran.
     lockfile: std::sync::Mutex<Option<StoredLockfile>>,
+    /// The plan file as sealed and stored, before `show -json` ran.
+    plan: std::sync::Mutex<Option<StoredPlan>>,
 }
 
 impl takosumi_steps::Host for NodeHost<'_> {
@@ -223,6 +225,28 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(stored);
         }
+        Ok(())
+    }
+
+    async fn keep_plan_file(&self, wd: &Workdir, _size: u64) -> Result<(), PlanError> {
+        // Any size: sealed from the file and uploaded in parts (only the relay has a limit).
+        let stored =
+            plan_commit::store_plan_file(self.ctx, self.run.id, self.attempt, PlanSource::File(wd))
+                .await?;
+        let plan = match stored {
+            PlanPut::Stored(plan) => plan,
+            // Most often this put's own earlier try, whose answer was lost when the storage
+            // server went away mid-request: never trusted, retried under a new claim and key.
+            PlanPut::AlreadyThere => {
+                return Err(PlanError::Step(StepError::Transient(
+                    format!("sealed plan for attempt {} already exists", self.attempt).into(),
+                )));
+            }
+        };
+        *self
+            .plan
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(plan);
         Ok(())
     }
 
@@ -284,6 +308,7 @@ async fn plan(
         attempt,
         stopped: std::sync::Mutex::new(None),
         lockfile: std::sync::Mutex::new(None),
+        plan: std::sync::Mutex::new(None),
     };
     let out = match takosumi_steps::plan(&host, &ctx.runner, &wd, &inputs).await? {
         Planned::Held => {
@@ -296,19 +321,15 @@ async fn plan(
         }
         Planned::Done(out) => *out,
     };
-    // Any size: sealed from the file and uploaded in parts (only the relay has a limit).
-    let stored = plan_commit::store_plan_file(ctx, run_id, attempt, PlanSource::File(&wd)).await;
     let _ = ctx.runner.wipe_plan_file(&wd);
-    let plan = match stored? {
-        PlanPut::Stored(plan) => plan,
-        // Most often this put's own earlier try, whose answer was lost when the storage
-        // server went away mid-request: never trusted, retried under a new claim and key.
-        PlanPut::AlreadyThere => {
-            return Err(PlanError::Step(StepError::Transient(
-                format!("sealed plan for attempt {attempt} already exists").into(),
-            )));
-        }
-    };
+    let plan = host
+        .plan
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+        .ok_or_else(|| {
+            StepError::Internal("the plan pipeline finished without keeping its plan file".into())
+        })?;
     if lost.is_cancelled() || ctx.runner.interrupted() {
         return Ok(Outcome::Skipped(
             "lease lost while planning; the reaper re-queued the run",

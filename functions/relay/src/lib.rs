@@ -624,6 +624,10 @@ struct RelayHost<'a> {
     spec: &'a RelayJob,
     /// The job's runner (interruptible by a cancel): command credentials run through it.
     runner: &'a Runner,
+    /// The largest plan file the job may send (a plan job's limit; 0 otherwise).
+    max_plan_bytes: u64,
+    /// The plan file as read before `show -json` ran, when within that limit.
+    plan_file: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl takosumi_steps::Host for RelayHost<'_> {
@@ -712,6 +716,18 @@ impl takosumi_steps::PlanHost for RelayHost<'_> {
         Ok(())
     }
 
+    async fn keep_plan_file(&self, wd: &Workdir, size: u64) -> Result<(), JobFailure> {
+        // Only a plan within the relay's limit is read into memory (and sent).
+        if size <= self.max_plan_bytes {
+            let bytes = self.runner.read_plan_file(wd).map_err(internal)?;
+            *self
+                .plan_file
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(bytes);
+        }
+        Ok(())
+    }
+
     async fn keep_lockfile(&self, _lockfile: Option<&[u8]>) -> Result<(), JobFailure> {
         // It crosses with the plan: the control node stores and reads it back at commit.
         Ok(())
@@ -775,6 +791,8 @@ async fn plan(
         settings,
         spec,
         runner,
+        max_plan_bytes: work.max_plan_bytes,
+        plan_file: std::sync::Mutex::new(None),
     };
     let out = match takosumi_steps::plan(&host, runner, wd, &inputs).await? {
         // The control node holds the Run for a person; the worker is done with it.
@@ -786,11 +804,12 @@ async fn plan(
     // An oversized drift check still reports what it found; only its plan stays behind.
     let plan_not_kept = (kind == RunKind::DriftCheck && size > max).then_some(size);
     if plan_not_kept.is_none() {
-        // Only a plan within the relay's limit is read into memory and sent.
-        let bytes = match size <= max {
-            true => Some(runner.read_plan_file(wd).map_err(internal)?),
-            false => None,
-        };
+        // What was read before `show` ran; nothing for a plan over the relay's limit.
+        let bytes = host
+            .plan_file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         let put = job.api.put_plan(&job.run, &job.claim, size, bytes).await;
         let _ = runner.wipe_plan_file(wd);
         match put {
@@ -861,6 +880,8 @@ async fn apply(
         settings,
         spec,
         runner,
+        max_plan_bytes: 0,
+        plan_file: std::sync::Mutex::new(None),
     };
     let out = match which {
         Pinned::OneStep(work) => {

@@ -7,7 +7,8 @@
 //! A seed rule implemented here holds on both paths: drift checks plan with
 //! `-detailed-exitcode`; a pull request's plan that the dry-run scan flags is refused;
 //! the approval rule's dry-run hold is asked before `init` and `plan` run anything; the
-//! lockfile is read right after `init`; failures carry a [`FailureCode`].
+//! lockfile is read right after `init`; the saved plan is kept before `show -json` starts
+//! any provider; failures carry a [`FailureCode`].
 
 use std::future::Future;
 
@@ -89,6 +90,17 @@ pub trait PlanHost: Host {
     fn keep_lockfile(
         &self,
         lockfile: Option<&[u8]>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Keeps the saved plan file (`size` bytes at the run directory's `plan_path()`) once
+    /// the plan wrote it and before `show -json` runs: `show` starts the configuration's
+    /// providers, which could rewrite the file while it runs. Kept here, the plan that is
+    /// sealed (and later applied) is the one `show` then reads and the reviewer sees; read
+    /// after `show`, it could be another.
+    fn keep_plan_file(
+        &self,
+        wd: &Workdir,
+        size: u64,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Decides whether the plan runs now (the approval rule's dry-run hold). A hold binds
@@ -238,8 +250,8 @@ async fn prepare<H: Host>(
 }
 
 /// Plan, destroy plan or drift check: checkout → state → backend override → version →
-/// modules → dry-run scan (refusal, hold) → init → lockfile → plan → `show -json` → the
-/// saved plan's bytes.
+/// modules → dry-run scan (refusal, hold) → init → lockfile → plan → the saved plan kept
+/// → `show -json`.
 pub async fn plan<H: PlanHost>(
     host: &H,
     runner: &Runner,
@@ -366,6 +378,12 @@ pub async fn plan<H: PlanHost>(
         log_result(host, "plan", masker, &planned).await;
     }
     let planned = planned.map_err(|e| tool_failure(e, "plan failed"))?;
+    let plan_size = runner
+        .plan_file_size(wd)
+        .map_err(|e| tool_failure(e, "reading the saved plan file"))?;
+    host.keep_plan_file(wd, plan_size)
+        .await
+        .map_err(PlanError::Host)?;
     let show = runner.show_json(wd, tool, &env).await;
     // The plan printed before `show -json` could name its sensitive values: they join the
     // masker first, and the plan's output is stored after.
@@ -374,9 +392,6 @@ pub async fn plan<H: PlanHost>(
     }
     host.log("plan", masker, &planned.output).await;
     let show = show.map_err(|e| tool_failure(e, "reading the saved plan"))?;
-    let plan_size = runner
-        .plan_file_size(wd)
-        .map_err(|e| tool_failure(e, "reading the saved plan file"))?;
     Ok(Planned::Done(Box::new(PlanOutput {
         source,
         tool_version,
@@ -611,13 +626,32 @@ pub async fn apply<H: ApplyHost>(
     // the plan's own sealed `show -json` when the host has it, else from the tool.
     let show = match host.plan_show().await {
         Some(show) => show,
-        None => runner.show_json(wd, tool, &env).await.map_err(|e| match e.failure_code() {
-            Some(_) => PlanError::Fail(
-                FailureCode::ApplyFailed,
-                format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"),
-            ),
-            None => PlanError::Runner(e),
-        })?,
+        None => {
+            // `show` starts the configuration's providers, which could rewrite the saved
+            // plan while they run: what `apply` reads must still be the file the host
+            // verified against the reviewed digest.
+            let plan_digest = |what: &str| {
+                runner
+                    .read_plan_file(wd)
+                    .map(|bytes| sha256_hex(&bytes))
+                    .map_err(|e| tool_failure(e, what))
+            };
+            let verified = plan_digest("reading the saved plan")?;
+            let show = runner.show_json(wd, tool, &env).await.map_err(|e| match e.failure_code() {
+                Some(_) => PlanError::Fail(
+                    FailureCode::ApplyFailed,
+                    format!("reading the saved plan before applying failed: {e}; nothing was applied; plan again"),
+                ),
+                None => PlanError::Runner(e),
+            })?;
+            if plan_digest("reading the saved plan after show")? != verified {
+                return Err(PlanError::Fail(
+                    FailureCode::ApplyFailed,
+                    "the saved plan changed while `show -json` ran (something the configuration started rewrote it); nothing was applied; plan again".into(),
+                ));
+            }
+            show
+        }
     };
     masker.add_plan_sensitive(&show);
     drop(show);
