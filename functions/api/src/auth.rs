@@ -2,12 +2,12 @@
 //! looked up by hash, so no stored value can be replayed and no comparison runs over a
 //! stored secret.
 
+use std::sync::Arc;
+
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use std::sync::Arc;
 use takosumi_core::{Role, WorkspaceId};
-
 use takosumi_store::tokens::TokenGrant;
 use takosumi_store::{capsules, runs};
 

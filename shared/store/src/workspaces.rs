@@ -69,16 +69,11 @@ pub async fn list(
         .collect())
 }
 
-/// A resource a request path names, for finding the Workspace it belongs to (the API's
-/// access check, made before any handler runs).
+/// A resource a request path names whose row the handler reads itself, for finding the
+/// Workspace it belongs to (the API's access check, made before any handler runs; a
+/// Workspace, Capsule or Run the check reads whole, for the handler to use).
 #[derive(Debug, Clone, Copy)]
 pub enum Owned<'a> {
-    /// A Workspace itself.
-    Workspace(WorkspaceId),
-    /// A Capsule.
-    Capsule(takosumi_core::CapsuleId),
-    /// A Run.
-    Run(takosumi_core::RunId),
     /// A RunGroup.
     RunGroup(takosumi_core::RunGroupId),
     /// A worker pool, by name.
@@ -91,24 +86,6 @@ pub async fn owner_of(
     what: Owned<'_>,
 ) -> Result<Option<WorkspaceId>, StoreError> {
     let id = match what {
-        Owned::Workspace(id) => {
-            sqlx::query_scalar!("SELECT id FROM workspaces WHERE id = $1", id.as_uuid())
-                .fetch_optional(pool)
-                .await?
-        }
-        Owned::Capsule(id) => {
-            sqlx::query_scalar!(
-                "SELECT workspace_id FROM capsules WHERE id = $1",
-                id.as_uuid()
-            )
-            .fetch_optional(pool)
-            .await?
-        }
-        Owned::Run(id) => {
-            sqlx::query_scalar!("SELECT workspace_id FROM runs WHERE id = $1", id.as_uuid())
-                .fetch_optional(pool)
-                .await?
-        }
         Owned::RunGroup(id) => {
             sqlx::query_scalar!(
                 "SELECT workspace_id FROM run_groups WHERE id = $1",
