@@ -12,7 +12,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, json};
 use takosumi_client::{NewCapsule, NewProviderBinding, Source};
-use takosumi_core::WorkspaceId;
+use takosumi_core::{CapsuleId, WorkspaceId};
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::{GitRepo, Stack, keys_env, spawn_relay};
 
@@ -82,18 +82,8 @@ async fn a_hostile_capsule_reaches_nothing_of_the_server() -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hostile_capsule_on_a_relay_worker_reaches_nothing_of_the_worker() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
-    let pool = format!("edge-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let key = DeliveryKeyPair::generate("k1")?;
     let ws = stack.client.create_workspace("hostile-relay").await?;
-    let (status, created) = stack
-        .call(
-            "POST",
-            &format!("/api/v1/workspaces/{}/pools", ws.id),
-            json!({ "name": pool, "deliveryKey": { "keyId": key.key_id(), "publicKey": base64::engine::general_purpose::STANDARD.encode(key.public().public) } }),
-        )
-        .await?;
-    assert_eq!(status, 201, "{created}");
-    let token = created["token"].as_str().unwrap().to_owned();
+    let (pool, token, key) = new_pool(&stack, ws.id).await?;
     let keys = keys_env(&[&key]);
     let mut canaries = server_canaries(&stack);
     canaries.push(("pool token", token.clone()));
@@ -194,14 +184,7 @@ async fn hostile_run_in(
         .attach_provider_binding(capsule.id, binding.id)
         .await?;
     if let Host::Relay { pool } = host {
-        let (status, v) = stack
-            .call(
-                "PUT",
-                &format!("/api/v1/capsules/{}/pool", capsule.id),
-                json!({ "pool": pool }),
-            )
-            .await?;
-        assert_eq!(status, 200, "{v}");
+        move_to_pool(stack, capsule.id, pool).await?;
     }
 
     let (plan, apply) = stack.plan_and_apply(capsule.id).await?;
@@ -385,44 +368,13 @@ async fn a_plan_rewritten_while_show_runs_is_never_applied() -> anyhow::Result<(
 
     // A relay worker: its plan keeps the file before `show` too; its apply runs `show`
     // (it has no sealed JSON), and the file changed under it: nothing is applied.
-    let pool = format!("edge-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let key = DeliveryKeyPair::generate("k1")?;
-    let ws = stack.client.create_workspace("rewritten-plan").await?;
-    let (status, created) = stack
-        .call(
-            "POST",
-            &format!("/api/v1/workspaces/{}/pools", ws.id),
-            json!({ "name": pool, "deliveryKey": { "keyId": key.key_id(), "publicKey": base64::engine::general_purpose::STANDARD.encode(key.public().public) } }),
-        )
+    let capsule = stack
+        .new_capsule(&repo, "network", "infra/network", json!({ "region": "eu" }))
         .await?;
-    assert_eq!(status, 201, "{created}");
-    let token = created["token"].as_str().unwrap().to_owned();
+    let (pool, token, key) = new_pool(&stack, capsule.workspace_id).await?;
     let work = tempfile::tempdir()?;
     let mut worker = spawn_relay(&stack, &token, &keys_env(&[&key]), work.path())?;
-    let capsule = stack
-        .client
-        .create_capsule(
-            ws.id,
-            &NewCapsule {
-                name: "network".into(),
-                source: Source {
-                    repo: repo.url(),
-                    branch: "main".into(),
-                },
-                dir: "infra/network".into(),
-                tool: "terraform".into(),
-                vars: Map::from_iter([("region".to_owned(), json!("eu"))]),
-            },
-        )
-        .await?;
-    let (status, v) = stack
-        .call(
-            "PUT",
-            &format!("/api/v1/capsules/{}/pool", capsule.id),
-            json!({ "pool": pool }),
-        )
-        .await?;
-    assert_eq!(status, 200, "{v}");
+    move_to_pool(&stack, capsule.id, &pool).await?;
     let plan = stack
         .wait(stack.client.plan(capsule.id, None).await?.id)
         .await?;
@@ -452,4 +404,37 @@ async fn a_plan_rewritten_while_show_runs_is_never_applied() -> anyhow::Result<(
         "the rewritten plan was applied"
     );
     stack.stop().await
+}
+
+/// A worker pool of Workspace `ws` with a delivery key of its own: its name, its token and
+/// the key (for the relay worker's environment).
+async fn new_pool(
+    stack: &Stack,
+    ws: WorkspaceId,
+) -> anyhow::Result<(String, String, DeliveryKeyPair)> {
+    let pool = format!("edge-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let key = DeliveryKeyPair::generate("k1")?;
+    let (status, created) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/workspaces/{ws}/pools"),
+            json!({ "name": pool, "deliveryKey": { "keyId": key.key_id(), "publicKey": base64::engine::general_purpose::STANDARD.encode(key.public().public) } }),
+        )
+        .await?;
+    assert_eq!(status, 201, "{created}");
+    let token = created["token"].as_str().unwrap().to_owned();
+    Ok((pool, token, key))
+}
+
+/// Moves `capsule` onto `pool`: its Runs are executed by the pool's relay workers.
+async fn move_to_pool(stack: &Stack, capsule: CapsuleId, pool: &str) -> anyhow::Result<()> {
+    let (status, v) = stack
+        .call(
+            "PUT",
+            &format!("/api/v1/capsules/{capsule}/pool"),
+            json!({ "pool": pool }),
+        )
+        .await?;
+    assert_eq!(status, 200, "{v}");
+    Ok(())
 }

@@ -243,6 +243,7 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         dir: capsule.dir.clone(),
         dependency_snapshot: plan_run.dependency_snapshot.clone(),
         plan_kind: plan_run.kind,
+        plan_digest: plan_digest.to_owned(),
     };
     let out = takosumi_steps::apply(&host, &ctx.runner, &wd, inputs).await?;
     finish(ctx, run, &capsule, wd, &out, generation, Some(plan_run_id)).await

@@ -940,6 +940,7 @@ async fn pinned_apply(
         dependency_snapshot: work.dependency_snapshot.clone(),
         // what a stale plan's message advises (a reconcile comes from a new check)
         plan_kind: work.plan_kind,
+        plan_digest: work.plan_digest.clone(),
     };
     Ok(takosumi_steps::apply(host, runner, wd, inputs).await)
 }

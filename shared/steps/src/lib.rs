@@ -426,6 +426,8 @@ pub struct ApplyInputs {
     pub dependency_snapshot: Option<String>,
     /// The plan Run's kind (a drift check's plan is a reconcile).
     pub plan_kind: RunKind,
+    /// The reviewed plan's digest, which the host checked the saved plan against.
+    pub plan_digest: String,
 }
 
 /// What the apply tool did, for the host to record.
@@ -630,13 +632,6 @@ pub async fn apply<H: ApplyHost>(
             // `show` starts the configuration's providers, which could rewrite the saved
             // plan while they run: what `apply` reads must still be the file the host
             // verified against the reviewed digest.
-            let plan_digest = |what: &str| {
-                runner
-                    .read_plan_file(wd)
-                    .map(|bytes| sha256_hex(&bytes))
-                    .map_err(|e| tool_failure(e, what))
-            };
-            let verified = plan_digest("reading the saved plan")?;
             let show = runner.show_json(wd, tool, &env).await.map_err(|e| match e.failure_code() {
                 Some(_) => PlanError::Fail(
                     FailureCode::ApplyFailed,
@@ -644,7 +639,10 @@ pub async fn apply<H: ApplyHost>(
                 ),
                 None => PlanError::Runner(e),
             })?;
-            if plan_digest("reading the saved plan after show")? != verified {
+            let after = runner
+                .read_plan_file(wd)
+                .map_err(|e| tool_failure(e, "reading the saved plan after show"))?;
+            if sha256_hex(&after) != inputs.plan_digest {
                 return Err(PlanError::Fail(
                     FailureCode::ApplyFailed,
                     "the saved plan changed while `show -json` ran (something the configuration started rewrote it); nothing was applied; plan again".into(),
