@@ -944,6 +944,44 @@ async fn runs_list_filters_and_pages() -> anyhow::Result<()> {
     stack.stop().await
 }
 
+/// The history listings' pool plans each statement once per session: a page is not
+/// planned afresh (Postgres keeps choosing custom plans for these statements on the main
+/// pool). Checked in Postgres's own count of each prepared statement's plans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_listings_are_planned_once_per_session() -> anyhow::Result<()> {
+    use takosumi_store::runs::list::{RunFilter, count_unresolved_unknown, list_runs};
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let ws = workspace(&stack).await?;
+    let history = takosumi_store::plan_once_pool(&stack.ctx.pool, 1);
+    let mut conn = history.acquire().await?;
+    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+        .fetch_one(&mut *conn)
+        .await?;
+    assert_eq!(mode, "force_generic_plan");
+    for _ in 0..7 {
+        let (page, next) = list_runs(&mut *conn, ws, &RunFilter::default(), None, 50).await?;
+        assert!(page.is_empty() && next.is_none());
+        assert_eq!(count_unresolved_unknown(&mut *conn, ws).await?, 0);
+    }
+    let plans: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements
+          WHERE statement LIKE '%FROM runs%' AND statement NOT LIKE '%pg_prepared_statements%'",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    assert_eq!(plans.len(), 2, "{plans:?}");
+    for (statement, generic, custom) in &plans {
+        assert_eq!((*generic, *custom), (7, 0), "{statement}");
+    }
+    drop(conn);
+    history.close().await;
+    stack.stop().await
+}
+
 /// An apply whose handler vanished becomes `unknown_outcome` (the real reaper); it is
 /// counted on every Run list of its Workspace and listed by `status=unknown_outcome`
 /// until an admin records a resolution (who, when, the note: event and activity);

@@ -55,6 +55,9 @@ pub use error::{ApiError, ErrorBody, ErrorCode};
 pub struct AppState {
     /// Postgres.
     pub pool: Pool,
+    /// Postgres, for the history listings' statements, planned once per connection
+    /// (`takosumi_store::plan_once_pool`).
+    pub history: Pool,
     /// Wakes the relay after a commit that wrote outbox rows.
     pub relay_wake: Arc<Notify>,
     /// Seals secrets kept at rest (webhook secrets, credentials) with the server key.
@@ -154,6 +157,7 @@ pub async fn serve(
     ));
     let app = router(AppState {
         pool: ctx.pool.clone(),
+        history: takosumi_store::plan_once_pool(&ctx.pool, 4),
         relay_wake: ctx.relay_wake.clone(),
         sealer: ctx.sealer.clone(),
         bus: ctx.bus.clone(),

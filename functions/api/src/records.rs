@@ -544,10 +544,11 @@ async fn list_runs(
     };
     let limit = parse_limit(q.limit.as_deref())?;
     let after = q.cursor.as_deref().map(parse_run_cursor).transpose()?;
-    let (ids, next) = runs::list::list_runs(&st.pool, ws, &filter, after, limit).await?;
-    // A Run is never deleted; a missing one would be a bug, not a reason to fail.
-    let runs = runs::get_many(&st.pool, &ids).await?;
-    let unknown = runs::list::count_unresolved_unknown(&st.pool, ws).await?;
+    // One connection for the page's two statements: one acquire (and its liveness ping).
+    let mut conn = st.history.acquire().await?;
+    let (runs, next) = runs::list::list_runs(&mut *conn, ws, &filter, after, limit).await?;
+    let unknown = runs::list::count_unresolved_unknown(&mut *conn, ws).await?;
+    drop(conn);
     Ok(Json(RunPage {
         workspace_id: ws,
         runs: runs.iter().map(RunView::of).collect(),

@@ -215,6 +215,27 @@ pub async fn connect_with(
         .await?)
 }
 
+/// A pool beside `pool` (same server, same session settings, at most `max_connections`,
+/// connected on first use) whose sessions keep one generic plan per prepared statement
+/// (`plan_cache_mode = force_generic_plan`).
+///
+/// Only for statements whose every parameter value is served by the same index scan, as
+/// the history listings are (one statement per filter shape, `list::list_runs`). Postgres
+/// otherwise plans them afresh on every execution, because the custom plan's estimate
+/// keeps winning, and that planning was the largest part of a history page's time in
+/// Postgres (BENCHMARKS.md, session 15). Statements with optional filters written as
+/// `$n IS NULL OR …` need their custom plans and stay on the main pool.
+pub fn plan_once_pool(pool: &PgPool, max_connections: u32) -> PgPool {
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("plan_cache_mode", "force_generic_plan")]);
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .test_before_acquire(true)
+        .connect_lazy_with(options)
+}
+
 fn millis(d: Duration) -> String {
     d.as_millis().to_string()
 }

@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use takosumi_core::{CapsuleId, RunId, RunKind, RunStatus, WorkspaceId};
 
+use super::{Run, select_runs};
 use crate::StoreError;
 
 /// Filters of a Workspace's Run history.
@@ -26,20 +27,21 @@ pub struct RunCursor {
     pub id: RunId,
 }
 
-/// One page of Run ids, newest first, and the cursor of the last one when more may follow.
+/// One page of Runs, newest first, read whole from the index scan that finds them (no
+/// second lookup by id), and the cursor of the last one when more may follow.
 ///
 /// Each filter shape has its own statement, read from the index in its order (a Capsule's
 /// history, a status, a kind, or the whole Workspace): one statement with every filter
 /// optional gets one generic plan, which walks the Workspace's index and discards what
 /// does not match, so a rare status read every Run the Workspace has. The cursor is
 /// compared with `COALESCE`d bounds for the same reason: it stays an index condition.
-pub async fn list_runs(
-    pool: &sqlx::PgPool,
+pub async fn list_runs<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
     workspace_id: WorkspaceId,
     filter: &RunFilter,
     after: Option<RunCursor>,
     limit: i64,
-) -> Result<(Vec<RunId>, Option<RunCursor>), StoreError> {
+) -> Result<(Vec<Run>, Option<RunCursor>), StoreError> {
     let ws = workspace_id.as_uuid();
     let capsule = filter.capsule_id.map(|c| c.as_uuid());
     let kind = filter.kind;
@@ -49,23 +51,18 @@ pub async fn list_runs(
     let fetch = limit + 1;
     macro_rules! page {
         ($q:expr) => {
-            $q.fetch_all(pool)
-                .await?
-                .into_iter()
-                .map(|r| (r.id, r.created_at))
-                .collect::<Vec<_>>()
+            $q.fetch_all(executor).await?
         };
     }
     let rows = match (capsule, status, kind) {
-        (Some(capsule), _, _) => page!(sqlx::query!(
-            r#"SELECT id, created_at FROM runs
-                WHERE capsule_id = $2 AND workspace_id = $1
+        (Some(capsule), _, _) => page!(select_runs!(
+            "WHERE capsule_id = $2 AND workspace_id = $1
                   AND ($3::run_kind IS NULL OR kind = $3)
                   AND ($4::run_status IS NULL OR status = $4)
                   AND (created_at, id) < (COALESCE($5, 'infinity'::timestamptz),
                                           COALESCE($6, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid))
                 ORDER BY created_at DESC, id DESC
-                LIMIT $7"#,
+                LIMIT $7",
             ws,
             capsule,
             kind as Option<RunKind>,
@@ -74,14 +71,13 @@ pub async fn list_runs(
             id,
             fetch
         )),
-        (None, Some(status), _) => page!(sqlx::query!(
-            r#"SELECT id, created_at FROM runs
-                WHERE workspace_id = $1 AND status = $2
+        (None, Some(status), _) => page!(select_runs!(
+            "WHERE workspace_id = $1 AND status = $2
                   AND ($3::run_kind IS NULL OR kind = $3)
                   AND (created_at, id) < (COALESCE($4, 'infinity'::timestamptz),
                                           COALESCE($5, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid))
                 ORDER BY created_at DESC, id DESC
-                LIMIT $6"#,
+                LIMIT $6",
             ws,
             status as RunStatus,
             kind as Option<RunKind>,
@@ -89,56 +85,47 @@ pub async fn list_runs(
             id,
             fetch
         )),
-        (None, None, Some(kind)) => page!(sqlx::query!(
-            r#"SELECT id, created_at FROM runs
-                WHERE workspace_id = $1 AND kind = $2
+        (None, None, Some(kind)) => page!(select_runs!(
+            "WHERE workspace_id = $1 AND kind = $2
                   AND (created_at, id) < (COALESCE($3, 'infinity'::timestamptz),
                                           COALESCE($4, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid))
                 ORDER BY created_at DESC, id DESC
-                LIMIT $5"#,
+                LIMIT $5",
             ws,
             kind as RunKind,
             at,
             id,
             fetch
         )),
-        (None, None, None) => page!(sqlx::query!(
-            r#"SELECT id, created_at FROM runs
-                WHERE workspace_id = $1
+        (None, None, None) => page!(select_runs!(
+            "WHERE workspace_id = $1
                   AND (created_at, id) < (COALESCE($2, 'infinity'::timestamptz),
                                           COALESCE($3, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid))
                 ORDER BY created_at DESC, id DESC
-                LIMIT $4"#,
+                LIMIT $4",
             ws,
             at,
             id,
             fetch
         )),
     };
-    let more = rows.len() as i64 > limit;
-    let page: Vec<_> = rows
-        .into_iter()
-        .take(usize::try_from(limit).unwrap_or(0))
-        .collect();
+    let mut page = rows;
+    let more = page.len() as i64 > limit;
+    page.truncate(usize::try_from(limit).unwrap_or(0));
     let next = if more {
-        page.last().map(|(id, created_at)| RunCursor {
-            created_at: *created_at,
-            id: RunId::from_uuid(*id),
+        page.last().map(|run| RunCursor {
+            created_at: run.created_at,
+            id: run.id,
         })
     } else {
         None
     };
-    Ok((
-        page.into_iter()
-            .map(|(id, _)| RunId::from_uuid(id))
-            .collect(),
-        next,
-    ))
+    Ok((page, next))
 }
 
 /// The Workspace's `unknown_outcome` Runs no operator has resolved yet.
-pub async fn count_unresolved_unknown(
-    pool: &sqlx::PgPool,
+pub async fn count_unresolved_unknown<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
     workspace_id: WorkspaceId,
 ) -> Result<i64, StoreError> {
     let row = sqlx::query!(
@@ -146,7 +133,7 @@ pub async fn count_unresolved_unknown(
             WHERE workspace_id = $1 AND status = 'unknown_outcome' AND resolved_at IS NULL"#,
         workspace_id.as_uuid()
     )
-    .fetch_one(pool)
+    .fetch_one(executor)
     .await?;
     Ok(row.n)
 }

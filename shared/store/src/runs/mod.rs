@@ -147,6 +147,32 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
     Ok(get_many(executor, &[id]).await?.pop())
 }
 
+/// `sqlx::query_as!(Run, …)` over `runs` with the one column list every read of a whole Run
+/// shares; `$rest` is the statement after `FROM runs` (a literal, so the query is still
+/// checked against the schema).
+macro_rules! select_runs {
+    ($rest:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            $crate::runs::Run,
+            r#"SELECT id as "id: takosumi_core::RunId", kind as "kind: takosumi_core::RunKind", status as "status: takosumi_core::RunStatus",
+                  workspace_id as "workspace_id: takosumi_core::WorkspaceId", capsule_id as "capsule_id: takosumi_core::CapsuleId",
+                  run_group_id as "run_group_id: takosumi_core::RunGroupId", plan_run_id as "plan_run_id: takosumi_core::RunId",
+                  actor_kind as "actor_kind: takosumi_core::ActorKind", actor_id, auto_apply_requested,
+                  source_commit, tree_digest, tool_version, plan_digest, plan_object_key,
+                  lockfile_object_key, provider_lock_state as "provider_lock_state: takosumi_core::ProviderLockState",
+                  provider_lock_digest, dependency_snapshot, state_generation, changes, drift, outputs,
+                  state_version_id as "state_version_id: takosumi_core::StateVersionId", injected_env_names,
+                  vars, var_names, provider_bindings, hold_reason as "hold_reason: takosumi_core::HoldReason", hold_details, gate_decision as "gate_decision: takosumi_core::GateDecision", error_code, error_message, canceled_by,
+                  canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode as "apply_mode: takosumi_core::ApplyMode",
+                  cancel_requested_at, cancel_requested_by, resolution_action, resolution_note,
+                  resolved_by, resolved_at
+             FROM runs "# + $rest
+            $(, $arg)*
+        )
+    };
+}
+pub(crate) use select_runs;
+
 /// Reads Runs in one round trip, in the order of `ids` (a missing id is left out): a
 /// page of history costs one query, not one per Run.
 pub async fn get_many<'e, E: sqlx::PgExecutor<'e>>(
@@ -154,25 +180,9 @@ pub async fn get_many<'e, E: sqlx::PgExecutor<'e>>(
     ids: &[RunId],
 ) -> Result<Vec<Run>, StoreError> {
     let uuids: Vec<uuid::Uuid> = ids.iter().map(RunId::as_uuid).collect();
-    let mut runs = sqlx::query_as!(
-        Run,
-        r#"SELECT id as "id: RunId", kind as "kind: RunKind", status as "status: RunStatus",
-                  workspace_id as "workspace_id: WorkspaceId", capsule_id as "capsule_id: CapsuleId",
-                  run_group_id as "run_group_id: RunGroupId", plan_run_id as "plan_run_id: RunId",
-                  actor_kind as "actor_kind: ActorKind", actor_id, auto_apply_requested,
-                  source_commit, tree_digest, tool_version, plan_digest, plan_object_key,
-                  lockfile_object_key, provider_lock_state as "provider_lock_state: ProviderLockState",
-                  provider_lock_digest, dependency_snapshot, state_generation, changes, drift, outputs,
-                  state_version_id as "state_version_id: StateVersionId", injected_env_names,
-                  vars, var_names, provider_bindings, hold_reason as "hold_reason: HoldReason", hold_details, gate_decision as "gate_decision: GateDecision", error_code, error_message, canceled_by,
-                  canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode as "apply_mode: ApplyMode",
-                  cancel_requested_at, cancel_requested_by, resolution_action, resolution_note,
-                  resolved_by, resolved_at
-             FROM runs WHERE id = ANY($1)"#,
-        &uuids
-    )
-    .fetch_all(executor)
-    .await?;
+    let mut runs = select_runs!("WHERE id = ANY($1)", &uuids)
+        .fetch_all(executor)
+        .await?;
     if runs.len() > 1 {
         let at: std::collections::HashMap<RunId, usize> =
             ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
