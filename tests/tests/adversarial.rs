@@ -406,6 +406,47 @@ async fn a_plan_rewritten_while_show_runs_is_never_applied() -> anyhow::Result<(
     stack.stop().await
 }
 
+/// A plan whose `show -json` fails (here: the tool exits 1 for `show`, as a hostile or
+/// broken provider can make it) fails the Run and leaves nothing of its claim in object
+/// storage: the lockfile and the sealed plan kept before `show` are deleted, since no
+/// record will ever reference them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_whose_show_fails_leaves_no_sealed_plan_behind() -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let fixtures = takosumi_tests::fixture_dir()?;
+    let real = std::env::var("TAKOSUMI_TERRAFORM_BIN")?;
+    let tool = fixtures.path().join("terraform");
+    std::fs::write(
+        &tool,
+        format!("#!/bin/sh\nif [ \"$1\" = show ]; then\n  exit 1\nfi\nexec '{real}' \"$@\"\n"),
+    )?;
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755))?;
+    let stack =
+        takosumi_tests::Stack::start_with_tool(takosumi_tests::Options::default(), Some(&tool))
+            .await?;
+    let repo = GitRepo::with_example("network")?;
+    let capsule = stack
+        .new_capsule(&repo, "network", "infra/network", json!({ "region": "eu" }))
+        .await?;
+    let plan = stack
+        .wait(stack.client.plan(capsule.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, takosumi_core::RunStatus::Failed, "{plan:?}");
+    // `show` ran (the pipeline got past `plan`, so the plan file had been kept).
+    let error = plan.error.expect("the failure");
+    assert!(
+        error.message.contains("`show` exited with code 1"),
+        "{error:?}"
+    );
+    let left = stack
+        .ctx
+        .objects
+        .list(&format!("runs/{}/", plan.id))
+        .await?;
+    assert!(left.is_empty(), "objects left behind: {left:?}");
+    stack.stop().await
+}
+
 /// A worker pool of Workspace `ws` with a delivery key of its own: its name, its token and
 /// the key (for the relay worker's environment).
 async fn new_pool(

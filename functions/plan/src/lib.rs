@@ -180,6 +180,31 @@ struct NodeHost<'a> {
     plan: std::sync::Mutex<Option<StoredPlan>>,
 }
 
+impl NodeHost<'_> {
+    /// Deletes what the pipeline kept (lockfile, sealed plan) when it stopped before the
+    /// commit: no record will reference them.
+    async fn discard_kept(&self) {
+        let plan = self
+            .plan
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .map(|p| p.key);
+        let lockfile = self
+            .lockfile
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .map(|l| l.key);
+        plan_commit::discard_unrecorded(
+            self.ctx,
+            self.run.id,
+            [plan, lockfile].into_iter().flatten(),
+        )
+        .await;
+    }
+}
+
 impl takosumi_steps::Host for NodeHost<'_> {
     type Error = PlanError;
 
@@ -310,7 +335,14 @@ async fn plan(
         lockfile: std::sync::Mutex::new(None),
         plan: std::sync::Mutex::new(None),
     };
-    let out = match takosumi_steps::plan(&host, &ctx.runner, &wd, &inputs).await? {
+    let planned = match takosumi_steps::plan(&host, &ctx.runner, &wd, &inputs).await {
+        Ok(planned) => planned,
+        Err(e) => {
+            host.discard_kept().await;
+            return Err(e.into());
+        }
+    };
+    let out = match planned {
         Planned::Held => {
             let stopped = host
                 .stopped
@@ -330,16 +362,18 @@ async fn plan(
         .ok_or_else(|| {
             StepError::Internal("the plan pipeline finished without keeping its plan file".into())
         })?;
-    if lost.is_cancelled() || ctx.runner.interrupted() {
-        return Ok(Outcome::Skipped(
-            "lease lost while planning; the reaper re-queued the run",
-        ));
-    }
     let lockfile = host
         .lockfile
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .take();
+    if lost.is_cancelled() || ctx.runner.interrupted() {
+        let kept = [Some(plan.key), lockfile.map(|l| l.key)];
+        plan_commit::discard_unrecorded(ctx, run_id, kept.into_iter().flatten()).await;
+        return Ok(Outcome::Skipped(
+            "lease lost while planning; the reaper re-queued the run",
+        ));
+    }
     let committed = plan_commit::commit_plan(
         ctx,
         run,

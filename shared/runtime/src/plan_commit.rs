@@ -365,6 +365,14 @@ pub async fn commit_plan(
     };
     let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     if !runs::record_plan(&mut tx, run_id, owner, &record).await? {
+        drop(tx);
+        // This claim's objects: the Run is another claim's now, under other keys.
+        let claim = [
+            record.plan_object_key,
+            record.lockfile_object_key,
+            Some(show_key),
+        ];
+        discard_unrecorded(ctx, run_id, claim.into_iter().flatten()).await;
         return Ok(Committed::LeaseLost);
     }
     takosumi_store::runs::plan_record::set_resource_changes(&mut tx, run_id, &resources).await?;
@@ -409,6 +417,23 @@ pub async fn commit_plan(
         }
     }
     Ok(Committed::Done)
+}
+
+/// Deletes objects a plan claim stored that no Run record references: the claim stopped
+/// before its commit (the tool failed after the plan file or lockfile was kept, the lease
+/// was lost) and nothing would ever read or delete them. Keys are per claim
+/// ([`crate::step::plan_key`]), so a later claim of the same Run never shares one. Best
+/// effort: an object that cannot be deleted stays sealed, and the failure is logged.
+pub async fn discard_unrecorded(
+    ctx: &Ctx,
+    run_id: takosumi_core::RunId,
+    keys: impl IntoIterator<Item = String>,
+) {
+    for key in keys {
+        if let Err(e) = ctx.objects.delete(&key).await {
+            tracing::warn!(%run_id, %key, error = %e, "could not delete an unrecorded plan object; it stays sealed");
+        }
+    }
 }
 
 /// The largest sealed `show -json` read back.
