@@ -1,7 +1,7 @@
 //! A hostile Capsule, through the real API, Postgres, RabbitMQ, the S3 server and
 //! terraform 1.0.3: its `local-exec` provisioner and its command credential try to read
 //! the handler's environment (every `/proc/*/environ`), the stack's secret file and S3
-//! data directory, `/etc/shadow`; to log in to Postgres and RabbitMQ with well-known
+//! data directory, `/etc/shadow`, the host's TLS private keys; to log in to Postgres and RabbitMQ with well-known
 //! passwords; to write outside their directory; and to leave a process running. What
 //! they find is printed base64-encoded, so the masker cannot be what saves us: only the
 //! sandbox can. Every attempt must fail, and none of the server's secrets may appear in
@@ -22,6 +22,7 @@ found=$( (for f in /proc/[0-9]*/environ; do tr '\0' '\n' < "$f"; done
   cat /var/tmp/takosumi-stack/secrets /var/tmp/takosumi-stack/env.sh
   ls -R /var/tmp/takosumi-stack/s3 | head -100
   cat /etc/shadow
+  cat /etc/ssl/private/* /etc/pki/tls/private/*
   echo "cred=$CMD_CRED") 2>/dev/null | base64 -w0)
 echo "PROBE_FOUND=$found"
 echo "PROBE_UID=$(id -u)"
@@ -218,6 +219,10 @@ async fn hostile_run_in(
         "the provisioner read a handler setting: {found}"
     );
     assert!(!found.contains("root:"), "/etc/shadow is readable");
+    assert!(
+        !found.contains("PRIVATE KEY"),
+        "a host TLS private key is readable"
+    );
     assert!(
         !found.contains("S3_SECRET_KEY="),
         "the stack's secret file is readable"

@@ -110,10 +110,18 @@ const ETC_FILES: &[&str] = &[
     "/etc/passwd",
     "/etc/group",
     "/etc/localtime",
-    "/etc/ssl",
+    // The public trust stores only, never `/etc/ssl` or `/etc/pki` whole: their `private`
+    // directories hold the host's TLS keys (Debian's `ssl-cert-snakeoil.key`, which a
+    // Postgres may serve TLS with). The sandbox's uid maps to the runner's, so when the
+    // runner is root, a key only root may read is readable in here.
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
     "/etc/ca-certificates",
     "/etc/ca-certificates.conf",
-    "/etc/pki",
+    "/etc/pki/ca-trust",
+    "/etc/pki/tls/certs",
+    "/etc/pki/tls/cert.pem",
+    "/etc/pki/tls/openssl.cnf",
 ];
 
 /// One child to start: the program, its arguments, working directory and entire
@@ -473,6 +481,13 @@ mod tests {
         // the only writable bind is the run directory
         assert_eq!(args.iter().filter(|a| *a == "--bind").count(), 1);
         assert!(!joined.contains("/etc/shadow"));
+        // The host's TLS keys stay out: the public trust stores only.
+        for arg in &args {
+            assert!(
+                !arg.contains("private") && arg != "/etc/ssl" && arg != "/etc/pki",
+                "{arg} in {joined}"
+            );
+        }
         assert_eq!(
             p.cmd.as_std().get_envs().count(),
             1,

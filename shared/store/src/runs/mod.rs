@@ -842,12 +842,15 @@ pub async fn stuck_queued(tx: &mut Tx, idle_secs: i64) -> Result<Vec<StuckRun>, 
     .fetch_all(&mut **tx)
     .await?;
     let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
-    sqlx::query!(
-        "UPDATE runs SET updated_at = now() WHERE id = ANY($1)",
-        &ids
-    )
-    .execute(&mut **tx)
-    .await?;
+    // Nearly every pass finds none: no statement for nothing.
+    if !ids.is_empty() {
+        sqlx::query!(
+            "UPDATE runs SET updated_at = now() WHERE id = ANY($1)",
+            &ids
+        )
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(rows
         .into_iter()
         .map(|r| StuckRun {
