@@ -226,31 +226,9 @@ pub async fn connect_with(
 /// Postgres (BENCHMARKS.md, session 15). Statements with optional filters written as
 /// `$n IS NULL OR …` need their custom plans and stay on the main pool.
 pub fn plan_once_pool(pool: &PgPool, max_connections: u32) -> PgPool {
-    pool_beside(
-        pool,
-        max_connections,
-        ("plan_cache_mode", "force_generic_plan"),
-    )
-}
-
-/// A pool beside `pool` (as [`plan_once_pool`]) whose commits do not wait for their WAL
-/// flush (`synchronous_commit = off`), for the best-effort progress records a step writes
-/// as it goes: events such as `tool_started`, and tool output. Each was an autocommit
-/// whose flush the step waited for, a dozen times per Run.
-///
-/// What that gives up, and why it is safe: Postgres writes the WAL in order, so such a
-/// record is durable as soon as any later commit is flushed, at the latest the step's next
-/// state change (which stays synchronous on the main pool). Only a crash of the server in
-/// between loses records, the last ~0.6 s of them (3 × `wal_writer_delay`), and then it
-/// also loses the step's claim, so the Run is run again. A record is visible to readers
-/// the moment it commits, as before. Never for a state change, an outbox row or anything
-/// a later decision reads.
-pub fn progress_pool(pool: &PgPool, max_connections: u32) -> PgPool {
-    pool_beside(pool, max_connections, ("synchronous_commit", "off"))
-}
-
-fn pool_beside(pool: &PgPool, max_connections: u32, setting: (&str, &str)) -> PgPool {
-    let options = (*pool.connect_options()).clone().options([setting]);
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("plan_cache_mode", "force_generic_plan")]);
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(pool.options().get_acquire_timeout())
