@@ -180,22 +180,19 @@ struct NodeHost<'a> {
     plan: std::sync::Mutex<Option<StoredPlan>>,
 }
 
+/// What a pipeline callback left in `slot`, taken out.
+fn take<T>(slot: &std::sync::Mutex<Option<T>>) -> Option<T> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+}
+
 impl NodeHost<'_> {
     /// Deletes what the pipeline kept (lockfile, sealed plan) when it stopped before the
     /// commit: no record will reference them.
     async fn discard_kept(&self) {
-        let plan = self
-            .plan
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-            .map(|p| p.key);
-        let lockfile = self
-            .lockfile
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-            .map(|l| l.key);
+        let plan = take(&self.plan).map(|p| p.key);
+        let lockfile = take(&self.lockfile).map(|l| l.key);
         plan_commit::discard_unrecorded(
             self.ctx,
             self.run.id,
@@ -344,29 +341,16 @@ async fn plan(
     };
     let out = match planned {
         Planned::Held => {
-            let stopped = host
-                .stopped
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
+            let stopped = take(&host.stopped);
             return Ok(stopped.unwrap_or(Outcome::Done));
         }
         Planned::Done(out) => *out,
     };
     let _ = ctx.runner.wipe_plan_file(&wd);
-    let plan = host
-        .plan
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
-        .ok_or_else(|| {
-            StepError::Internal("the plan pipeline finished without keeping its plan file".into())
-        })?;
-    let lockfile = host
-        .lockfile
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
+    let plan = take(&host.plan).ok_or_else(|| {
+        StepError::Internal("the plan pipeline finished without keeping its plan file".into())
+    })?;
+    let lockfile = take(&host.lockfile);
     if lost.is_cancelled() || ctx.runner.interrupted() {
         let kept = [Some(plan.key), lockfile.map(|l| l.key)];
         plan_commit::discard_unrecorded(ctx, run_id, kept.into_iter().flatten()).await;
