@@ -347,17 +347,16 @@ async fn plan(
         Planned::Done(out) => *out,
     };
     let _ = ctx.runner.wipe_plan_file(&wd);
-    let plan = take(&host.plan).ok_or_else(|| {
-        StepError::Internal("the plan pipeline finished without keeping its plan file".into())
-    })?;
-    let lockfile = take(&host.lockfile);
     if lost.is_cancelled() || ctx.runner.interrupted() {
-        let kept = [Some(plan.key), lockfile.map(|l| l.key)];
-        plan_commit::discard_unrecorded(ctx, run_id, kept.into_iter().flatten()).await;
+        host.discard_kept().await;
         return Ok(Outcome::Skipped(
             "lease lost while planning; the reaper re-queued the run",
         ));
     }
+    let plan = take(&host.plan).ok_or_else(|| {
+        StepError::Internal("the plan pipeline finished without keeping its plan file".into())
+    })?;
+    let lockfile = take(&host.lockfile);
     let committed = plan_commit::commit_plan(
         ctx,
         run,

@@ -54,7 +54,7 @@ pub async fn list_runs<'e, E: sqlx::PgExecutor<'e>>(
             $q.fetch_all(executor).await?
         };
     }
-    let rows = match (capsule, status, kind) {
+    let mut page = match (capsule, status, kind) {
         (Some(capsule), _, _) => page!(select_runs!(
             "WHERE capsule_id = $2 AND workspace_id = $1
                   AND ($3::run_kind IS NULL OR kind = $3)
@@ -109,7 +109,6 @@ pub async fn list_runs<'e, E: sqlx::PgExecutor<'e>>(
             fetch
         )),
     };
-    let mut page = rows;
     let more = page.len() as i64 > limit;
     page.truncate(usize::try_from(limit).unwrap_or(0));
     let next = if more {
