@@ -29,6 +29,7 @@ mod checkout;
 mod credential;
 mod env;
 mod error;
+mod etc_view;
 mod interrupt;
 mod live;
 pub mod mask;

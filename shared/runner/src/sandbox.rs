@@ -21,6 +21,7 @@ use std::str::FromStr;
 use tokio::process::Command;
 
 use crate::RunnerError;
+use crate::etc_view::ETC_FILES;
 
 /// How children are isolated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -92,38 +93,6 @@ impl Default for SandboxConfig {
 /// The uid and gid a sandboxed process has inside its user namespace.
 pub const SANDBOX_UID: u32 = 65534;
 
-/// Files under `/etc` a child may read (name resolution, TLS roots, the dynamic linker's
-/// cache, Debian's alternatives). Nothing else of `/etc` is visible: no shadow file, no
-/// service configuration.
-const ETC_FILES: &[&str] = &[
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/alternatives",
-    "/etc/resolv.conf",
-    "/etc/hosts",
-    "/etc/host.conf",
-    "/etc/gai.conf",
-    "/etc/nsswitch.conf",
-    "/etc/services",
-    "/etc/protocols",
-    "/etc/passwd",
-    "/etc/group",
-    "/etc/localtime",
-    // The public trust stores only, never `/etc/ssl` or `/etc/pki` whole: their `private`
-    // directories hold the host's TLS keys (Debian's `ssl-cert-snakeoil.key`, which a
-    // Postgres may serve TLS with). The sandbox's uid maps to the runner's, so when the
-    // runner is root, a key only root may read is readable in here.
-    "/etc/ssl/certs",
-    "/etc/ssl/openssl.cnf",
-    "/etc/ca-certificates",
-    "/etc/ca-certificates.conf",
-    "/etc/pki/ca-trust",
-    "/etc/pki/tls/certs",
-    "/etc/pki/tls/cert.pem",
-    "/etc/pki/tls/openssl.cnf",
-];
-
 /// One child to start: the program, its arguments, working directory and entire
 /// environment, and the one directory it may write.
 pub(crate) struct ChildSpec<'a> {
@@ -139,6 +108,9 @@ pub(crate) struct ChildSpec<'a> {
     /// A git command's cache entry (a bare repository outside the Run's directory), and
     /// whether it may write there (init and fetch do; resolving and exporting do not).
     pub git_dir: Option<(&'a Path, bool)>,
+    /// The runner's copy of the readable `/etc` entries ([`crate::etc_view`]), bound as
+    /// `/etc` with one mount; `None` binds each entry of [`ETC_FILES`] itself.
+    pub etc: Option<PathBuf>,
 }
 
 /// A prepared child and whether it runs inside the sandbox (an interrupt then goes to the
@@ -218,8 +190,24 @@ impl SandboxConfig {
                 Err(_) => {}
             }
         }
-        for etc in ETC_FILES {
-            push(&["--ro-bind-try".as_ref(), etc.as_ref(), etc.as_ref()]);
+        // A path bound later under /etc needs its mount point in the tree bound there,
+        // which the read-only copy does not have: then the entries are bound one by one.
+        let under_etc = spec
+            .readable
+            .iter()
+            .chain(&self.ro_paths)
+            .chain(&self.rw_paths)
+            .map(PathBuf::as_path)
+            .chain(spec.git_dir.map(|(dir, _)| dir))
+            .chain([spec.writable])
+            .any(|p| p.starts_with("/etc"));
+        match spec.etc.as_ref().filter(|_| !under_etc) {
+            Some(view) => push(&["--ro-bind".as_ref(), view.as_os_str(), "/etc".as_ref()]),
+            None => {
+                for etc in ETC_FILES {
+                    push(&["--ro-bind-try".as_ref(), etc.as_ref(), etc.as_ref()]);
+                }
+            }
         }
         push(&[
             "--proc".as_ref(),
@@ -254,7 +242,7 @@ impl SandboxConfig {
 
     /// Checks that the sandbox can start a process here (bubblewrap installed, user
     /// namespaces allowed). In `none` mode there is nothing to check.
-    pub async fn check(&self, scratch: &Path) -> Result<(), RunnerError> {
+    pub async fn check(&self, scratch: &Path, etc: Option<PathBuf>) -> Result<(), RunnerError> {
         if self.mode == SandboxMode::None {
             return Ok(());
         }
@@ -266,6 +254,7 @@ impl SandboxConfig {
             writable: scratch,
             readable: Vec::new(),
             git_dir: None,
+            etc,
         };
         let mut cmd = self.command(spec).cmd;
         let out = cmd
@@ -426,7 +415,7 @@ mod tests {
             bwrap_bin: "/nonexistent/bwrap".into(),
             ..SandboxConfig::default()
         };
-        let err = missing.check(dir.path()).await.unwrap_err();
+        let err = missing.check(dir.path(), None).await.unwrap_err();
         assert!(matches!(err, RunnerError::SandboxUnavailable(_)), "{err:?}");
         assert!(err.to_string().contains("install bubblewrap"), "{err}");
         // `none` is an explicit choice: nothing to check.
@@ -434,10 +423,13 @@ mod tests {
             mode: SandboxMode::None,
             ..missing
         };
-        none.check(dir.path()).await.unwrap();
+        none.check(dir.path(), None).await.unwrap();
         // Where bubblewrap is installed (CI installs it), the real probe passes.
         if std::path::Path::new("/usr/bin/bwrap").exists() {
-            SandboxConfig::default().check(dir.path()).await.unwrap();
+            SandboxConfig::default()
+                .check(dir.path(), None)
+                .await
+                .unwrap();
         }
     }
 
@@ -455,6 +447,7 @@ mod tests {
             writable: Path::new("/w/run_1"),
             readable: vec!["/opt/tf".into()],
             git_dir: None,
+            etc: None,
         });
         assert!(p.sandboxed);
         let args: Vec<String> = p
@@ -507,6 +500,7 @@ mod tests {
                 writable: Path::new("/w/run_1"),
                 readable: Vec::new(),
                 git_dir: Some((Path::new("/w/git-cache/ab"), writable)),
+                etc: None,
             })
             .cmd
             .as_std()
@@ -528,5 +522,66 @@ mod tests {
         assert!(!export.contains("--bind /w/git-cache"), "{export}");
         // never the whole cache: only the one entry
         assert!(!fetch.contains("/w/git-cache "), "{fetch}");
+    }
+
+    #[test]
+    fn the_runners_etc_copy_is_one_bind() {
+        let cfg = SandboxConfig::default();
+        let args: Vec<String> = cfg
+            .command(ChildSpec {
+                program: Path::new("/usr/bin/terraform"),
+                args: vec!["plan".into()],
+                cwd: Path::new("/w/run_1"),
+                env: Vec::new(),
+                writable: Path::new("/w/run_1"),
+                readable: Vec::new(),
+                git_dir: None,
+                etc: Some("/w/etc-view/0123".into()),
+            })
+            .cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let joined = args.join(" ");
+        assert!(
+            joined.contains("--ro-bind /w/etc-view/0123 /etc"),
+            "{joined}"
+        );
+        // no entry of /etc bound on its own besides
+        assert_eq!(
+            args.iter().filter(|a| a.starts_with("/etc")).count(),
+            1,
+            "{joined}"
+        );
+
+        // an operator's read-only path under /etc: the entries bound one by one, so its
+        // mount point can be made
+        let cfg = SandboxConfig {
+            ro_paths: vec!["/etc/takosumi/terraformrc".into()],
+            ..SandboxConfig::default()
+        };
+        let args: Vec<String> = cfg
+            .command(ChildSpec {
+                program: Path::new("/usr/bin/terraform"),
+                args: vec!["plan".into()],
+                cwd: Path::new("/w/run_1"),
+                env: Vec::new(),
+                writable: Path::new("/w/run_1"),
+                readable: Vec::new(),
+                git_dir: None,
+                etc: Some("/w/etc-view/0123".into()),
+            })
+            .cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let joined = args.join(" ");
+        assert!(!joined.contains("/w/etc-view"), "{joined}");
+        assert!(
+            joined.contains("--ro-bind-try /etc/resolv.conf /etc/resolv.conf"),
+            "{joined}"
+        );
     }
 }

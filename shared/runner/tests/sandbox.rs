@@ -513,7 +513,9 @@ ls /var/tmp 2>/dev/null | sed 's/^/VARTMP /'
 ls -R "$GIT_CACHE" 2>/dev/null | sed 's/^/CACHE /'
 (echo x > "$GIT_CACHE/pwned") 2>/dev/null && echo "WROTE $GIT_CACHE"
 cat /etc/shadow 2>/dev/null | sed 's/^/SEEN /'
-for target in /usr/pwned /etc/pwned "$OUTSIDE_DIR/pwned"; do
+ls -A /etc /etc/ssl 2>/dev/null | sed 's/^/ETC /'
+ls -A "$WORK_ROOT" 2>/dev/null | sed 's/^/WORKROOT /'
+for target in /usr/pwned /etc/pwned /etc/ssl/pwned /etc/hosts "$OUTSIDE_DIR/pwned"; do
   if (echo x > "$target") 2>/dev/null; then echo "WROTE $target"; fi
 done
 echo x > "$PWD/inside" && echo "WROTE-INSIDE"
@@ -562,7 +564,11 @@ async fn a_run_cannot_reach_the_handler_other_runs_or_the_host() {
             Secret::new(other_file.display().to_string()),
         )
         .with_secret_env("OUTSIDE_DIR", Secret::new(outside.display().to_string()))
-        .with_secret_env("GIT_CACHE", Secret::new(cache.display().to_string()));
+        .with_secret_env("GIT_CACHE", Secret::new(cache.display().to_string()))
+        .with_secret_env(
+            "WORK_ROOT",
+            Secret::new(base.path().join("work").display().to_string()),
+        );
     let out = runner.apply(&wd, Tool::Terraform, &env).await.unwrap();
     let _ = host.kill();
     let _ = host.wait();
@@ -587,6 +593,26 @@ async fn a_run_cannot_reach_the_handler_other_runs_or_the_host() {
     assert!(!text.contains("CACHE "), "the Git cache is visible: {text}");
     assert!(!cache.join("pwned").exists());
     assert!(!text.contains("root:"), "/etc/shadow is readable: {text}");
+    // /etc holds the listed entries only (the runner's one-bind copy of them)
+    let etc: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("ETC "))
+        .filter(|l| !l.is_empty() && !l.ends_with(':'))
+        .collect();
+    assert!(etc.contains(&"passwd") && etc.contains(&"certs"), "{etc:?}");
+    for hidden in ["shadow", "private", "sudoers", "ssh", "gshadow"] {
+        assert!(!etc.contains(&hidden), "/etc shows {hidden}: {etc:?}");
+    }
+    // the work root shows the run's own directory (its mount point), nothing else of it:
+    // not other runs, the Git cache or the /etc copy
+    let in_root: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("WORKROOT "))
+        .collect();
+    assert!(
+        in_root.iter().all(|n| n.starts_with("run_hostile.")),
+        "the work root is visible: {in_root:?}"
+    );
     assert!(
         !text.contains("WROTE /"),
         "wrote outside its directory: {text}"
