@@ -756,14 +756,15 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
 /// input files are reachable from inside a Run. Never a run directory.
 pub const FIXTURES_ROOT: &str = "/tmp/takosumi-test-fixtures";
 
-/// What is left in a work directory besides the Git cache (`git-cache`, kept between
-/// Runs on purpose): the run directories a finished Run should have removed.
+/// What is left in a work directory besides what the runner keeps between Runs on
+/// purpose (the Git cache `git-cache`, the sandboxes' `/etc` copy `etc-view`): the run
+/// directories a finished Run should have removed.
 pub fn leftover_run_dirs(work_dir: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(work_dir)
         .map(|d| {
             d.flatten()
                 .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-                .filter(|n| n != "git-cache")
+                .filter(|n| n != "git-cache" && n != "etc-view")
                 .collect()
         })
         .unwrap_or_default()
