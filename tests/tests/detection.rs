@@ -228,6 +228,56 @@ async fn concurrent_sweeps_enqueue_each_capsule_once() -> anyhow::Result<()> {
     stack.stop().await
 }
 
+/// A pass walks the Capsules in ranges side by side, several batches each: every due
+/// Capsule gets exactly one check and one wake-up, wherever the ranges and batches end,
+/// also with a second sweeper walking at the same time; the next pass finds nothing due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pass_walks_ranges_side_by_side_and_takes_each_capsule_once() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let pool = &stack.ctx.pool;
+    // Fewer Capsules than ranges: one range, the whole key space.
+    assert_eq!(takosumi_store::drift::sweep_bounds(pool, 2).await?, vec![]);
+    // More than WALKS × BATCH, and not a multiple of either: each range takes batches
+    // and ends on a short one.
+    let n = (takosumi_sweep::WALKS * takosumi_sweep::BATCH + 123) as usize;
+    takosumi_tests::seed::due_capsules(pool, "walks", n).await?;
+    let bounds = takosumi_store::drift::sweep_bounds(pool, takosumi_sweep::WALKS).await?;
+    assert_eq!(bounds.len() as i64, takosumi_sweep::WALKS - 1, "{bounds:?}");
+    let first: i64 = sqlx::query_scalar("SELECT count(*) FROM capsules WHERE id <= $1")
+        .bind(bounds[0].as_uuid())
+        .fetch_one(pool)
+        .await?;
+    assert_eq!(
+        first,
+        (n / 2) as i64,
+        "the ranges split the Capsules evenly"
+    );
+    let other = takosumi_runtime::Ctx::connect(&stack.settings, "sweep-2").await?;
+    let (a, b) = tokio::join!(
+        takosumi_sweep::sweep_once(&stack.ctx),
+        takosumi_sweep::sweep_once(&other)
+    );
+    assert_eq!((a? + b?) as usize, n);
+    let (checks, capsules): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT capsule_id) FROM runs WHERE kind = 'drift_check' AND actor_id = 'sweep'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!((checks as usize, capsules as usize), (n, n));
+    let wakes: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT payload->>'runId') FROM outbox WHERE topic = 'run.drift'",
+    )
+    .fetch_one(pool)
+    .await?;
+    assert_eq!(wakes as usize, n, "one wake-up per check");
+    assert_eq!(takosumi_sweep::sweep_once(&stack.ctx).await?, 0);
+    stack.stop().await
+}
+
 /// Records `capsule` as applied at some commit (an applied Run and its StateVersion), for a
 /// stack that runs no tool.
 async fn seed_applied(

@@ -38,8 +38,8 @@ pub async fn set_workspace_drift_interval(
     Ok(())
 }
 
-/// Enqueues a drift check for up to `limit` due Capsules after `after` (in id order) in
-/// one statement: due means an interval is set (the Capsule's, else its Workspace's), it
+/// Enqueues a drift check for up to `limit` due Capsules after `after` and up to `until`
+/// (in id order; `None`: from the first, to the last) in one statement: due means an interval is set (the Capsule's, else its Workspace's), it
 /// has passed since the last sweep enqueued one, no check of the Capsule is queued or
 /// running, and something was applied to check against. Returns how many were enqueued
 /// and the last Capsule taken, where the next batch starts. Read-only towards
@@ -51,6 +51,7 @@ pub async fn set_workspace_drift_interval(
 pub async fn sweep_due(
     tx: &mut Tx,
     after: Option<CapsuleId>,
+    until: Option<CapsuleId>,
     limit: i64,
 ) -> Result<(i64, Option<CapsuleId>), StoreError> {
     // The new rows take the column's default status, which is where the lifecycle starts.
@@ -65,6 +66,7 @@ pub async fn sweep_due(
                 -- `COALESCE` rather than `$1 IS NULL OR …`: the statement's generic plan
                 -- can then start both index scans at the batch's first key
                 WHERE c.id > COALESCE($1::uuid, '00000000-0000-0000-0000-000000000000')
+                  AND c.id <= COALESCE($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff')
                   AND COALESCE(c.drift_interval_secs, w.drift_interval_secs) IS NOT NULL
                   AND (c.last_drift_enqueued_at IS NULL
                        OR c.last_drift_enqueued_at
@@ -73,7 +75,8 @@ pub async fn sweep_due(
                   -- read from where the batch starts, not from its beginning
                   AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.capsule_id = c.id AND r.kind = 'drift_check'
                                      AND r.status IN ('queued', 'held', 'planning')
-                                     AND r.capsule_id > COALESCE($1::uuid, '00000000-0000-0000-0000-000000000000'))
+                                     AND r.capsule_id > COALESCE($1::uuid, '00000000-0000-0000-0000-000000000000')
+                                     AND r.capsule_id <= COALESCE($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
                   -- only what was applied can drift (see `applied_baseline`)
                   AND EXISTS (SELECT 1 FROM state_versions sv JOIN runs a ON a.id = sv.run_id
                                 LEFT JOIN runs p ON p.id = a.plan_run_id
@@ -99,9 +102,9 @@ pub async fn sweep_due(
                INSERT INTO run_events (run_id, kind, actor, data)
                SELECT id, 'queued', 'system:sweep', '{"kind": "drift_check"}'::jsonb FROM new_runs),
            wake AS (
-               -- a pool's Capsule wakes the pool's queue, as `outbox::enqueue` routes it
+               -- a pool's Capsule wakes the pool's queue (`wake_topic`)
                INSERT INTO outbox (topic, payload, traceparent)
-               SELECT CASE WHEN p.name IS NOT NULL THEN 'run.drift.' || p.name ELSE 'run.drift' END,
+               SELECT wake_topic('run.drift', p.name),
                       jsonb_build_object('runId', 'run_' || replace(n.id::text, '-', '')), n.traceparent
                  FROM new_runs n
                  JOIN marked m ON m.id = n.capsule_id
@@ -109,11 +112,32 @@ pub async fn sweep_due(
            SELECT (SELECT count(*) FROM new_runs) as "n!",
                   (SELECT id FROM marked ORDER BY id DESC LIMIT 1) as "last: CapsuleId""#,
         after.map(|c| c.as_uuid()),
-        limit
+        limit,
+        until.map(|c| c.as_uuid())
     )
     .fetch_one(&mut **tx)
     .await?;
     Ok((row.n, row.last))
+}
+
+/// Splits the Capsules' ids into `parts` ranges of about as many Capsules each, for
+/// sweeps that walk them side by side: the `parts - 1` ids that end all but the last range
+/// (each range is `(previous end, end]`). Fewer when there are fewer Capsules than parts.
+/// Reads the primary key only (an index-only scan), not the Capsules.
+pub async fn sweep_bounds(pool: &sqlx::PgPool, parts: i64) -> Result<Vec<CapsuleId>, StoreError> {
+    let rows = sqlx::query!(
+        r#"WITH total AS (SELECT count(*) AS n FROM capsules)
+           SELECT (SELECT id FROM capsules ORDER BY id OFFSET (total.n * g / $1::bigint) - 1 LIMIT 1) AS "id: CapsuleId"
+             FROM total, generate_series(1, $1::bigint - 1) g
+            WHERE total.n * g / $1::bigint > 0
+            ORDER BY g"#,
+        parts
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut bounds: Vec<CapsuleId> = rows.into_iter().filter_map(|r| r.id).collect();
+    bounds.dedup();
+    Ok(bounds)
 }
 
 /// A Capsule whose latest finished drift check found drift.

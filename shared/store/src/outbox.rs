@@ -34,13 +34,11 @@ pub async fn enqueue_after(
     run_id: RunId,
     delay_ms: i64,
 ) -> Result<(), StoreError> {
-    // A Run of a Capsule that names a worker pool wakes the pool's queue
-    // (`run.plan.<pool>`, `run.apply.<pool>`, `run.drift.<pool>`), which the control
-    // node's own handlers never consume; gate and approve stay on the control node.
+    // `wake_topic` routes a pool's Capsule to the pool's queue (migration
+    // 20261204000000_wake_topic.sql).
     sqlx::query!(
         r#"INSERT INTO outbox (topic, payload, available_at, traceparent)
-           SELECT CASE WHEN $1 IN ('run.plan', 'run.apply', 'run.drift') AND p.name IS NOT NULL
-                       THEN $1 || '.' || p.name ELSE $1 END,
+           SELECT wake_topic($1, p.name),
                   $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0),
                   r.traceparent
              FROM (SELECT 1) one

@@ -261,7 +261,8 @@ async fn measure_sweep(stack: &Stack, report: &mut Report, capsules: usize) -> a
     // The binary, over a tenth and over all of them (new Workspaces, so every one is due):
     // its peak RSS is what "memory flat" is judged by.
     let mut lines = vec![format!(
-        "{capsules} due Capsules with an applied StateVersion each, generated in SQL in {seed_s:.0} s; `sweep_once` claims them {} per statement ({} statements).",
+        "{capsules} due Capsules with an applied StateVersion each, generated in SQL in {seed_s:.0} s; `sweep_once` walks them in {} ranges side by side, claiming {} per statement (about {} statements).",
+        takosumi_sweep::WALKS,
         takosumi_sweep::BATCH,
         (capsules as u64).div_ceil(takosumi_sweep::BATCH as u64)
     )];

@@ -24,7 +24,8 @@ pub use propose::{ApplyProposal, propose_apply};
 use chrono::{DateTime, Utc};
 use takosumi_core::{
     ActorKind, ApplyMode, CapsuleId, Changes, EventKind, FailureCode, GateDecision, HoldReason,
-    ProviderLockState, RunGroupId, RunId, RunKind, RunStatus, StateVersionId, Topic, WorkspaceId,
+    ProviderLockState, RunGroupId, RunId, RunKind, RunMessage, RunStatus, StateVersionId, Topic,
+    WorkspaceId,
 };
 
 use crate::{StoreError, Tx};
@@ -254,9 +255,9 @@ pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId,
     // The row takes the column's default status, which is where the lifecycle starts.
     const _: () = assert!(matches!(RunStatus::INITIAL, RunStatus::Queued));
     let id = new.id;
-    // The row, its event and its activity entry are one statement (one round trip, where
-    // three appends cost three); an Apply Run copies its plan's pins so the record shows
-    // what it is bound to from the start.
+    // The row, its event, its activity entry and its wake-up are one statement (one round
+    // trip, where four appends cost four); an Apply Run copies its plan's pins so the
+    // record shows what it is bound to from the start.
     sqlx::query!(
         r#"WITH run AS (
                INSERT INTO runs (id, kind, workspace_id, capsule_id, run_group_id, plan_run_id, actor_kind,
@@ -271,10 +272,18 @@ pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId,
                       COALESCE($11, p.traceparent), $17, $18
                  FROM (SELECT 1) one
                  LEFT JOIN runs p ON p.id = $6
-               RETURNING id, workspace_id),
+               RETURNING id, workspace_id, capsule_id, traceparent),
            queued AS (
                INSERT INTO run_events (run_id, kind, actor, data)
-               SELECT id, $12, $13, $14 FROM run)
+               SELECT id, $12, $13, $14 FROM run),
+           wake AS (
+               -- routed as `outbox::enqueue` routes it (`wake_topic`)
+               INSERT INTO outbox (topic, payload, traceparent)
+               SELECT wake_topic($19, p.name), $20, run.traceparent
+                 FROM run
+                 JOIN capsules c ON c.id = run.capsule_id
+                 LEFT JOIN worker_pools p ON p.id = c.pool_id
+                WHERE $19::text IS NOT NULL)
            INSERT INTO activity (workspace_id, kind, subject, actor, data)
            SELECT workspace_id, 'run_started', $15, $13, $16 FROM run"#,
         id.as_uuid(),
@@ -295,12 +304,11 @@ pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId,
         start.activity,
         new.vars.as_ref().map(|v| v.names.as_slice()),
         new.vars.as_ref().map(|v| v.sealed.as_slice()),
+        start.wake.map(Topic::queue_name),
+        RunMessage { run_id: id }.to_json(),
     )
     .execute(&mut **tx)
     .await?;
-    if let Some(topic) = start.wake {
-        crate::outbox::enqueue(tx, topic, id).await?;
-    }
     Ok(id)
 }
 
