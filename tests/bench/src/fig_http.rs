@@ -4,7 +4,7 @@
 //! queue meanwhile). The load generator is `wrk` when installed (infra/local/bench.sh
 //! installs it from apt), otherwise a bounded tokio + reqwest loop in this binary, named
 //! as such in the report. The API runs inside this process; the generator shares the
-//! same cores.
+//! same cores. The database holds 20,000 applied Runs, analyzed, before the loads.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +21,8 @@ use crate::stats::Summary;
 
 /// Concurrent connections.
 pub const CONNECTIONS: usize = 32;
+/// Applied Runs (each of a Capsule of its own) in the database before the loads.
+const HISTORY: usize = 20_000;
 /// The most requests the fallback loop sends in one test, whatever the time.
 const MAX_REQUESTS: usize = 500_000;
 
@@ -66,6 +68,10 @@ async fn measure(stack: &Stack, report: &mut Report, secs: u64) -> anyhow::Resul
     takosumi_plan::handle(&stack.ctx, msg).await?;
     takosumi_gate::handle(&stack.ctx, msg).await?;
     anyhow::ensure!(harness::status(stack, plan.id).await? == "planned");
+    // History, analyzed, as a running deployment's tables have: on a new database each
+    // connection's prepared statements get generic plans made while `runs` holds one row
+    // (sequential scans), which nothing re-plans within the load (BENCHMARKS.md, session 17).
+    takosumi_tests::seed::due_capsules(&stack.ctx.pool, "http-history", HISTORY).await?;
 
     let tmp = tempfile::tempdir()?;
     let wrk = which_wrk();

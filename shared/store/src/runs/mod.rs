@@ -145,7 +145,12 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     id: RunId,
 ) -> Result<Option<Run>, StoreError> {
-    Ok(get_many(executor, &[id]).await?.pop())
+    // `id = $1`, not `get_many`'s `id = ANY($1)`: Postgres costs a generic plan of the array
+    // form for an array of unknown length, above the custom plan for one id, so it planned
+    // that statement afresh on every read; this one keeps one plan per session.
+    Ok(select_runs!("WHERE id = $1", id.as_uuid())
+        .fetch_optional(executor)
+        .await?)
 }
 
 /// `sqlx::query_as!(Run, …)` over `runs` with the one column list every read of a whole Run
