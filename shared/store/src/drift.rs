@@ -39,11 +39,12 @@ pub async fn set_workspace_drift_interval(
 }
 
 /// Enqueues a drift check for up to `limit` due Capsules after `after` and up to `until`
-/// (in id order; `None`: from the first, to the last) in one statement: due means an interval is set (the Capsule's, else its Workspace's), it
-/// has passed since the last sweep enqueued one, no check of the Capsule is queued or
-/// running, and something was applied to check against. Returns how many were enqueued
-/// and the last Capsule taken, where the next batch starts. Read-only towards
-/// infrastructure: it only creates drift-check Runs.
+/// (in id order; `None`: from the first, to the last) in one statement: due means an
+/// interval is set (the Capsule's, else its Workspace's), it has passed since the last
+/// sweep enqueued one, no check of the Capsule is queued or running, and something was
+/// applied to check against. Returns how many were enqueued and the last Capsule taken,
+/// where the next batch starts. Read-only towards infrastructure: it only creates
+/// drift-check Runs.
 ///
 /// Batches walk the Capsules' primary key, so a pass over n Capsules reads each once:
 /// ordered by anything else, every batch sorted every due Capsule again and the pass grew
