@@ -32,9 +32,10 @@ export SQLX_OFFLINE=${SQLX_OFFLINE:-true}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/takosumi-target}
 
 log "cargo build --release (the step binaries, the bench binary, the no-op tool, the Criterion benches)"
+# takosumi-runner's one binary is the in-sandbox step launcher the handlers start.
 # One command for bins and benches: the benches' dev-dependencies change some crates' features,
 # and building both together lets `cargo bench` below reuse every artifact.
-cargo build --release --bins --benches -p takosumi-api -p takosumi-plan -p takosumi-gate -p takosumi-apply -p takosumi-sweep -p takosumi-bench
+cargo build --release --bins --benches -p takosumi-runner -p takosumi-api -p takosumi-plan -p takosumi-gate -p takosumi-apply -p takosumi-sweep -p takosumi-bench
 log "cargo bench -p takosumi-bench (Criterion: seal/unseal)"
 cargo bench -p takosumi-bench
 log "takosumi-bench $*"

@@ -10,7 +10,8 @@
 //! - a backend override that points the tool at the run's own local state file, whatever
 //!   backend the repository declares;
 //! - starting git and the tool with an environment built from nothing ([`ToolEnv`]), in
-//!   their own process group, and reading what they report as JSON ([`count_changes`]) and
+//!   their own process group, a step's tool commands in one sandbox through the launcher
+//!   ([`launch`]), and reading what they report as JSON ([`count_changes`]) and
 //!   the outputs in the state an apply wrote ([`state_outputs`], [`public_outputs`]);
 //! - the provider lockfile's raw bytes (at most 1 MiB);
 //! - downloading modules once (`get`) and digesting the installed module tree
@@ -31,6 +32,7 @@ mod env;
 mod error;
 mod etc_view;
 mod interrupt;
+pub mod launch;
 mod live;
 pub mod mask;
 mod modules;
@@ -38,6 +40,7 @@ mod plan_json;
 mod process;
 mod runner;
 mod sandbox;
+mod session;
 mod source;
 mod workdir;
 

@@ -135,7 +135,7 @@ pub(crate) const TRUNCATED_MARK: &str =
 const LINE_CUT_MARK: &[u8] = b" [takosumi: line cut at 64 KiB]\n";
 
 /// Kills the child's process group when dropped (after exit or on cancellation).
-struct GroupGuard(Option<u32>);
+pub(crate) struct GroupGuard(pub(crate) Option<u32>);
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
@@ -148,7 +148,7 @@ impl Drop for GroupGuard {
 /// SIGKILL to every process left in group `pgid`. The group id cannot be reused while a
 /// member lives, so this never hits an unrelated process. Without `unsafe` (forbidden in
 /// this workspace) there is no `killpg`: use kill(1).
-fn kill_group(pgid: u32) {
+pub(crate) fn kill_group(pgid: u32) {
     signal_group(pgid, "KILL");
 }
 
@@ -251,22 +251,9 @@ pub(crate) async fn run_tapped(
     opts: Opts,
     masker: &Masker,
 ) -> Result<Captured, RunnerError> {
-    let Opts {
-        interrupt,
-        tap,
-        limit,
-    } = opts;
     let Prepared { mut cmd, sandboxed } = prepared;
-    if let Some(i) = &interrupt
-        && i.token.is_cancelled()
-    {
-        return Ok(Captured {
-            exit_code: 130,
-            output: INTERRUPTED_MARK.trim_start().to_owned(),
-            stdout: Vec::new(),
-            stderr: String::new(),
-            stdout_overflow: false,
-        });
+    if let Some(done) = cancelled_before_start(&opts) {
+        return Ok(done);
     }
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -277,12 +264,93 @@ pub(crate) async fn run_tapped(
         program: program.to_owned(),
         source,
     })?;
-    let guard = GroupGuard(child.id());
+    let mut ctl = ChildControl {
+        guard: GroupGuard(child.id()),
+        sandboxed,
+    };
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let wait = async {
+        let status: ExitStatus = child
+            .wait()
+            .await
+            .map_err(|e| RunnerError::io(format!("waiting for {program}"), e))?;
+        Ok(status
+            .code()
+            .or_else(|| status.signal().map(|s| 128 + s))
+            .unwrap_or(-1))
+    };
+    drive(wait, stdout, stderr, &mut ctl, mode, opts, masker).await
+}
+
+/// A token that fired before the start starts nothing: exit code 130 and only the mark.
+pub(crate) fn cancelled_before_start(opts: &Opts) -> Option<Captured> {
+    let i = opts.interrupt.as_ref()?;
+    i.token.is_cancelled().then(|| Captured {
+        exit_code: 130,
+        output: INTERRUPTED_MARK.trim_start().to_owned(),
+        stdout: Vec::new(),
+        stderr: String::new(),
+        stdout_overflow: false,
+    })
+}
+
+/// How a running command is stopped: the whole of it at once (past its time limit, or
+/// after an interrupt's grace), or asked to stop (an interrupt).
+pub(crate) trait Control {
+    /// SIGKILL to everything the command runs in.
+    fn kill(&mut self);
+    /// SIGINT to the command's processes (not to a sandbox around them).
+    fn interrupt(&mut self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// A child started on its own (its own process group; bubblewrap around it or not).
+struct ChildControl {
+    guard: GroupGuard,
+    sandboxed: bool,
+}
+
+impl Control for ChildControl {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.guard.0 {
+            kill_group(pgid);
+        }
+    }
+
+    async fn interrupt(&mut self) {
+        if let Some(pgid) = self.guard.0 {
+            interrupt_child(pgid, self.sandboxed);
+        }
+    }
+}
+
+/// Runs a started command to its end: reads its two streams into the masked sink while
+/// `wait` gives its exit code, and applies the interrupt and the time limit of `opts`.
+/// One implementation for a child started on its own and a command run by a step's
+/// sandbox launcher ([`crate::session`]).
+pub(crate) async fn drive<W, O, E, C>(
+    wait: W,
+    stdout: Option<O>,
+    stderr: Option<E>,
+    ctl: &mut C,
+    mode: StdoutMode,
+    opts: Opts,
+    masker: &Masker,
+) -> Result<Captured, RunnerError>
+where
+    W: std::future::Future<Output = Result<i32, RunnerError>>,
+    O: AsyncRead + Unpin,
+    E: AsyncRead + Unpin,
+    C: Control,
+{
+    let Opts {
+        interrupt,
+        tap,
+        limit,
+    } = opts;
     let mut sink = Sink::masked(masker);
     sink.tap = tap;
     let sink = Arc::new(Mutex::new(sink));
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
     let readers = async {
         tokio::join!(
             read_stream(stdout, sink.clone(), Stream::Stdout(mode)),
@@ -290,35 +358,30 @@ pub(crate) async fn run_tapped(
         )
     };
     let mut readers = std::pin::pin!(readers);
+    let mut wait = std::pin::pin!(wait);
     let mut readers_done = false;
     let never = tokio_util::sync::CancellationToken::new();
     let token = interrupt.as_ref().map_or(&never, |i| &i.token);
     let mut kill_at: Option<tokio::time::Instant> = None;
     let deadline = limit.map(|(_, d)| tokio::time::Instant::now() + d);
     let mut timed_out = false;
-    let status: ExitStatus = loop {
+    let status = loop {
         tokio::select! {
             _ = &mut readers, if !readers_done => readers_done = true,
-            status = child.wait() => break status.map_err(|e| RunnerError::io(format!("waiting for {program}"), e))?,
+            status = &mut wait => break status,
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() && !timed_out => {
                 // Past the limit: no grace, the whole group goes (a pid namespace's
                 // processes die with its first process).
                 timed_out = true;
-                if let Some(pgid) = guard.0 {
-                    kill_group(pgid);
-                }
+                ctl.kill();
             }
             _ = token.cancelled(), if kill_at.is_none() => {
-                if let Some(pgid) = guard.0 {
-                    interrupt_child(pgid, sandboxed);
-                }
+                ctl.interrupt().await;
                 let grace = interrupt.as_ref().map_or(Duration::ZERO, |i| i.grace);
                 kill_at = Some(tokio::time::Instant::now() + grace);
             }
             _ = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
-                if let Some(pgid) = guard.0 {
-                    kill_group(pgid);
-                }
+                ctl.kill();
                 kill_at = Some(tokio::time::Instant::now() + PIPE_GRACE);
             }
         }
@@ -329,21 +392,21 @@ pub(crate) async fn run_tapped(
             .is_err()
     {
         // Something the child left behind still holds the pipes: end the group, drain.
-        if let Some(pgid) = guard.0 {
-            kill_group(pgid);
-        }
+        ctl.kill();
         let _ = tokio::time::timeout(PIPE_GRACE, &mut readers).await;
     }
-    let exit_code = status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(-1);
     if timed_out && let Some((step, limit)) = limit {
         return Err(RunnerError::TimedOut {
             step,
             limit_secs: limit.as_secs(),
         });
     }
+    let exit_code = match status {
+        Ok(code) => code,
+        // We killed it after an interrupt's grace: it ended the way SIGKILL ends things.
+        Err(_) if kill_at.is_some() => 128 + 9,
+        Err(e) => return Err(e),
+    };
     let mut sink = sink.lock().unwrap_or_else(|e| e.into_inner());
     let mut sink = std::mem::take(&mut *sink);
     sink.finish_masks();

@@ -47,6 +47,10 @@ pub struct RunnerConfig {
     /// Where checkouts keep their bare repositories (`TAKOSUMI_GIT_CACHE_DIR`, default
     /// `work_root/git-cache`; `off` keeps one inside each Run's directory).
     pub git_cache: GitCache,
+    /// The in-sandbox launcher ([`crate::launch`], `TAKOSUMI_LAUNCHER_BIN`; by default
+    /// `takosumi-launch` beside this process's binary): a step's tool commands then run in
+    /// one sandbox start. `None` (`off`, or not installed) starts one sandbox per command.
+    pub launcher_bin: Option<PathBuf>,
 }
 
 /// How long each kind of step may run before its process group is killed and the run
@@ -102,6 +106,7 @@ impl RunnerConfig {
             git_bin: PathBuf::from("git"),
             sandbox: SandboxConfig::default(),
             limits: Limits::default(),
+            launcher_bin: installed_launcher(),
         }
     }
 
@@ -142,6 +147,14 @@ impl RunnerConfig {
                 Ok(m) => cfg.sandbox.mode = m,
                 Err(e) => problems.push(format!("TAKOSUMI_SANDBOX: {e}")),
             }
+        }
+        match get("TAKOSUMI_LAUNCHER_BIN").as_deref() {
+            None => {}
+            Some("off") => cfg.launcher_bin = None,
+            Some(bin) if Path::new(bin).is_absolute() => cfg.launcher_bin = Some(bin.into()),
+            Some(bin) => problems.push(format!(
+                "TAKOSUMI_LAUNCHER_BIN must be an absolute path or `off`, not {bin:?}"
+            )),
         }
         if let Some(bin) = get("TAKOSUMI_BWRAP_BIN") {
             cfg.sandbox.bwrap_bin = bin.into();
@@ -227,6 +240,18 @@ impl RunnerConfig {
         paths.retain(|p| p.is_absolute());
         paths
     }
+}
+
+/// `takosumi-launch` beside this process's binary (or one directory up: a test binary runs
+/// from `target/<profile>/deps`), if it is there.
+fn installed_launcher() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [Some(dir), dir.parent()]
+        .into_iter()
+        .flatten()
+        .map(|d| d.join(crate::launch::LAUNCHER_NAME))
+        .find(|p| p.is_file())
 }
 
 /// Where a tool's binary is: the override as given (a bare name is looked up on `path`),
@@ -368,7 +393,25 @@ impl Runner {
                 self.cfg
                     .sandbox
                     .check(scratch.path(), self.etc_view.dir())
-                    .await
+                    .await?;
+                match &self.cfg.launcher_bin {
+                    Some(bin) if !bin.is_file() => Err(RunnerError::SandboxUnavailable(format!(
+                        "the step launcher {} is not there: install takosumi-launch beside \
+                         the handler, point TAKOSUMI_LAUNCHER_BIN at it, or set it to `off` \
+                         (one sandbox start per tool command)",
+                        bin.display()
+                    ))),
+                    Some(bin) => {
+                        tracing::info!(launcher = %bin.display(), "a step's tool commands run in one sandbox");
+                        Ok(())
+                    }
+                    None => {
+                        tracing::info!(
+                            "no step launcher (TAKOSUMI_LAUNCHER_BIN=off or not installed): one sandbox start per tool command"
+                        );
+                        Ok(())
+                    }
+                }
             }
         }
     }
@@ -382,6 +425,21 @@ impl Runner {
         env: BTreeMap<String, OsString>,
         writable: &Path,
         git_dir: Option<(&Path, bool)>,
+    ) -> Prepared {
+        self.child_with(program, args, cwd, env, writable, git_dir, None)
+    }
+
+    /// [`Self::child`], with the step launcher bound into the sandbox when given.
+    #[allow(clippy::too_many_arguments)]
+    fn child_with<S: AsRef<OsStr>>(
+        &self,
+        program: &Path,
+        args: &[S],
+        cwd: &Path,
+        env: BTreeMap<String, OsString>,
+        writable: &Path,
+        git_dir: Option<(&Path, bool)>,
+        launcher: Option<&Path>,
     ) -> Prepared {
         let readable = (*self.readable).clone();
         let etc = match self.cfg.sandbox.mode {
@@ -397,6 +455,7 @@ impl Runner {
             writable,
             readable,
             git_dir,
+            launcher,
         })
     }
 
@@ -579,10 +638,11 @@ impl Runner {
         tool: Tool,
         env: &ToolEnv,
     ) -> Result<ToolOutput, RunnerError> {
-        let cmd = self.wd_command(wd, tool, env, &["init", "-input=false", "-no-color"])?;
+        let args = ["init", "-input=false", "-no-color"];
         checked(
             "init",
-            self.run_tool(cmd, tool, "init", StdoutMode::Log).await?,
+            self.run_wd_tool(wd, tool, env, &args, "init", StdoutMode::Log)
+                .await?,
         )
     }
 
@@ -595,15 +655,11 @@ impl Runner {
         tool: Tool,
         env: &ToolEnv,
     ) -> Result<ToolOutput, RunnerError> {
-        let cmd = self.wd_command(
-            wd,
-            tool,
-            env,
-            &["init", "-input=false", "-no-color", "-get=false"],
-        )?;
+        let args = ["init", "-input=false", "-no-color", "-get=false"];
         checked(
             "init",
-            self.run_tool(cmd, tool, "init", StdoutMode::Log).await?,
+            self.run_wd_tool(wd, tool, env, &args, "init", StdoutMode::Log)
+                .await?,
         )
     }
 
@@ -617,10 +673,11 @@ impl Runner {
         tool: Tool,
         env: &ToolEnv,
     ) -> Result<ToolOutput, RunnerError> {
-        let cmd = self.wd_command(wd, tool, env, &["get", "-no-color"])?;
+        let args = ["get", "-no-color"];
         checked(
             "get",
-            self.run_tool(cmd, tool, "get", StdoutMode::Log).await?,
+            self.run_wd_tool(wd, tool, env, &args, "get", StdoutMode::Log)
+                .await?,
         )
     }
 
@@ -643,10 +700,10 @@ impl Runner {
             args.push("-destroy".as_ref());
         }
         args.push(&out);
-        let cmd = self.wd_command(wd, tool, env, &args)?;
         checked(
             "plan",
-            self.run_tool(cmd, tool, "plan", StdoutMode::Log).await?,
+            self.run_wd_tool(wd, tool, env, &args, "plan", StdoutMode::Log)
+                .await?,
         )
     }
 
@@ -668,8 +725,9 @@ impl Runner {
             "-detailed-exitcode".as_ref(),
             &out,
         ];
-        let cmd = self.wd_command(wd, tool, env, &args)?;
-        let mut captured = self.run_tool(cmd, tool, "plan", StdoutMode::Log).await?;
+        let mut captured = self
+            .run_wd_tool(wd, tool, env, &args, "plan", StdoutMode::Log)
+            .await?;
         let changes = captured.exit_code == 2;
         if changes {
             captured.exit_code = 0;
@@ -689,10 +747,10 @@ impl Runner {
             "-json".as_ref(),
             wd.plan_path().as_os_str(),
         ];
-        let cmd = self.wd_command(wd, tool, env, &args)?;
         json_result(
             "show",
-            self.run_tool(cmd, tool, "show", StdoutMode::Data).await?,
+            self.run_wd_tool(wd, tool, env, &args, "show", StdoutMode::Data)
+                .await?,
         )
     }
 
@@ -710,8 +768,9 @@ impl Runner {
             "-no-color".as_ref(),
             wd.plan_path().as_os_str(),
         ];
-        let cmd = self.wd_command(wd, tool, env, &args)?;
-        let captured = self.run_tool(cmd, tool, "apply", StdoutMode::Log).await?;
+        let captured = self
+            .run_wd_tool(wd, tool, env, &args, "apply", StdoutMode::Log)
+            .await?;
         Ok(tool_output(captured))
     }
 
@@ -726,8 +785,9 @@ impl Runner {
         env: &ToolEnv,
     ) -> Result<ToolOutput, RunnerError> {
         let args = ["apply", "-input=false", "-no-color", "-auto-approve"];
-        let cmd = self.wd_command(wd, tool, env, &args)?;
-        let captured = self.run_tool(cmd, tool, "apply", StdoutMode::Log).await?;
+        let captured = self
+            .run_wd_tool(wd, tool, env, &args, "apply", StdoutMode::Log)
+            .await?;
         Ok(tool_output(captured))
     }
 
@@ -808,6 +868,69 @@ impl Runner {
         args: &[S],
     ) -> Result<ToolCommand, RunnerError> {
         self.tool_command(tool, wd.home(), wd.config_dir(), wd.root(), env, args)
+    }
+
+    /// Runs a tool command in the Capsule directory: inside the step's sandbox (one start
+    /// for all of a step's commands, see [`crate::launch`]) when there is a launcher and a
+    /// sandbox, otherwise as a child of its own.
+    async fn run_wd_tool<S: AsRef<OsStr>>(
+        &self,
+        wd: &Workdir,
+        tool: Tool,
+        env: &ToolEnv,
+        args: &[S],
+        step: &'static str,
+        mode: StdoutMode,
+    ) -> Result<Captured, RunnerError> {
+        let launcher = match (&self.cfg.launcher_bin, self.cfg.sandbox.mode) {
+            (Some(bin), crate::SandboxMode::Bubblewrap) => bin,
+            _ => {
+                let cmd = self.wd_command(wd, tool, env, args)?;
+                return self.run_tool(cmd, tool, step, mode).await;
+            }
+        };
+        let program = self.tool_bin(tool)?;
+        let request = crate::launch::Request {
+            program: program.to_owned(),
+            cwd: wd.config_dir().to_owned(),
+            args: args.iter().map(|a| a.as_ref().to_os_string()).collect(),
+            env: self
+                .tool_env(wd.home(), env)?
+                .into_iter()
+                .map(|(k, v)| (k.into(), v))
+                .collect(),
+        };
+        let mut slot = wd.session.lock().await;
+        if !slot.as_ref().is_some_and(crate::session::Session::usable) {
+            // The launcher's own environment: a PATH, nothing of the handler's.
+            let vars = BTreeMap::from([("PATH".to_owned(), OsString::from(TOOL_PATH))]);
+            let no_args: [&str; 0] = [];
+            let prepared = self.child_with(
+                Path::new(sandbox::LAUNCHER_PATH),
+                &no_args,
+                wd.root(),
+                vars,
+                wd.root(),
+                None,
+                Some(launcher),
+            );
+            *slot = Some(crate::session::Session::start(prepared)?);
+        }
+        let Some(session) = slot.as_mut() else {
+            unreachable!("a session was just started");
+        };
+        let shown = program.display().to_string();
+        tracing::debug!(%tool, step, "starting the tool in the step's sandbox");
+        let opts = process::Opts {
+            interrupt: self.interrupt_for(step),
+            tap: self.tap_for(step),
+            limit: Some((step, self.cfg.limits.for_step(step))),
+        };
+        let captured = session
+            .run(&request, &shown, mode, opts, env.masker())
+            .await?;
+        tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
+        Ok(captured)
     }
 
     async fn run_tool(

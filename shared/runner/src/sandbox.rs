@@ -111,7 +111,13 @@ pub(crate) struct ChildSpec<'a> {
     /// The runner's copy of the readable `/etc` entries ([`crate::etc_view`]), bound as
     /// `/etc` with one mount; `None` binds each entry of [`ETC_FILES`] itself.
     pub etc: Option<PathBuf>,
+    /// The step launcher's binary, bound read-only at [`LAUNCHER_PATH`] (where `program`
+    /// then points): at a fixed place, so the sandbox learns nothing of the host's layout.
+    pub launcher: Option<&'a Path>,
 }
+
+/// Where a step's sandbox sees the launcher ([`crate::launch`]).
+pub(crate) const LAUNCHER_PATH: &str = "/run/takosumi/launch";
 
 /// A prepared child and whether it runs inside the sandbox (an interrupt then goes to the
 /// sandboxed processes, not to bubblewrap, which would end the sandbox at once).
@@ -223,6 +229,13 @@ impl SandboxConfig {
         for path in &self.rw_paths {
             push(&["--bind-try".as_ref(), path.as_os_str(), path.as_os_str()]);
         }
+        if let Some(launcher) = spec.launcher {
+            push(&[
+                "--ro-bind".as_ref(),
+                launcher.as_os_str(),
+                LAUNCHER_PATH.as_ref(),
+            ]);
+        }
         if let Some((git_dir, writable)) = spec.git_dir {
             let bind: &OsStr = if writable { "--bind" } else { "--ro-bind" }.as_ref();
             push(&[bind, git_dir.as_os_str(), git_dir.as_os_str()]);
@@ -255,6 +268,7 @@ impl SandboxConfig {
             readable: Vec::new(),
             git_dir: None,
             etc,
+            launcher: None,
         };
         let mut cmd = self.command(spec).cmd;
         let out = cmd
@@ -448,6 +462,7 @@ mod tests {
             readable: vec!["/opt/tf".into()],
             git_dir: None,
             etc: None,
+            launcher: None,
         });
         assert!(p.sandboxed);
         let args: Vec<String> = p
@@ -499,6 +514,7 @@ mod tests {
                 env: Vec::new(),
                 writable: Path::new("/w/run_1"),
                 readable: Vec::new(),
+                launcher: None,
                 git_dir: Some((Path::new("/w/git-cache/ab"), writable)),
                 etc: None,
             })
@@ -535,6 +551,7 @@ mod tests {
                 env: Vec::new(),
                 writable: Path::new("/w/run_1"),
                 readable: Vec::new(),
+                launcher: None,
                 git_dir: None,
                 etc: Some("/w/etc-view/0123".into()),
             })

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::RunnerError;
+use crate::session::Session;
 
 /// A private (0700) directory for one run, wiped and removed when dropped:
 ///
@@ -26,6 +27,8 @@ pub struct Workdir {
     home: PathBuf,
     label: String,
     config_dir: OnceLock<PathBuf>,
+    /// The step's sandbox, started by its first tool command (see [`crate::session`]).
+    pub(crate) session: tokio::sync::Mutex<Option<Session>>,
 }
 
 impl Workdir {
@@ -59,6 +62,7 @@ impl Workdir {
             home: dir.join("home"),
             label: label.to_owned(),
             config_dir: OnceLock::new(),
+            session: tokio::sync::Mutex::new(None),
             root: dir,
         };
         // Not subject to the umask: set it, then check it.
@@ -156,6 +160,11 @@ impl Workdir {
     }
 
     fn cleanup(&self) -> Result<(), RunnerError> {
+        // The step's sandbox ends before its directory goes (no await point holds the lock
+        // across a drop; a command still running holds it, and the Workdir outlives it).
+        if let Ok(mut session) = self.session.try_lock() {
+            session.take();
+        }
         if self.root.as_os_str().is_empty() {
             return Ok(());
         }
@@ -251,8 +260,10 @@ pub(crate) fn remove_leftovers(work_root: &Path) -> usize {
 
 /// Refuses `path` unless it lies inside `root` without passing through a link: the
 /// sandboxed tool writes in the run directory, and a link it left (`state -> /var/…`)
-/// must not make the handler read, write or wipe a file outside. The sandbox's processes
-/// are all gone when the handler reads, so nothing can swap a link in after the check.
+/// must not make the handler read, write or wipe a file outside. Nothing of the sandbox
+/// runs when the handler reads (a step's launcher, idle between commands, killed every
+/// other process before it reported the command's end), so nothing can swap a link in
+/// after the check.
 pub(crate) fn ensure_inside(root: &Path, path: &Path) -> Result<(), RunnerError> {
     let outside = || {
         RunnerError::LinkOutside(format!(
