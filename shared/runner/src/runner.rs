@@ -901,24 +901,7 @@ impl Runner {
                 .collect(),
         };
         let mut slot = wd.session.lock().await;
-        if !slot.as_ref().is_some_and(crate::session::Session::usable) {
-            // The launcher's own environment: a PATH, nothing of the handler's.
-            let vars = BTreeMap::from([("PATH".to_owned(), OsString::from(TOOL_PATH))]);
-            let no_args: [&str; 0] = [];
-            let prepared = self.child_with(
-                Path::new(sandbox::LAUNCHER_PATH),
-                &no_args,
-                wd.root(),
-                vars,
-                wd.root(),
-                None,
-                Some(launcher),
-            );
-            *slot = Some(crate::session::Session::start(prepared)?);
-        }
-        let Some(session) = slot.as_mut() else {
-            unreachable!("a session was just started");
-        };
+        let session = self.session_in(&mut slot, wd, launcher)?;
         let shown = program.display().to_string();
         tracing::debug!(%tool, step, "starting the tool in the step's sandbox");
         let opts = process::Opts {
@@ -931,6 +914,46 @@ impl Runner {
             .await?;
         tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
         Ok(captured)
+    }
+
+    /// The step's sandbox in `slot`, started when there is none (or it broke).
+    fn session_in<'s>(
+        &self,
+        slot: &'s mut Option<crate::session::Session>,
+        wd: &Workdir,
+        launcher: &Path,
+    ) -> Result<&'s mut crate::session::Session, RunnerError> {
+        if let Some(session) = slot.take().filter(crate::session::Session::usable) {
+            return Ok(slot.insert(session));
+        }
+        // The launcher's own environment: a PATH, nothing of the handler's.
+        let vars = BTreeMap::from([("PATH".to_owned(), OsString::from(TOOL_PATH))]);
+        let no_args: [&str; 0] = [];
+        let prepared = self.child_with(
+            Path::new(sandbox::LAUNCHER_PATH),
+            &no_args,
+            wd.root(),
+            vars,
+            wd.root(),
+            None,
+            Some(launcher),
+        );
+        Ok(slot.insert(crate::session::Session::start(prepared)?))
+    }
+
+    /// Starts the step's sandbox now (see [`crate::launch`]), so that bubblewrap sets it up
+    /// while the checkout runs instead of when the first tool command starts. Nothing to do
+    /// without a launcher, or when it runs already; a failure here is met again, and
+    /// reported, by the first tool command.
+    pub fn start_step_sandbox(&self, wd: &Workdir) {
+        let (Some(launcher), crate::SandboxMode::Bubblewrap) =
+            (&self.cfg.launcher_bin, self.cfg.sandbox.mode)
+        else {
+            return;
+        };
+        if let Ok(mut slot) = wd.session.try_lock() {
+            let _ = self.session_in(&mut slot, wd, launcher);
+        }
     }
 
     async fn run_tool(

@@ -260,10 +260,11 @@ pub(crate) fn remove_leftovers(work_root: &Path) -> usize {
 
 /// Refuses `path` unless it lies inside `root` without passing through a link: the
 /// sandboxed tool writes in the run directory, and a link it left (`state -> /var/…`)
-/// must not make the handler read, write or wipe a file outside. Nothing of the sandbox
-/// runs when the handler reads (a step's launcher, idle between commands, killed every
-/// other process before it reported the command's end), so nothing can swap a link in
-/// after the check.
+/// must not make the handler read, write or wipe a file outside. Nothing of the Capsule's
+/// code runs when the handler reads (a step's launcher, idle between commands, killed every
+/// other process before it reported the command's end; git, which may be exporting the
+/// checkout meanwhile, writes only inside `checkout/`), so nothing can swap a link in after
+/// the check.
 pub(crate) fn ensure_inside(root: &Path, path: &Path) -> Result<(), RunnerError> {
     let outside = || {
         RunnerError::LinkOutside(format!(

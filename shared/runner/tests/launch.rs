@@ -93,6 +93,17 @@ fn alive(marker: &str) -> bool {
     })
 }
 
+/// Whether no `sleep <marker>` is left within a second.
+async fn gone_soon(marker: &str) -> bool {
+    for _ in 0..50 {
+        if !alive(marker) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
 async fn checked_out(runner: &Runner, label: &str) -> takosumi_runner::Workdir {
     let repo = Repo::new();
     repo.write("main.tf", NETWORK_TF);
@@ -271,13 +282,10 @@ async fn a_command_past_its_limit_ends_its_sandbox_and_the_next_gets_a_new_one()
         "{:?}",
         started.elapsed()
     );
-    for _ in 0..50 {
-        if !alive("25.3579") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(!alive("25.3579"), "the hanging command survived its limit");
+    assert!(
+        gone_soon("25.3579").await,
+        "the hanging command survived its limit"
+    );
     let after = runner
         .init(&wd, Tool::Terraform, &ToolEnv::new())
         .await
@@ -301,14 +309,8 @@ async fn a_dropped_step_ends_its_sandbox() {
     )
     .await;
     assert!(cut.is_err(), "the step should have been cut off");
-    for _ in 0..50 {
-        if !alive("25.4680") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     assert!(
-        !alive("25.4680"),
+        gone_soon("25.4680").await,
         "the command outlived the step that dropped it"
     );
     // the Workdir is usable again with a new sandbox
@@ -344,5 +346,82 @@ fn the_launcher_is_found_beside_the_binary_or_set() {
     assert!(
         problems.iter().any(|p| p.contains("TAKOSUMI_LAUNCHER_BIN")),
         "{problems:?}"
+    );
+}
+
+/// Host pids of launchers serving `wd` (their working directory is the Run's directory).
+fn launchers_of(wd: &takosumi_runner::Workdir) -> Vec<u32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"/run/takosumi/launch\0")
+                && fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|d| d == wd.root())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_steps_sandbox_starts_beside_the_checkout_and_serves_every_command() {
+    let tools = tempfile::tempdir().unwrap();
+    let tool = tool(tools.path());
+    let (_base, runner) = runner_with(&tool, Some(launcher()));
+    let repo = Repo::new();
+    repo.write("main.tf", NETWORK_TF);
+    repo.commit("init");
+    let wd = runner.workdir("run_early").unwrap();
+    runner.start_step_sandbox(&wd);
+    runner
+        .checkout(&wd, &repo.url(), "main", None, "")
+        .await
+        .unwrap();
+    let mut started = Vec::new();
+    for _ in 0..50 {
+        started = launchers_of(&wd);
+        if !started.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        started.len(),
+        1,
+        "one launcher before any tool command: {started:?}"
+    );
+    // a second call starts nothing more
+    runner.start_step_sandbox(&wd);
+    runner
+        .init(&wd, Tool::Terraform, &ToolEnv::new())
+        .await
+        .unwrap();
+    runner
+        .plan(&wd, Tool::Terraform, &ToolEnv::new(), false)
+        .await
+        .unwrap();
+    assert_eq!(
+        launchers_of(&wd),
+        started,
+        "the same launcher ran both commands"
+    );
+    wd.close().unwrap();
+    let running = |p: &u32| {
+        fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    for _ in 0..50 {
+        if !started.iter().any(running) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !started.iter().any(running),
+        "the launcher outlived its Workdir"
     );
 }

@@ -74,7 +74,8 @@ pub trait Host: Sync {
     ) -> impl Future<Output = Result<Option<Vec<u8>>, Self::Error>> + Send;
 
     /// The tool's environment (variables, sensitive variables, credentials), every secret
-    /// in its masker. Asked after the checkout, before any tool starts.
+    /// in its masker. Asked while a plan's checkout runs (it must not read the checkout), before
+    /// any tool starts.
     fn tool_env(&self, wd: &Workdir) -> impl Future<Output = Result<ToolEnv, Self::Error>> + Send;
 }
 
@@ -203,53 +204,57 @@ async fn log_result<H: Host>(
     }
 }
 
-/// Checks `(repo, branch, commit, dir)` out, reporting `checkout_started` (with `started`)
-/// and `checked_out`.
-async fn checkout<H: Host>(
+/// The checkout, and beside it (neither reads the checkout) the Capsule's state restored
+/// (its bytes returned) and the tool's environment (every secret in its masker); then the
+/// backend override (written into the checked-out directory) and the tool's version. All
+/// before any module or provider is installed.
+///
+/// Reports `checkout_started` (with `started`), then `environment_prepared` (the host's),
+/// then `checked_out`: in this order on every host, however the two overlap.
+async fn checkout_and_prepare<H: Host>(
     host: &H,
     runner: &Runner,
     wd: &Workdir,
+    tool: Tool,
     (repo, branch, commit, dir): (&str, &str, Option<&str>, &str),
     started: Value,
-) -> Result<SourceSnapshot, PlanError<H::Error>> {
+) -> Result<(SourceSnapshot, Option<Vec<u8>>, ToolEnv, Value), PlanError<H::Error>> {
     host.event(EventKind::CheckoutStarted, started).await;
-    let source = runner
-        .checkout(wd, repo, branch, commit, dir)
-        .await
-        .map_err(|e| tool_failure(e, "checking out the source failed"))?;
+    // The step's tool sandbox starts beside the checkout's, not after it.
+    runner.start_step_sandbox(wd);
+    let fetch = async {
+        runner
+            .checkout(wd, repo, branch, commit, dir)
+            .await
+            .map_err(|e| tool_failure(e, "checking out the source failed"))
+    };
+    let beside = async {
+        let restored = host
+            .restore_state(runner, wd)
+            .await
+            .map_err(PlanError::Host)?;
+        let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
+        Ok((restored, env))
+    };
+    // Boxed: the two futures inline make a step's future type too deep for the compiler.
+    let (source, (restored, env)) = tokio::try_join!(Box::pin(fetch), Box::pin(beside))?;
     host.event(
         EventKind::CheckedOut,
         json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
     )
     .await;
-    Ok(source)
-}
-
-/// After the checkout, before any module or provider is installed: the Capsule's state
-/// restored (its bytes returned), the backend override, the tool's environment (every
-/// secret in its masker) and the tool's version.
-async fn prepare<H: Host>(
-    host: &H,
-    runner: &Runner,
-    wd: &Workdir,
-    tool: Tool,
-) -> Result<(Option<Vec<u8>>, ToolEnv, Value), PlanError<H::Error>> {
-    let restored = host
-        .restore_state(runner, wd)
-        .await
-        .map_err(PlanError::Host)?;
     runner
         .write_backend_override(wd)
         .map_err(|e| tool_failure(e, "writing the backend override"))?;
-    let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
     let tool_version = runner
         .version(tool, &env)
         .await
         .map_err(|e| tool_failure(e, "reading the tool version"))?;
-    Ok((restored, env, tool_version))
+    Ok((source, restored, env, tool_version))
 }
 
-/// Plan, destroy plan or drift check: checkout → state → backend override → version →
+/// Plan, destroy plan or drift check: checkout (state and environment beside it) → backend
+/// override → version →
 /// modules → dry-run scan (refusal, hold) → init → lockfile → plan → the saved plan kept
 /// → `show -json`.
 pub async fn plan<H: PlanHost>(
@@ -259,10 +264,11 @@ pub async fn plan<H: PlanHost>(
     inputs: &PlanInputs,
 ) -> Result<Planned, PlanError<H::Error>> {
     let tool = inputs.tool;
-    let source = checkout(
+    let (source, _, env, tool_version) = checkout_and_prepare(
         host,
         runner,
         wd,
+        tool,
         (
             &inputs.repo,
             &inputs.branch,
@@ -272,7 +278,6 @@ pub async fn plan<H: PlanHost>(
         json!({ "branch": inputs.branch, "commit": inputs.commit }),
     )
     .await?;
-    let (_, env, tool_version) = prepare(host, runner, wd, tool).await?;
     let masker = env.masker();
 
     // Modules are downloaded once, here, into the private checkout (a committed
@@ -529,6 +534,8 @@ pub async fn apply<H: ApplyHost>(
     inputs: ApplyInputs,
 ) -> Result<ApplyOutput, PlanError<H::Error>> {
     let tool = inputs.tool;
+    // The step's tool sandbox starts beside the checkout's, not after it.
+    runner.start_step_sandbox(wd);
     let source = match runner
         .checkout(
             wd,
@@ -805,8 +812,8 @@ pub trait OneStepHost: Host {
 }
 
 /// The one-step apply (an apply no rule covers, seed: "still runs apply -auto-approve"),
-/// written once for both hosts: the branch head → state → backend override → environment
-/// → version → plain `init` → the lockfile's digest → the record → `apply -auto-approve`.
+/// written once for both hosts: the branch head (state and environment beside it) → backend
+/// override → version → plain `init` → the lockfile's digest → the record → `apply -auto-approve`.
 /// Nothing is saved in between and nothing is compared with a plan: there is none.
 pub async fn one_step_apply<H: OneStepHost>(
     host: &H,
@@ -815,15 +822,15 @@ pub async fn one_step_apply<H: OneStepHost>(
     inputs: &OneStepInputs,
 ) -> Result<ApplyOutput, PlanError<H::Error>> {
     let tool = inputs.tool;
-    let source = checkout(
+    let (source, restored, env, tool_version) = checkout_and_prepare(
         host,
         runner,
         wd,
+        tool,
         (&inputs.repo, &inputs.branch, None, &inputs.dir),
         json!({ "branch": inputs.branch, "oneStep": true }),
     )
     .await?;
-    let (restored, env, tool_version) = prepare(host, runner, wd, tool).await?;
     let masker = env.masker();
     host.event(EventKind::ToolStarted, json!({ "command": "init" }))
         .await;
