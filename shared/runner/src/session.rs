@@ -113,18 +113,19 @@ impl Session {
             stdin,
             frames,
             diagnostics,
-            broken,
             ..
         } = self;
         let wait = demux(frames, out_w, err_w, program, diagnostics);
         let mut ctl = SessionControl {
             guard,
             stdin,
-            broken,
+            ended: false,
         };
         let result =
             process::drive(wait, Some(out_r), Some(err_r), &mut ctl, mode, opts, masker).await;
-        if result.is_ok() {
+        // A command killed after an interrupt's grace ends `Ok` (its output, exit 137), but
+        // its sandbox is gone with it.
+        if result.is_ok() && !ctl.ended {
             self.broken = false;
             std::mem::forget(ender);
         }
@@ -165,12 +166,13 @@ impl Drop for Ender {
 struct SessionControl<'a> {
     guard: &'a GroupGuard,
     stdin: &'a mut ChildStdin,
-    broken: &'a mut bool,
+    /// The sandbox was killed, or the launcher stopped listening.
+    ended: bool,
 }
 
 impl Control for SessionControl<'_> {
     fn kill(&mut self) {
-        *self.broken = true;
+        self.ended = true;
         if let Some(pgid) = self.guard.0 {
             process::kill_group(pgid);
         }
@@ -179,7 +181,7 @@ impl Control for SessionControl<'_> {
     async fn interrupt(&mut self) {
         if self.stdin.write_all(&[tag::INTERRUPT]).await.is_err() {
             // The launcher is gone: nothing inside is left to interrupt.
-            *self.broken = true;
+            self.ended = true;
         }
     }
 }
