@@ -941,6 +941,37 @@ async fn runs_list_filters_and_pages() -> anyhow::Result<()> {
     )
     .await?;
     assert_eq!(s, 404);
+    // The API remembers Workspaces it saw exist, never one it did not: an id unknown at
+    // first is found once another process (here: SQL) has created it.
+    let later = WorkspaceId::new();
+    let page = format!("/api/v1/workspaces/{later}/runs");
+    let (s, body) = call(
+        &stack,
+        reqwest::Method::GET,
+        &page,
+        &stack.admin_token,
+        None,
+    )
+    .await?;
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (404, Some("not_found")),
+        "{body}"
+    );
+    sqlx::query("INSERT INTO workspaces (id, name) VALUES ($1, 'created-elsewhere')")
+        .bind(later.as_uuid())
+        .execute(&stack.ctx.pool)
+        .await?;
+    let (s, body) = call(
+        &stack,
+        reqwest::Method::GET,
+        &page,
+        &stack.admin_token,
+        None,
+    )
+    .await?;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["runs"].as_array().map(Vec::len), Some(0), "{body}");
     stack.stop().await
 }
 

@@ -270,9 +270,11 @@ async fn workspace_of(
     let named = match scope {
         Scope::Instance => return Ok(Named::Instance),
         Scope::Workspace => match raw.parse::<WorkspaceId>() {
-            Ok(id) => workspaces::get(&st.pool, id)
+            Ok(id) => st
+                .workspaces
+                .exists(&st.pool, id)
                 .await?
-                .map(|_| Named::Workspace(id, Prefetched::Workspace(id))),
+                .then_some(Named::Workspace(id, Prefetched::Workspace(id))),
             Err(_) => None,
         },
         Scope::Capsule => match raw.parse::<CapsuleId>() {

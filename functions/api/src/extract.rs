@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
-use takosumi_store::{capsules, groups, runs, workspaces};
+use takosumi_store::{capsules, groups, runs};
 
 use crate::auth::{Action, Caller, Prefetched};
 use crate::error::ErrorCode;
@@ -82,7 +82,7 @@ pub(crate) async fn workspace(
     let ws: WorkspaceId = parse_id(raw)?;
     caller.require(Action::Read, Some(ws))?;
     let known = matches!(caller.1, Prefetched::Workspace(read) if read == ws)
-        || workspaces::get(&st.pool, ws).await?.is_some();
+        || st.workspaces.exists(&st.pool, ws).await?;
     if !known {
         return Err(ApiError::not_found(&format!("Workspace {ws}")));
     }

@@ -18,6 +18,7 @@ mod evidence;
 mod extract;
 mod gates;
 mod groups;
+mod known_workspaces;
 mod listing;
 mod observe;
 mod one_step;
@@ -75,6 +76,8 @@ pub struct AppState {
     pub evidence_keys: Arc<takosumi_evidence::PublishedKeys>,
     /// Token lookups of the last few seconds, dropped on any revocation.
     pub tokens: Arc<token_cache::TokenCache>,
+    /// Workspaces seen to exist (they are never deleted).
+    pub workspaces: Arc<known_workspaces::KnownWorkspaces>,
 }
 
 /// The API's routes.
@@ -166,6 +169,7 @@ pub async fn serve(
         allow_file_repos: settings.allow_file_repos,
         evidence_keys,
         tokens: token_cache,
+        workspaces: Arc::default(),
     });
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening");

@@ -51,9 +51,13 @@ pub struct RunView<'a> {
     var_names: Option<Vec<&'a str>>,
     attempts: i32,
     canceled_by: Option<&'a str>,
+    #[serde(serialize_with = "time::opt_rfc3339")]
     canceled_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "time::rfc3339")]
     created_at: DateTime<Utc>,
+    #[serde(serialize_with = "time::rfc3339")]
     updated_at: DateTime<Utc>,
+    #[serde(serialize_with = "time::opt_rfc3339")]
     cancel_requested_at: Option<DateTime<Utc>>,
     cancel_requested_by: Option<&'a str>,
     /// How an `unknown_outcome` Run was resolved.
@@ -93,6 +97,7 @@ struct ResolutionView<'a> {
     action: &'a str,
     note: Option<&'a str>,
     by: Option<&'a str>,
+    #[serde(serialize_with = "time::rfc3339")]
     at: DateTime<Utc>,
 }
 
@@ -234,4 +239,55 @@ pub fn capsule(c: &Capsule, caller_may_edit: bool) -> Value {
         "stale": c.stale,
         "createdAt": c.created_at,
     })
+}
+
+/// Times as the API writes them.
+pub(crate) mod time {
+    use chrono::{DateTime, SecondsFormat, Utc};
+    use serde::Serializer;
+
+    /// RFC 3339 in UTC with `Z` and as many fraction digits as the time has: exactly what
+    /// chrono's own `Serialize` writes, formatted once and handed over whole (chrono's goes
+    /// through `collect_str`, which feeds the JSON writer's escaping a piece at a time; a
+    /// history page has a hundred and more of them).
+    pub(crate) fn rfc3339<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+    }
+
+    /// [`rfc3339`], or null.
+    pub(crate) fn opt_rfc3339<S: Serializer>(
+        t: &Option<DateTime<Utc>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => rfc3339(t, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use chrono::TimeZone;
+
+        use super::*;
+
+        #[derive(serde::Serialize)]
+        struct Ours(#[serde(serialize_with = "rfc3339")] DateTime<Utc>);
+
+        #[test]
+        fn writes_what_chrono_writes() {
+            let whole = Utc.with_ymd_and_hms(2026, 12, 4, 20, 45, 12).unwrap();
+            for nanos in [0, 120_000_000, 123_456_000, 123_456_789, 1] {
+                let t = whole + chrono::Duration::nanoseconds(nanos);
+                let ours = serde_json::to_string(&Ours(t)).unwrap();
+                assert_eq!(ours, serde_json::to_string(&t).unwrap());
+                let back: DateTime<Utc> = serde_json::from_str(&ours).unwrap();
+                assert_eq!(back, t);
+            }
+            assert_eq!(
+                serde_json::to_string(&Ours(whole)).unwrap(),
+                "\"2026-12-04T20:45:12Z\""
+            );
+        }
+    }
 }

@@ -16,6 +16,9 @@ pub struct IdParseError {
     pub input: String,
 }
 
+/// Room for the longest id text: a prefix of up to 8 bytes and 32 hex digits.
+const TEXT_MAX: usize = 40;
+
 macro_rules! typed_id {
     ($(#[$doc:meta])* $name:ident, $prefix:literal, $kind:literal) => {
         $(#[$doc])*
@@ -49,9 +52,22 @@ macro_rules! typed_id {
             }
         }
 
+        const _: () = assert!($prefix.len() + 32 <= TEXT_MAX);
+
+        impl $name {
+            /// The text form (`PREFIX` and 32 hex digits) written into `buf`.
+            fn text<'b>(&self, buf: &'b mut [u8; TEXT_MAX]) -> &'b str {
+                let p = $prefix.len();
+                buf[..p].copy_from_slice($prefix.as_bytes());
+                self.0.simple().encode_lower(&mut buf[p..p + 32]);
+                // ASCII prefix and hex digits: always UTF-8.
+                std::str::from_utf8(&buf[..p + 32]).unwrap_or_default()
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}{}", $prefix, self.0.simple())
+                f.write_str(self.text(&mut [0; TEXT_MAX]))
             }
         }
 
@@ -76,7 +92,9 @@ macro_rules! typed_id {
 
         impl serde::Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_str(self)
+                // Whole, from the stack: `collect_str` would feed it to a JSON writer's
+                // escaping piece by piece (a page of Runs serializes hundreds of ids).
+                s.serialize_str(self.text(&mut [0; TEXT_MAX]))
             }
         }
 
@@ -156,6 +174,23 @@ mod tests {
         assert!("run_xyz".parse::<RunId>().is_err());
         let err = "nope".parse::<CapsuleId>().unwrap_err();
         assert!(err.to_string().contains("cap_"));
+    }
+
+    #[test]
+    fn text_is_the_prefix_and_the_uuids_lower_hex() {
+        let u = uuid::Uuid::parse_str("0190F5B2-7C1D-7A2B-9E3F-00AABBCCDDEE").unwrap();
+        assert_eq!(
+            RunId::from_uuid(u).to_string(),
+            "run_0190f5b27c1d7a2b9e3f00aabbccddee"
+        );
+        assert_eq!(
+            ProviderBindingId::from_uuid(u).to_string(),
+            "pb_0190f5b27c1d7a2b9e3f00aabbccddee"
+        );
+        assert_eq!(
+            serde_json::to_string(&TokenId::from_uuid(u)).unwrap(),
+            "\"tok_0190f5b27c1d7a2b9e3f00aabbccddee\""
+        );
     }
 
     #[test]
