@@ -2,9 +2,8 @@
 //! Run history page, a Capsule listing) does not read `workspaces` again on every call.
 //!
 //! Only existence is kept, and only once Postgres confirmed it: no statement of Takosumi
-//! deletes a Workspace row (`takosumi_store::workspaces` has no delete, and nothing
-//! references one with `ON DELETE`), so a Workspace seen once exists for as long as the
-//! process runs. An id Postgres does not know is looked up every time (a guess fills
+//! deletes a Workspace row (`takosumi_store::workspaces` has no delete), so a Workspace
+//! seen once exists for as long as the process runs. An id Postgres does not know is looked up every time (a guess fills
 //! nothing), and the set stops growing at [`MAX_ENTRIES`] (lookups past it are only not
 //! saved). Adding a way to delete a Workspace must clear this set in every API process.
 

@@ -1,4 +1,6 @@
-//! Workspaces: named groups of Capsules.
+//! Workspaces: named groups of Capsules. A Workspace is never deleted: the API remembers
+//! the ones it has seen exist (`takosumi_api`'s `known_workspaces`), so a way to delete one
+//! must come with a way to make every API process forget it.
 
 use chrono::{DateTime, Utc};
 use takosumi_core::WorkspaceId;
