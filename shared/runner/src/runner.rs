@@ -904,13 +904,8 @@ impl Runner {
         let session = self.session_in(&mut slot, wd, launcher)?;
         let shown = program.display().to_string();
         tracing::debug!(%tool, step, "starting the tool in the step's sandbox");
-        let opts = process::Opts {
-            interrupt: self.interrupt_for(step),
-            tap: self.tap_for(step),
-            limit: Some((step, self.cfg.limits.for_step(step))),
-        };
         let captured = session
-            .run(&request, &shown, mode, opts, env.masker())
+            .run(&request, &shown, mode, self.step_opts(step), env.masker())
             .await?;
         tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
         Ok(captured)
@@ -966,14 +961,20 @@ impl Runner {
         let program = self.tool_bin(tool)?.display().to_string();
         tracing::debug!(%tool, step, "starting the tool");
         let ToolCommand { cmd, masker } = cmd;
-        let opts = process::Opts {
+        let captured =
+            process::run_tapped(cmd, &program, mode, self.step_opts(step), &masker).await?;
+        tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
+        Ok(captured)
+    }
+
+    /// How a tool command of `step` is driven, in its own sandbox or in the step's: the
+    /// step's interrupt, live-output tap and time limit.
+    fn step_opts(&self, step: &'static str) -> process::Opts {
+        process::Opts {
             interrupt: self.interrupt_for(step),
             tap: self.tap_for(step),
             limit: Some((step, self.cfg.limits.for_step(step))),
-        };
-        let captured = process::run_tapped(cmd, &program, mode, opts, &masker).await?;
-        tracing::debug!(%tool, step, exit_code = captured.exit_code, "the tool ended");
-        Ok(captured)
+        }
     }
 
     /// A git command with nothing inherited.
