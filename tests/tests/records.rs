@@ -945,14 +945,16 @@ async fn runs_list_filters_and_pages() -> anyhow::Result<()> {
     // first is found once another process (here: SQL) has created it.
     let later = WorkspaceId::new();
     let page = format!("/api/v1/workspaces/{later}/runs");
-    let (s, body) = call(
-        &stack,
-        reqwest::Method::GET,
-        &page,
-        &stack.admin_token,
-        None,
-    )
-    .await?;
+    let get_page = || {
+        call(
+            &stack,
+            reqwest::Method::GET,
+            &page,
+            &stack.admin_token,
+            None,
+        )
+    };
+    let (s, body) = get_page().await?;
     assert_eq!(
         (s, body["code"].as_str()),
         (404, Some("not_found")),
@@ -962,14 +964,7 @@ async fn runs_list_filters_and_pages() -> anyhow::Result<()> {
         .bind(later.as_uuid())
         .execute(&stack.ctx.pool)
         .await?;
-    let (s, body) = call(
-        &stack,
-        reqwest::Method::GET,
-        &page,
-        &stack.admin_token,
-        None,
-    )
-    .await?;
+    let (s, body) = get_page().await?;
     assert_eq!(s, 200, "{body}");
     assert_eq!(body["runs"].as_array().map(Vec::len), Some(0), "{body}");
     stack.stop().await
