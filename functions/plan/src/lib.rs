@@ -346,7 +346,8 @@ async fn plan(
         }
         Planned::Done(out) => *out,
     };
-    let _ = ctx.runner.wipe_plan_file(&wd);
+    // The plan file (sealed and stored) is wiped when the run directory goes, after the
+    // commit: a wipe syncs to disk, which the Run's `planned` need not wait for.
     if lost.is_cancelled() || ctx.runner.interrupted() {
         host.discard_kept().await;
         return Ok(Outcome::Skipped(

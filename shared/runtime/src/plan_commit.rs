@@ -307,9 +307,6 @@ pub async fn commit_plan(
             run.kind
         ))));
     }
-    let capsule = takosumi_store::capsules::get(&ctx.pool, run.capsule_id)
-        .await?
-        .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
     let (lock_digest, lock_key) = match p.lockfile {
         None => (None, None),
         Some(l) => (Some(l.digest), Some(l.key)),
@@ -337,10 +334,6 @@ pub async fn commit_plan(
         .seal(Purpose::Plan, &format!("{run_id}:show"), &show_bytes)
         .map_err(StepError::internal)?;
     drop(show_bytes);
-    ctx.objects
-        .put_if_absent(&show_key, sealed_show)
-        .await
-        .map_err(object_err)?;
 
     // A drift check reports drift when the tool's exit code says the plan changes
     // something, or `show -json` does (see takosumi_steps::drift_verdict). A check that
@@ -349,66 +342,87 @@ pub async fn commit_plan(
         .tool_says_drift
         .or((run.kind == RunKind::DriftCheck).then_some(false));
     let drift = takosumi_steps::drift_verdict(tool_says_drift, &p.show);
-    let record = runs::PlanRecord {
-        source_commit: p.source.commit.clone(),
-        tree_digest: p.source.tree_digest.clone(),
-        tool_version: p.tool_version,
-        plan_digest: p.plan.as_ref().map(|p| p.digest.clone()),
-        plan_object_key: p.plan.as_ref().map(|p| p.key.clone()),
-        lockfile_object_key: lock_key,
-        provider_lock_digest: lock_digest.clone(),
-        dependency_snapshot: dependency_snapshot(&p.modules_digest, lock_digest.as_deref()),
-        state_generation: capsule.state_generation,
-        changes,
-        drift,
-        injected_env_names: p.injected_env_names,
-    };
-    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
-    if !runs::record_plan(&mut tx, run_id, owner, &record).await? {
-        drop(tx);
-        // This claim's objects: the Run is another claim's now, under other keys.
-        let claim = [
-            record.plan_object_key,
-            record.lockfile_object_key,
-            Some(show_key),
-        ];
-        discard_unrecorded(ctx, run_id, claim.into_iter().flatten()).await;
-        return Ok(Committed::LeaseLost);
-    }
-    takosumi_store::runs::plan_record::set_resource_changes(&mut tx, run_id, &resources).await?;
-    takosumi_store::runs::plan_record::set_plan_diff(&mut tx, run_id, &diff).await?;
-    takosumi_store::capsules::add_sensitive_var_names(
-        &mut tx,
-        capsule.id,
-        &declared_sensitive_vars(&p.show),
-    )
-    .await?;
-    let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": capsule.state_generation });
-    if let (Some(d), Some(extra)) = (data.as_object_mut(), p.event_extra.as_object()) {
-        d.extend(extra.clone());
-    }
-    events::append(
-        &mut *tx,
-        run_id,
-        EventKind::Planned,
-        &format!("handler:{owner}"),
-        data,
-    )
-    .await?;
-    takosumi_store::runs::plan_record::set_plan_json_key(&mut tx, run_id, &show_key).await?;
-    // A drift check replaces the plan an earlier check kept, and keeps its own only when it
-    // found drift (that plan is what a reconcile carries out).
-    let mut dropped = Vec::new();
-    if run.kind == RunKind::DriftCheck {
-        dropped = takosumi_store::drift::drop_kept_drift_plans(&mut tx, capsule.id, run_id).await?;
-        if record.drift != Some(true)
-            && let Some(key) = &record.plan_object_key
-        {
-            runs::clear_plan_object(&mut tx, run_id).await?;
-            dropped.push(key.clone());
+    let sensitive_vars = declared_sensitive_vars(&p.show);
+    let plan_digest = p.plan.as_ref().map(|p| p.digest.clone());
+    let plan_object_key = p.plan.as_ref().map(|p| p.key.clone());
+    let dependency_snapshot = dependency_snapshot(&p.modules_digest, lock_digest.as_deref());
+
+    // The record's statements run while the sealed JSON is stored; the transaction commits
+    // only once the object is there (the record names it).
+    let put_show = ctx.objects.put_if_absent(&show_key, sealed_show);
+    let write = async {
+        let capsule = takosumi_store::capsules::get(&ctx.pool, run.capsule_id)
+            .await?
+            .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
+        let record = runs::PlanRecord {
+            source_commit: p.source.commit.clone(),
+            tree_digest: p.source.tree_digest.clone(),
+            tool_version: p.tool_version,
+            plan_digest,
+            plan_object_key,
+            lockfile_object_key: lock_key,
+            provider_lock_digest: lock_digest,
+            dependency_snapshot,
+            state_generation: capsule.state_generation,
+            changes,
+            drift,
+            injected_env_names: p.injected_env_names,
+        };
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        if !runs::record_plan(&mut tx, run_id, owner, &record).await? {
+            return Ok::<_, EnvError>(Err(record));
         }
-    }
-    outbox::enqueue(&mut tx, Topic::Gate, run_id).await?;
+        takosumi_store::runs::plan_record::set_resource_changes(&mut tx, run_id, &resources)
+            .await?;
+        takosumi_store::runs::plan_record::set_plan_diff(&mut tx, run_id, &diff).await?;
+        takosumi_store::capsules::add_sensitive_var_names(&mut tx, capsule.id, &sensitive_vars)
+            .await?;
+        let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": capsule.state_generation });
+        if let (Some(d), Some(extra)) = (data.as_object_mut(), p.event_extra.as_object()) {
+            d.extend(extra.clone());
+        }
+        events::append(
+            &mut *tx,
+            run_id,
+            EventKind::Planned,
+            &format!("handler:{owner}"),
+            data,
+        )
+        .await?;
+        takosumi_store::runs::plan_record::set_plan_json_key(&mut tx, run_id, &show_key).await?;
+        // A drift check replaces the plan an earlier check kept, and keeps its own only when
+        // it found drift (that plan is what a reconcile carries out).
+        let mut dropped = Vec::new();
+        if run.kind == RunKind::DriftCheck {
+            dropped =
+                takosumi_store::drift::drop_kept_drift_plans(&mut tx, capsule.id, run_id).await?;
+            if record.drift != Some(true)
+                && let Some(key) = &record.plan_object_key
+            {
+                runs::clear_plan_object(&mut tx, run_id).await?;
+                dropped.push(key.clone());
+            }
+        }
+        outbox::enqueue(&mut tx, Topic::Gate, run_id).await?;
+        Ok(Ok((tx, dropped)))
+    };
+    let (put, written) = tokio::join!(put_show, write);
+    // Either failing drops the transaction uncommitted.
+    let written = written?;
+    put.map_err(object_err)?;
+    let (tx, dropped) = match written {
+        Ok(written) => written,
+        Err(record) => {
+            // This claim's objects: the Run is another claim's now, under other keys.
+            let claim = [
+                record.plan_object_key,
+                record.lockfile_object_key,
+                Some(show_key),
+            ];
+            discard_unrecorded(ctx, run_id, claim.into_iter().flatten()).await;
+            return Ok(Committed::LeaseLost);
+        }
+    };
     tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     for key in dropped {

@@ -191,6 +191,19 @@ pub fn tool_failure<E>(e: RunnerError, what: &str) -> PlanError<E> {
     }
 }
 
+/// Runs `work` while `kind` is recorded: the event's round trip does not delay the work, and
+/// whatever is reported next still follows it (both are done when this returns). Only for
+/// events that are progress, not evidence a later decision reads.
+async fn beside_event<H: Host, T>(
+    host: &H,
+    kind: EventKind,
+    data: Value,
+    work: impl Future<Output = T>,
+) -> T {
+    let ((), out) = tokio::join!(host.event(kind, data), work);
+    out
+}
+
 async fn log_result<H: Host>(
     host: &H,
     step: &'static str,
@@ -219,7 +232,6 @@ async fn checkout_and_prepare<H: Host>(
     (repo, branch, commit, dir): (&str, &str, Option<&str>, &str),
     started: Value,
 ) -> Result<(SourceSnapshot, Option<Vec<u8>>, ToolEnv, Value), PlanError<H::Error>> {
-    host.event(EventKind::CheckoutStarted, started).await;
     // The step's tool sandbox starts beside the checkout's, not after it.
     runner.start_step_sandbox(wd);
     let fetch = async {
@@ -228,7 +240,10 @@ async fn checkout_and_prepare<H: Host>(
             .await
             .map_err(|e| tool_failure(e, "checking out the source failed"))
     };
+    // `checkout_started` is written while git already works; it still precedes the
+    // `environment_prepared` this future reports.
     let beside = async {
+        host.event(EventKind::CheckoutStarted, started).await;
         let restored = host
             .restore_state(runner, wd)
             .await
@@ -237,7 +252,10 @@ async fn checkout_and_prepare<H: Host>(
         Ok((restored, env))
     };
     // Boxed: the two futures inline make a step's future type too deep for the compiler.
-    let (source, (restored, env)) = tokio::try_join!(Box::pin(fetch), Box::pin(beside))?;
+    // Both run to their end (a failed checkout does not cut `checkout_started` short);
+    // the checkout's error is the one reported.
+    let (source, beside) = tokio::join!(Box::pin(fetch), Box::pin(beside));
+    let (source, (restored, env)) = (source?, beside?);
     host.event(
         EventKind::CheckedOut,
         json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
@@ -285,9 +303,13 @@ pub async fn plan<H: PlanHost>(
     // configuration that calls no module skips `get` (one tool start less), and the
     // apply skips it the same way, so the digests agree wherever each ran.
     if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        host.event(EventKind::ToolStarted, json!({ "command": "get" }))
-            .await;
-        let got = runner.get_modules(wd, tool, &env).await;
+        let got = beside_event(
+            host,
+            EventKind::ToolStarted,
+            json!({ "command": "get" }),
+            runner.get_modules(wd, tool, &env),
+        )
+        .await;
         log_result(host, "get", masker, &got).await;
         got.map_err(|e| tool_failure(e, "downloading modules failed"))?;
     }
@@ -307,10 +329,14 @@ pub async fn plan<H: PlanHost>(
     // what the scan read: the report is evidence of exactly this module tree
     report.modules_digest = Some(modules_digest.clone());
     let scan_report = report.to_json();
-    host.record_scan(&scan_report)
-        .await
-        .map_err(PlanError::Host)?;
-    host.event(EventKind::DryRunScan, scan_report.clone()).await;
+    beside_event(
+        host,
+        EventKind::DryRunScan,
+        scan_report.clone(),
+        host.record_scan(&scan_report),
+    )
+    .await
+    .map_err(PlanError::Host)?;
     if inputs.speculative && !report.is_clean() {
         let named: Vec<String> = report
             .findings
@@ -337,48 +363,67 @@ pub async fn plan<H: PlanHost>(
         return Ok(Planned::Held);
     }
 
-    host.event(EventKind::ToolStarted, json!({ "command": "init" }))
-        .await;
-    let init = runner.init_without_get(wd, tool, &env).await;
-    log_result(host, "init", masker, &init).await;
-    init.map_err(|e| tool_failure(e, "init failed"))?;
+    let init = beside_event(
+        host,
+        EventKind::ToolStarted,
+        json!({ "command": "init" }),
+        runner.init_without_get(wd, tool, &env),
+    )
+    .await;
+    let init = match init {
+        Ok(init) => init,
+        Err(e) => {
+            if let RunnerError::ToolFailed { output, .. } = &e {
+                host.log("init", masker, output).await;
+            }
+            return Err(tool_failure(e, "init failed"));
+        }
+    };
 
     // Lockfile continuity: the raw bytes right after init, or an explicit null.
     let lockfile = match runner.read_lockfile(wd) {
         Ok(l) => l,
-        Err(e @ RunnerError::LockfileTooLarge { .. }) => {
-            return Err(PlanError::Fail(
-                FailureCode::LockfileTooLarge,
-                e.to_string(),
-            ));
+        Err(e) => {
+            host.log("init", masker, &init.output).await;
+            return Err(match e {
+                RunnerError::LockfileTooLarge { .. } => {
+                    PlanError::Fail(FailureCode::LockfileTooLarge, e.to_string())
+                }
+                e => tool_failure(e, "reading the provider lockfile"),
+            });
         }
-        Err(e) => return Err(tool_failure(e, "reading the provider lockfile")),
     };
-    host.keep_lockfile(lockfile.as_deref())
-        .await
-        .map_err(PlanError::Host)?;
+    // init's output is stored while the lockfile is kept: neither waits for the other.
+    let ((), kept) = tokio::join!(
+        host.log("init", masker, &init.output),
+        host.keep_lockfile(lockfile.as_deref())
+    );
+    kept.map_err(PlanError::Host)?;
 
     let destroy = inputs.kind == RunKind::Destroy;
     let drift_check = inputs.kind == RunKind::DriftCheck;
-    host.event(
-        EventKind::ToolStarted,
-        json!({ "command": "plan", "destroy": destroy, "detailedExitcode": drift_check }),
-    )
-    .await;
     // A drift check asks the tool itself whether anything would change (exit code 2 of
     // `-detailed-exitcode`); `show -json` then says what.
     let mut tool_says_drift = None;
-    let planned = if drift_check {
-        runner
-            .plan_detailed(wd, tool, &env)
-            .await
-            .map(|(out, changes)| {
-                tool_says_drift = Some(changes);
-                out
-            })
-    } else {
-        runner.plan(wd, tool, &env, destroy).await
-    };
+    let planned = beside_event(
+        host,
+        EventKind::ToolStarted,
+        json!({ "command": "plan", "destroy": destroy, "detailedExitcode": drift_check }),
+        async {
+            if drift_check {
+                runner
+                    .plan_detailed(wd, tool, &env)
+                    .await
+                    .map(|(out, changes)| {
+                        tool_says_drift = Some(changes);
+                        out
+                    })
+            } else {
+                runner.plan(wd, tool, &env, destroy).await
+            }
+        },
+    )
+    .await;
     if planned.is_err() {
         log_result(host, "plan", masker, &planned).await;
     }
@@ -587,9 +632,13 @@ pub async fn apply<H: ApplyHost>(
         ));
     };
     if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        host.event(EventKind::ToolStarted, json!({ "command": "get" }))
-            .await;
-        let got = runner.get_modules(wd, tool, &env).await;
+        let got = beside_event(
+            host,
+            EventKind::ToolStarted,
+            json!({ "command": "get" }),
+            runner.get_modules(wd, tool, &env),
+        )
+        .await;
         log_result(host, "get", masker, &got).await;
         match got {
             Ok(_) => {}
@@ -616,9 +665,13 @@ pub async fn apply<H: ApplyHost>(
     )
     .await;
 
-    host.event(EventKind::ToolStarted, json!({ "command": "init" }))
-        .await;
-    let init = runner.init_without_get(wd, tool, &env).await;
+    let init = beside_event(
+        host,
+        EventKind::ToolStarted,
+        json!({ "command": "init" }),
+        runner.init_without_get(wd, tool, &env),
+    )
+    .await;
     log_result(host, "init", masker, &init).await;
     init.map_err(|e| tool_failure(e, "init failed"))?;
     let lock_after = runner
