@@ -12,7 +12,7 @@ use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::plan_commit::{
-    self, Committed, PlanPut, PlanSource, PlanToCommit, StoredLockfile, StoredPlan,
+    self, Committed, PlanPut, PlanToCommit, SealedPlanFile, StoredLockfile, StoredPlan,
 };
 use takosumi_runtime::step::runner_err;
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
@@ -41,15 +41,15 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         ));
     }
     // A Capsule that names a worker pool plans on that pool's relay workers, never here.
-    if takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id)
-        .await?
-        .is_some()
-    {
+    // Claims whose handler vanished; a claim handed back after a transient fault (an
+    // outage the handler rode out) does not count. Both read at once.
+    let (on_pool, lost) = tokio::try_join!(
+        takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id),
+        runs::lost_claims(&ctx.pool, run_id)
+    )?;
+    if on_pool.is_some() {
         return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
     }
-    // Claims whose handler vanished; a claim handed back after a transient fault (an
-    // outage the handler rode out) does not count.
-    let lost = runs::lost_claims(&ctx.pool, run_id).await?;
     if lost >= ctx.max_attempts {
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let msg = format!(
@@ -176,7 +176,9 @@ struct NodeHost<'a> {
     stopped: std::sync::Mutex<Option<Outcome>>,
     /// The lockfile as stored and read back, before the plan ran.
     lockfile: std::sync::Mutex<Option<StoredLockfile>>,
-    /// The plan file as sealed and stored, before `show -json` ran.
+    /// The plan file as sealed before `show -json` ran, until stored.
+    sealed: std::sync::Mutex<Option<SealedPlanFile>>,
+    /// The plan file as sealed before `show -json` ran, and stored.
     plan: std::sync::Mutex<Option<StoredPlan>>,
 }
 
@@ -251,10 +253,22 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
     }
 
     async fn keep_plan_file(&self, wd: &Workdir, _size: u64) -> Result<(), PlanError> {
-        // Any size: sealed from the file and uploaded in parts (only the relay has a limit).
+        // Any size: sealed from the file here, uploaded in parts beside `show` (only the
+        // relay has a limit).
+        let sealed = plan_commit::seal_plan_file(self.ctx, self.run.id, wd).await?;
+        *self
+            .sealed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sealed);
+        Ok(())
+    }
+
+    async fn store_kept_plan(&self) -> Result<(), PlanError> {
+        let sealed = take(&self.sealed).ok_or_else(|| {
+            StepError::Internal("the plan pipeline stored a plan file it did not keep".into())
+        })?;
         let stored =
-            plan_commit::store_plan_file(self.ctx, self.run.id, self.attempt, PlanSource::File(wd))
-                .await?;
+            plan_commit::put_sealed_plan(self.ctx, self.run.id, self.attempt, sealed).await?;
         let plan = match stored {
             PlanPut::Stored(plan) => plan,
             // Most often this put's own earlier try, whose answer was lost when the storage
@@ -330,6 +344,7 @@ async fn plan(
         attempt,
         stopped: std::sync::Mutex::new(None),
         lockfile: std::sync::Mutex::new(None),
+        sealed: std::sync::Mutex::new(None),
         plan: std::sync::Mutex::new(None),
     };
     let planned = match takosumi_steps::plan(&host, &ctx.runner, &wd, &inputs).await {

@@ -150,18 +150,28 @@ impl Ctx {
         run: &Run,
         capsule: &Capsule,
     ) -> Result<takosumi_store::runs::source::RunSource, EnvError> {
-        let source = takosumi_store::runs::source::run_source(&self.pool, run.id).await?;
+        // Both read at once: neither needs the other.
+        let sealed_vars = async {
+            if run.vars.is_some() {
+                return Ok(true);
+            }
+            Ok::<_, StoreError>(
+                bindings::sealed_run_vars(&self.pool, run.id)
+                    .await?
+                    .is_some(),
+            )
+        };
+        let (source, has_vars) = tokio::try_join!(
+            takosumi_store::runs::source::run_source(&self.pool, run.id),
+            sealed_vars
+        )?;
         if source.no_baseline {
             return Err(EnvError::Fail(
                 FailureCode::NotApplied,
                 takosumi_store::runs::source::NOT_APPLIED.into(),
             ));
         }
-        if run.vars.is_some()
-            || bindings::sealed_run_vars(&self.pool, run.id)
-                .await?
-                .is_some()
-        {
+        if has_vars {
             return Ok(source);
         }
         let vars = match source.baseline_run {

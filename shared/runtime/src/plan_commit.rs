@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use takosumi_core::{EventKind, FailureCode, RunKind, StepError, Topic};
 use takosumi_objects::PutOutcome;
 use takosumi_runner::{Masker, SourceSnapshot, Workdir, count_changes};
-use takosumi_seal::{CHUNK_LEN, Purpose, SealError};
+use takosumi_seal::{CHUNK_LEN, Purpose, SealError, Streamed};
 use takosumi_store::{events, outbox, runs};
 
 use crate::Ctx;
@@ -70,17 +70,7 @@ pub enum Committed {
     LeaseLost,
 }
 
-/// A saved plan to seal and store.
-pub enum PlanSource<'a> {
-    /// The control node's own plan: the run directory's saved plan, sealed into its
-    /// staging file (beside it, outside the checkout) and uploaded from there in parts, so
-    /// memory stays bounded whatever the plan's size.
-    File(&'a Workdir),
-    /// A relay worker's upload, already held to [`MAX_RELAY_PLAN_BYTES`].
-    Bytes(&'a [u8]),
-}
-
-/// How [`store_plan_file`] ended.
+/// How [`store_plan_file`] and [`put_sealed_plan`] ended.
 #[derive(Debug)]
 pub enum PlanPut {
     /// Sealed and stored.
@@ -89,58 +79,94 @@ pub enum PlanPut {
     AlreadyThere,
 }
 
-/// Seals (chunked format, `takosumi_seal::Sealer::seal_stream`) and stores a plan file
-/// under the Run's claim (`attempt`), digesting it on the way. The one place a plan file
-/// becomes an object, for the control node's plans and a relay worker's uploads alike.
+/// A saved plan sealed into the run directory's staging file and digested, not stored yet:
+/// [`put_sealed_plan`] stores it.
+#[derive(Debug)]
+pub struct SealedPlanFile {
+    staged: std::path::PathBuf,
+    streamed: Streamed,
+}
+
+fn seal_err(e: SealError) -> StepError {
+    if e.retryable() {
+        StepError::transient(e)
+    } else {
+        StepError::internal(e)
+    }
+}
+
+/// Seals (chunked format, `takosumi_seal::Sealer::seal_stream`) the run directory's saved
+/// plan into its staging file beside it, digesting the plan on the way; memory stays
+/// bounded whatever the plan's size. What is sealed here is what the record's digest names:
+/// call it before anything else of the Capsule runs. The control node's plans; a relay
+/// worker's upload goes through [`store_plan_file`].
+pub async fn seal_plan_file(
+    ctx: &Ctx,
+    run_id: takosumi_core::RunId,
+    wd: &Workdir,
+) -> Result<SealedPlanFile, StepError> {
+    let sealer = ctx.sealer.clone();
+    let subject = run_id.to_string();
+    let staged = wd.sealed_plan_path();
+    let (plan, dst) = (wd.plan_path().to_owned(), staged.clone());
+    let streamed = tokio::task::spawn_blocking(move || {
+        let src = std::fs::File::open(&plan).map_err(|e| SealError::Io {
+            what: "opening the saved plan",
+            kind: e.kind(),
+        })?;
+        let dst = takosumi_runner::create_private_file(&dst).map_err(|e| SealError::Io {
+            what: "staging the sealed plan",
+            kind: e.kind(),
+        })?;
+        sealer.seal_stream(Purpose::Plan, &subject, src, std::io::BufWriter::new(dst))
+    })
+    .await
+    .map_err(StepError::internal)?
+    .map_err(seal_err)?;
+    Ok(SealedPlanFile { staged, streamed })
+}
+
+/// Stores a plan [`seal_plan_file`] sealed under the Run's claim (`attempt`), uploaded from
+/// its staging file in parts, then removes the staging file. It may run beside Capsule code
+/// (`show -json`): a staged copy altered meanwhile no longer opens (the seal is
+/// authenticated and bound to the Run), so it could fail this plan's apply, never change
+/// what is applied.
+pub async fn put_sealed_plan(
+    ctx: &Ctx,
+    run_id: takosumi_core::RunId,
+    attempt: i32,
+    sealed: SealedPlanFile,
+) -> Result<PlanPut, StepError> {
+    let key = plan_key(run_id, attempt);
+    let put = ctx.objects.put_file_if_absent(&key, &sealed.staged).await;
+    let _ = std::fs::remove_file(&sealed.staged);
+    plan_put(put, key, &sealed.streamed)
+}
+
+/// Seals and stores a relay worker's uploaded plan (already held to
+/// [`MAX_RELAY_PLAN_BYTES`]) under the Run's claim (`attempt`), digesting it on the way,
+/// sealed as [`seal_plan_file`] seals the control node's.
 pub async fn store_plan_file(
     ctx: &Ctx,
     run_id: takosumi_core::RunId,
     attempt: i32,
-    source: PlanSource<'_>,
+    bytes: &[u8],
 ) -> Result<PlanPut, StepError> {
     let key = plan_key(run_id, attempt);
-    let subject = run_id.to_string();
-    let seal_err = |e: SealError| {
-        if e.retryable() {
-            StepError::transient(e)
-        } else {
-            StepError::internal(e)
-        }
-    };
-    let (streamed, put) = match source {
-        PlanSource::Bytes(bytes) => {
-            let mut sealed = Vec::with_capacity(bytes.len() + bytes.len() / CHUNK_LEN * 16 + 128);
-            let streamed = ctx
-                .sealer
-                .seal_stream(Purpose::Plan, &subject, bytes, &mut sealed)
-                .map_err(seal_err)?;
-            let put = ctx.objects.put_if_absent(&key, sealed).await;
-            (streamed, put)
-        }
-        PlanSource::File(wd) => {
-            let sealer = ctx.sealer.clone();
-            let scratch = wd.sealed_plan_path();
-            let (plan, staged) = (wd.plan_path().to_owned(), scratch.clone());
-            let streamed = tokio::task::spawn_blocking(move || {
-                let src = std::fs::File::open(&plan).map_err(|e| SealError::Io {
-                    what: "opening the saved plan",
-                    kind: e.kind(),
-                })?;
-                let dst =
-                    takosumi_runner::create_private_file(&staged).map_err(|e| SealError::Io {
-                        what: "staging the sealed plan",
-                        kind: e.kind(),
-                    })?;
-                sealer.seal_stream(Purpose::Plan, &subject, src, std::io::BufWriter::new(dst))
-            })
-            .await
-            .map_err(StepError::internal)?
-            .map_err(seal_err)?;
-            let put = ctx.objects.put_file_if_absent(&key, &scratch).await;
-            let _ = std::fs::remove_file(&scratch);
-            (streamed, put)
-        }
-    };
+    let mut sealed = Vec::with_capacity(bytes.len() + bytes.len() / CHUNK_LEN * 16 + 128);
+    let streamed = ctx
+        .sealer
+        .seal_stream(Purpose::Plan, &run_id.to_string(), bytes, &mut sealed)
+        .map_err(seal_err)?;
+    let put = ctx.objects.put_if_absent(&key, sealed).await;
+    plan_put(put, key, &streamed)
+}
+
+fn plan_put(
+    put: Result<PutOutcome, takosumi_objects::ObjectError>,
+    key: String,
+    streamed: &Streamed,
+) -> Result<PlanPut, StepError> {
     Ok(match put.map_err(object_err)? {
         PutOutcome::Created => PlanPut::Stored(StoredPlan {
             key,
@@ -367,14 +393,14 @@ pub async fn commit_plan(
             changes,
             drift,
             injected_env_names: p.injected_env_names,
+            resource_changes: resources,
+            plan_diff: diff,
+            plan_json_object_key: show_key.clone(),
         };
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         if !runs::record_plan(&mut tx, run_id, owner, &record).await? {
             return Ok::<_, EnvError>(Err(record));
         }
-        takosumi_store::runs::plan_record::set_resource_changes(&mut tx, run_id, &resources)
-            .await?;
-        takosumi_store::runs::plan_record::set_plan_diff(&mut tx, run_id, &diff).await?;
         takosumi_store::capsules::add_sensitive_var_names(&mut tx, capsule.id, &sensitive_vars)
             .await?;
         let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": capsule.state_generation });
@@ -389,7 +415,6 @@ pub async fn commit_plan(
             data,
         )
         .await?;
-        takosumi_store::runs::plan_record::set_plan_json_key(&mut tx, run_id, &show_key).await?;
         // A drift check replaces the plan an earlier check kept, and keeps its own only when
         // it found drift (that plan is what a reconcile carries out).
         let mut dropped = Vec::new();
@@ -417,7 +442,7 @@ pub async fn commit_plan(
             let claim = [
                 record.plan_object_key,
                 record.lockfile_object_key,
-                Some(show_key),
+                Some(record.plan_json_object_key),
             ];
             discard_unrecorded(ctx, run_id, claim.into_iter().flatten()).await;
             return Ok(Committed::LeaseLost);

@@ -104,6 +104,13 @@ pub trait PlanHost: Host {
         size: u64,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Stores what [`Self::keep_plan_file`] kept, while `show -json` runs: only what is
+    /// read from the plan file must precede `show`, not the upload. A host that sends the
+    /// plan later keeps the default, which does nothing.
+    fn store_kept_plan(&self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
+
     /// Decides whether the plan runs now (the approval rule's dry-run hold). A hold binds
     /// the commit and the module tree the scan read (`report.modules_digest`): once
     /// released, the plan runs exactly those, never modules nobody scanned.
@@ -434,7 +441,8 @@ pub async fn plan<H: PlanHost>(
     host.keep_plan_file(wd, plan_size)
         .await
         .map_err(PlanError::Host)?;
-    let show = runner.show_json(wd, tool, &env).await;
+    let (stored, show) = tokio::join!(host.store_kept_plan(), runner.show_json(wd, tool, &env));
+    stored.map_err(PlanError::Host)?;
     // The plan printed before `show -json` could name its sensitive values: they join the
     // masker first, and the plan's output is stored after.
     if let Ok(show) = &show {

@@ -142,10 +142,15 @@ pub async fn add_sensitive_var_names(
     id: CapsuleId,
     names: &[String],
 ) -> Result<(), StoreError> {
+    // Most plans add nothing: no statement then, and no new row version (nor row lock) of
+    // the Capsule per plan.
+    if names.is_empty() {
+        return Ok(());
+    }
     sqlx::query!(
         r#"UPDATE capsules SET sensitive_var_names = ARRAY(
                   SELECT DISTINCT n FROM unnest(COALESCE(sensitive_var_names, '{}') || $2::text[]) n ORDER BY n)
-            WHERE id = $1"#,
+            WHERE id = $1 AND NOT COALESCE(sensitive_var_names, '{}') @> $2::text[]"#,
         id.as_uuid(),
         names
     )

@@ -49,9 +49,7 @@ use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::inputs::{
     CredentialSet, EnvError, Injected, open_binding, sensitive_vars_subject,
 };
-use takosumi_runtime::plan_commit::{
-    self, Committed, PlanPut, PlanSource, PlanToCommit, StoredPlan,
-};
+use takosumi_runtime::plan_commit::{self, Committed, PlanPut, PlanToCommit, StoredPlan};
 use takosumi_runtime::step::plan_key;
 use takosumi_runtime::unrecorded::{self, Unrecorded};
 use takosumi_seal::Purpose;

@@ -136,13 +136,8 @@ pub(super) async fn plan_file(
         ));
     }
     // One object per claim: a second upload in the same claim replaces nothing.
-    let stored = takosumi_runtime::plan_commit::store_plan_file(
-        &st.ctx,
-        run.id,
-        run.attempts,
-        PlanSource::Bytes(&body),
-    )
-    .await;
+    let stored =
+        takosumi_runtime::plan_commit::store_plan_file(&st.ctx, run.id, run.attempts, &body).await;
     drop(body);
     let digest = match stored.map_err(|e| ApiError::Internal {
         transient: e.retryable(),

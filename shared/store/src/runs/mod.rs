@@ -500,6 +500,12 @@ pub struct PlanRecord {
     pub drift: Option<bool>,
     /// Injected variable names.
     pub injected_env_names: Vec<String>,
+    /// The resource-change summary for cost estimates (`takosumi_cost`), masked.
+    pub resource_changes: serde_json::Value,
+    /// The masked resource-by-resource diff a reviewer reads.
+    pub plan_diff: serde_json::Value,
+    /// Private: the sealed `show -json` object the gate reads.
+    pub plan_json_object_key: String,
 }
 
 /// `planning` → `planned` with the record, only for the lease holder.
@@ -517,6 +523,7 @@ pub async fn record_plan(
                   plan_digest = $6, plan_object_key = $7, lockfile_object_key = $8,
                   provider_lock_state = $9, provider_lock_digest = $10, dependency_snapshot = $11,
                   state_generation = $12, changes = $13, drift = $14, injected_env_names = $15,
+                  resource_changes = $16, plan_diff = $17, plan_json_object_key = $18,
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
             WHERE id = $1 AND status = 'planning' AND lease_owner = $2"#,
         id.as_uuid(),
@@ -533,7 +540,10 @@ pub async fn record_plan(
         rec.state_generation,
         changes,
         rec.drift,
-        &rec.injected_env_names
+        &rec.injected_env_names,
+        rec.resource_changes,
+        rec.plan_diff,
+        rec.plan_json_object_key
     )
     .execute(&mut **tx)
     .await?;

@@ -1,28 +1,10 @@
-//! What a plan keeps on its Run beside the record its status change writes
-//! ([`super::record_plan`]): the resource-change summary (for cost estimates), the masked
-//! diff, where the sealed `show -json` lives, and the dry-run scan's report.
+//! What a plan keeps on its Run besides the status change: the dry-run scan's report,
+//! recorded as the scan ends, and the reads of what [`super::record_plan`] wrote with the
+//! status (the resource-change summary for cost estimates, the masked diff).
 
 use takosumi_core::RunId;
 
-use crate::{StoreError, Tx};
-
-/// Stores a plan's resource-change summary (see `takosumi_cost`), only while the
-/// Run is the plan step's (`planning`, this lease holder) or in the same transaction that
-/// recorded it `planned`.
-pub async fn set_resource_changes(
-    tx: &mut Tx,
-    id: RunId,
-    summary: &serde_json::Value,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        "UPDATE runs SET resource_changes = $2 WHERE id = $1 AND status IN ('planning', 'planned')",
-        id.as_uuid(),
-        summary
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
+use crate::StoreError;
 
 /// A plan's resource-change summary, if the plan step recorded one.
 pub async fn resource_changes(
@@ -38,23 +20,6 @@ pub async fn resource_changes(
     Ok(row.and_then(|r| r.resource_changes))
 }
 
-/// Stores a plan's masked resource-by-resource diff, under the same condition as
-/// [`set_resource_changes`].
-pub async fn set_plan_diff(
-    tx: &mut Tx,
-    id: RunId,
-    diff: &serde_json::Value,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        "UPDATE runs SET plan_diff = $2 WHERE id = $1 AND status IN ('planning', 'planned')",
-        id.as_uuid(),
-        diff
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
 /// A plan's masked diff, if its plan step recorded one.
 pub async fn plan_diff(
     pool: &sqlx::PgPool,
@@ -64,18 +29,6 @@ pub async fn plan_diff(
         .fetch_optional(pool)
         .await?;
     Ok(row.and_then(|r| r.plan_diff))
-}
-
-/// Where the sealed `show -json` of a plan lives (private).
-pub async fn set_plan_json_key(tx: &mut Tx, id: RunId, key: &str) -> Result<(), StoreError> {
-    sqlx::query!(
-        "UPDATE runs SET plan_json_object_key = $2 WHERE id = $1",
-        id.as_uuid(),
-        key
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
 }
 
 /// Records the dry-run scan's report on a plan Run (audit evidence).
