@@ -42,10 +42,12 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     }
     // A Capsule that names a worker pool plans on that pool's relay workers, never here.
     // Claims whose handler vanished; a claim handed back after a transient fault (an
-    // outage the handler rode out) does not count. Both read at once.
-    let (on_pool, lost) = tokio::try_join!(
+    // outage the handler rode out) does not count. Read at once, with the Capsule the plan
+    // needs next (one read gives a consistent (generation, StateVersion) pair).
+    let (on_pool, lost, capsule) = tokio::try_join!(
         takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id),
-        runs::lost_claims(&ctx.pool, run_id)
+        runs::lost_claims(&ctx.pool, run_id),
+        capsules::get(&ctx.pool, run.capsule_id)
     )?;
     if on_pool.is_some() {
         return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
@@ -98,6 +100,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         // The tool's output is stored as it arrives, so the logs show a long plan.
         &ctx.interruptible(cancel.clone()).streaming_logs(run_id),
         &run,
+        capsule,
         attempt,
         &lease.lost(),
     )
@@ -311,14 +314,13 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
 async fn plan(
     ctx: &Ctx,
     run: &runs::Run,
+    capsule: Option<capsules::Capsule>,
     attempt: i32,
     lost: &tokio_util::sync::CancellationToken,
 ) -> Result<Outcome, PlanError> {
     let run_id = run.id;
-    // One read gives a consistent (generation, StateVersion) pair.
-    let capsule = capsules::get(&ctx.pool, run.capsule_id)
-        .await?
-        .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
+    let capsule =
+        capsule.ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
     let tool = capsule.tool;
     let wd = ctx
         .runner
