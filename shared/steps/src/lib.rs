@@ -211,6 +211,17 @@ async fn beside_event<H: Host, T>(
     out
 }
 
+/// Runs a tool command while its `tool_started` event is recorded (see [`beside_event`]).
+async fn tool_started<H: Host, T>(host: &H, command: &str, work: impl Future<Output = T>) -> T {
+    beside_event(
+        host,
+        EventKind::ToolStarted,
+        json!({ "command": command }),
+        work,
+    )
+    .await
+}
+
 async fn log_result<H: Host>(
     host: &H,
     step: &'static str,
@@ -279,9 +290,8 @@ async fn checkout_and_prepare<H: Host>(
 }
 
 /// Plan, destroy plan or drift check: checkout (state and environment beside it) → backend
-/// override → version →
-/// modules → dry-run scan (refusal, hold) → init → lockfile → plan → the saved plan kept
-/// → `show -json`.
+/// override → version → modules → dry-run scan (refusal, hold) → init → lockfile → plan →
+/// the saved plan kept → `show -json` (the kept plan stored beside it).
 pub async fn plan<H: PlanHost>(
     host: &H,
     runner: &Runner,
@@ -310,13 +320,7 @@ pub async fn plan<H: PlanHost>(
     // configuration that calls no module skips `get` (one tool start less), and the
     // apply skips it the same way, so the digests agree wherever each ran.
     if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        let got = beside_event(
-            host,
-            EventKind::ToolStarted,
-            json!({ "command": "get" }),
-            runner.get_modules(wd, tool, &env),
-        )
-        .await;
+        let got = tool_started(host, "get", runner.get_modules(wd, tool, &env)).await;
         log_result(host, "get", masker, &got).await;
         got.map_err(|e| tool_failure(e, "downloading modules failed"))?;
     }
@@ -370,13 +374,7 @@ pub async fn plan<H: PlanHost>(
         return Ok(Planned::Held);
     }
 
-    let init = beside_event(
-        host,
-        EventKind::ToolStarted,
-        json!({ "command": "init" }),
-        runner.init_without_get(wd, tool, &env),
-    )
-    .await;
+    let init = tool_started(host, "init", runner.init_without_get(wd, tool, &env)).await;
     let init = match init {
         Ok(init) => init,
         Err(e) => {
@@ -587,7 +585,7 @@ pub async fn apply<H: ApplyHost>(
     inputs: ApplyInputs,
 ) -> Result<ApplyOutput, PlanError<H::Error>> {
     let tool = inputs.tool;
-    // The step's tool sandbox starts beside the checkout's, not after it.
+    // As in `checkout_and_prepare`.
     runner.start_step_sandbox(wd);
     let source = match runner
         .checkout(
@@ -640,13 +638,7 @@ pub async fn apply<H: ApplyHost>(
         ));
     };
     if takosumi_runner::declares_module_calls(wd.config_dir()) {
-        let got = beside_event(
-            host,
-            EventKind::ToolStarted,
-            json!({ "command": "get" }),
-            runner.get_modules(wd, tool, &env),
-        )
-        .await;
+        let got = tool_started(host, "get", runner.get_modules(wd, tool, &env)).await;
         log_result(host, "get", masker, &got).await;
         match got {
             Ok(_) => {}
@@ -673,13 +665,7 @@ pub async fn apply<H: ApplyHost>(
     )
     .await;
 
-    let init = beside_event(
-        host,
-        EventKind::ToolStarted,
-        json!({ "command": "init" }),
-        runner.init_without_get(wd, tool, &env),
-    )
-    .await;
+    let init = tool_started(host, "init", runner.init_without_get(wd, tool, &env)).await;
     log_result(host, "init", masker, &init).await;
     init.map_err(|e| tool_failure(e, "init failed"))?;
     let lock_after = runner
