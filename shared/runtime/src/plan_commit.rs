@@ -128,9 +128,10 @@ pub async fn seal_plan_file(
 
 /// Stores a plan [`seal_plan_file`] sealed under the Run's claim (`attempt`), uploaded from
 /// its staging file in parts, then removes the staging file. It may run beside Capsule code
-/// (`show -json`): a staged copy altered meanwhile no longer opens (the seal is
-/// authenticated and bound to the Run), so it could fail this plan's apply, never change
-/// what is applied.
+/// (`show -json`): a staged copy altered or swapped meanwhile either does not open (the seal
+/// is authenticated and bound to the Run) or does not match the digest taken while sealing,
+/// and the apply checks both ([`fetch_plan_file`]): it could fail this plan's apply, never
+/// change what is applied.
 pub async fn put_sealed_plan(
     ctx: &Ctx,
     run_id: takosumi_core::RunId,
