@@ -897,12 +897,23 @@ pub fn spawn_relay(
     keys: &str,
     work: &Path,
 ) -> anyhow::Result<tokio::process::Child> {
+    spawn_relay_via(stack, &stack.api_url, token, keys, work)
+}
+
+/// [`spawn_relay`] reaching the API at `api_url` (a gateway in front of it).
+pub fn spawn_relay_via(
+    stack: &Stack,
+    api_url: &str,
+    token: &str,
+    keys: &str,
+    work: &Path,
+) -> anyhow::Result<tokio::process::Child> {
     let env = stack.env_vars();
     Ok(tokio::process::Command::new(binary("takosumi-relay")?)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RUST_LOG", "info")
-        .env("TAKOSUMI_DEPLOY_CONTROL_URL", &stack.api_url)
+        .env("TAKOSUMI_DEPLOY_CONTROL_URL", api_url)
         .env("TAKOSUMI_POOL_TOKEN", token)
         .env("TAKOSUMI_DELIVERY_KEYS", keys)
         .env("TAKOSUMI_TERRAFORM_BIN", &env["TAKOSUMI_TERRAFORM_BIN"])

@@ -11,7 +11,9 @@ use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{FailureCode, RunId, RunStatus};
 use takosumi_seal::delivery::DeliveryKeyPair;
-use takosumi_tests::{GitRepo, Stack, WATCHED_CONFIG, keys_env, spawn_relay, watched_input};
+use takosumi_tests::{
+    GitRepo, Stack, WATCHED_CONFIG, keys_env, spawn_relay, spawn_relay_via, watched_input,
+};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -1600,4 +1602,114 @@ async fn a_legacy_lockfile_record_is_refused_on_a_pool_as_on_the_control_node() 
     assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 0);
     on_pool.worker.kill().await?;
     stack.stop().await
+}
+
+/// A TCP gateway between a relay worker and the API that the test takes away, with every
+/// connection through it, and brings back on the same port: an API restart as the worker
+/// sees it.
+struct Gateway {
+    addr: std::net::SocketAddr,
+    upstream: std::net::SocketAddr,
+    serving: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Gateway {
+    async fn start(upstream: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let mut gateway = Self {
+            addr: listener.local_addr()?,
+            upstream,
+            serving: None,
+        };
+        gateway.serve(listener);
+        Ok(gateway)
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        let upstream = self.upstream;
+        self.serving = Some(tokio::spawn(async move {
+            // Dropped with this task: every connection through the gateway ends with it.
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        }));
+    }
+
+    fn down(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            serving.abort();
+        }
+    }
+
+    async fn up(&mut self) -> anyhow::Result<()> {
+        let listener = tokio::net::TcpListener::bind(self.addr).await?;
+        self.serve(listener);
+        Ok(())
+    }
+}
+
+/// A relay worker whose apply ends while the API does not answer hands its result in once
+/// the API is back (within the claim's lease), instead of leaving a finished apply to end
+/// `unknown_outcome` with its new state lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_apply_report_the_api_missed_is_sent_again() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let slow = r#"
+resource "null_resource" "slow" {
+  provisioner "local-exec" { command = "sleep 3" }
+}
+output "done" { value = "yes" }
+"#;
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", slow)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let (_pool, token) = admin.pool_for(&cap, "again", &key).await;
+    let upstream = stack.api_url.trim_start_matches("http://").parse()?;
+    let mut gateway = Gateway::start(upstream).await?;
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay_via(
+        &stack,
+        &format!("http://{}", gateway.addr),
+        &token,
+        &keys_env(&[&key]),
+        work.path(),
+    )?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    anyhow::ensure!(plan.status == RunStatus::Planned, "{plan:?}");
+
+    let apply = stack.client.apply(plan.id, None).await?.id;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    // Once the tool's apply runs, the worker needs nothing more of the API but the report.
+    let applying = |e: &takosumi_client::RunEvent| {
+        e.kind.as_str() == "tool_started" && e.data["command"] == "apply"
+    };
+    while !stack.client.events(apply).await?.iter().any(applying) {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the apply never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The tool sleeps 3 s; the API is away until well after it ended.
+    gateway.down();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(
+        stack.client.get_run(apply).await?.status,
+        RunStatus::Applying,
+        "nothing reached the API meanwhile"
+    );
+    gateway.up().await?;
+    let done = stack.wait(apply).await?;
+    assert_eq!(done.status, RunStatus::Applied, "{done:?}");
+    assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 1);
+    worker.kill().await?;
+    stack.stop().await?;
+    Ok(())
 }

@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use base64::Engine as _;
 use serde::Serialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
@@ -970,8 +971,20 @@ async fn report_applied(
         outputs,
         outputs_error,
     };
-    job.api
-        .post::<IgnoredAny>(&job.run, &job.claim, "applied", &body)
+    // The tool has changed infrastructure and only this report carries its new state: an
+    // API that is restarting (no answer, or a gateway's 502-504) is asked again for a
+    // while. Its lease still ends the wait: once the control node ended the Run, the
+    // report is refused and not repeated.
+    let send = || {
+        job.api
+            .post::<IgnoredAny>(&job.run, &job.claim, "applied", &body)
+    };
+    send.retry(report_backoff(REPORT_RETRY))
+        .sleep(tokio::time::sleep)
+        .when(worth_reporting_again)
+        .notify(|e: &anyhow::Error, delay: Duration| {
+            tracing::warn!(run = %job.run, error = %e, ?delay, "the API did not take the apply's report yet; sending it again");
+        })
         .await
         .map_err(|e| {
             failure(
@@ -982,6 +995,31 @@ async fn report_applied(
     Ok(())
 }
 
+/// How long an apply's report is sent again while the API does not answer.
+const REPORT_RETRY: Duration = Duration::from_secs(60);
+
+fn report_backoff(total: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_jitter()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(Duration::from_secs(5))
+        .with_total_delay(Some(total))
+        .without_max_times()
+}
+
+/// Whether a report that failed may be sent again: the API did not answer (the request
+/// may never have arrived), or it (or a gateway in front of it) answered that it cannot
+/// serve now (502-504). Any other refusal is final: the same report would be refused
+/// again. A report that did arrive and is sent again is refused (the claim is over).
+fn worth_reporting_again(e: &anyhow::Error) -> bool {
+    match e.downcast_ref::<ApiRefusal>() {
+        Some(refusal) => matches!(refusal.status, 502..=504),
+        None => e
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(|e| e.is_connect() || e.is_timeout() || e.is_request() || e.is_body()),
+    }
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
@@ -990,6 +1028,48 @@ fn sha256_hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An apply's report is sent again only when the API did not answer or said it cannot
+    /// serve now; its own refusals (the claim is over, the report is bad) are final.
+    #[tokio::test]
+    async fn only_an_unanswered_report_is_sent_again() {
+        let refusal = |status: u16, code: &str| -> anyhow::Error {
+            ApiRefusal {
+                status,
+                code: Code::new(code),
+                message: String::new(),
+            }
+            .into()
+        };
+        for status in [502, 503, 504] {
+            assert!(
+                worth_reporting_again(&refusal(status, "unknown")),
+                "{status}"
+            );
+        }
+        assert!(worth_reporting_again(&refusal(503, "unavailable")));
+        for (status, code) in [
+            (409, "conflict"),
+            (404, "not_found"),
+            (400, "invalid_input"),
+            (500, "internal"),
+        ] {
+            assert!(
+                !worth_reporting_again(&refusal(status, code)),
+                "{status} {code}"
+            );
+        }
+        assert!(!worth_reporting_again(&anyhow::anyhow!(
+            "the API's answer does not read as expected"
+        )));
+        // Nothing listens on port 1: the request never arrived.
+        let unanswered = reqwest::Client::new()
+            .post("http://127.0.0.1:1/api/v1/relay/runs/r/applied")
+            .send()
+            .await
+            .unwrap_err();
+        assert!(worth_reporting_again(&unanswered.into()));
+    }
 
     /// The key list a worker is started with parses, keeps its order (current first), and
     /// an error names the key id, never the key.
