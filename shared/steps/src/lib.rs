@@ -375,15 +375,11 @@ pub async fn plan<H: PlanHost>(
     }
 
     let init = tool_started(host, "init", runner.init_without_get(wd, tool, &env)).await;
-    let init = match init {
-        Ok(init) => init,
-        Err(e) => {
-            if let RunnerError::ToolFailed { output, .. } = &e {
-                host.log("init", masker, output).await;
-            }
-            return Err(tool_failure(e, "init failed"));
-        }
-    };
+    // A failed init's output is stored here; a successful one's beside the lockfile below.
+    if init.is_err() {
+        log_result(host, "init", masker, &init).await;
+    }
+    let init = init.map_err(|e| tool_failure(e, "init failed"))?;
 
     // Lockfile continuity: the raw bytes right after init, or an explicit null.
     let lockfile = match runner.read_lockfile(wd) {
