@@ -584,6 +584,75 @@ impl Stack {
         Ok(self.client.wait(run, Duration::from_secs(90)).await?)
     }
 
+    /// A plan overtaken by an apply, on whichever executes the Capsule's Runs (the control
+    /// node or a relay worker): a first plan is made from generation 0; a second one is held
+    /// in the tool's `plan` (restored from generation 0) while the first is applied (the
+    /// Capsule moves to generation 1), then let go. The second is recorded against the
+    /// generation it planned from, 0, and so its apply is refused
+    /// `state_generation_changed` before the tool starts (not left to terraform's own
+    /// stale-plan check). The Capsule must plan something to create from an empty state.
+    pub async fn check_an_overtaken_plan_keeps_its_generation(
+        &self,
+        capsule: takosumi_core::CapsuleId,
+    ) -> anyhow::Result<()> {
+        use takosumi_core::RunStatus;
+        let first = self.wait(self.client.plan(capsule, None).await?.id).await?;
+        anyhow::ensure!(first.status == RunStatus::Planned, "{first:?}");
+        anyhow::ensure!(first.state_generation == Some(0), "{first:?}");
+        self.pause_plans(true)?;
+        let second = self.client.plan(capsule, None).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !self.tool_invocations().iter().any(|l| l == "paused") {
+            if tokio::time::Instant::now() > deadline {
+                self.pause_plans(false)?;
+                bail!(
+                    "the second plan never started: {:?}",
+                    self.tool_invocations()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let applied = self.wait(self.client.apply(first.id, None).await?.id).await;
+        self.pause_plans(false)?;
+        let applied = applied?;
+        anyhow::ensure!(applied.status == RunStatus::Applied, "{applied:?}");
+        anyhow::ensure!(applied.state_generation == Some(1), "{applied:?}");
+
+        let second = self.wait(second.id).await?;
+        anyhow::ensure!(second.status == RunStatus::Planned, "{second:?}");
+        anyhow::ensure!(
+            second.state_generation == Some(0),
+            "the overtaken plan must name the generation it planned from: {:?}",
+            second.state_generation
+        );
+        let planned = self.client.events(second.id).await?;
+        let planned = planned
+            .iter()
+            .find(|e| e.kind == "planned")
+            .context("a planned event")?;
+        anyhow::ensure!(
+            planned.data["stateGeneration"] == serde_json::json!(0),
+            "{planned:?}"
+        );
+        let applies_before = self.tool_count("apply");
+        let refused = self
+            .wait(self.client.apply(second.id, None).await?.id)
+            .await?;
+        anyhow::ensure!(refused.status == RunStatus::Failed, "{refused:?}");
+        anyhow::ensure!(
+            refused
+                .error
+                .as_ref()
+                .is_some_and(|e| e.code == "state_generation_changed"),
+            "{refused:?}"
+        );
+        anyhow::ensure!(
+            self.tool_count("apply") == applies_before,
+            "the tool's apply started for a stale plan"
+        );
+        Ok(())
+    }
+
     /// Waits until a Run that was just approved leaves `held` (the approve step releases it
     /// asynchronously), then until it is terminal or held again.
     pub async fn wait_released(&self, run: RunId) -> anyhow::Result<takosumi_client::Run> {

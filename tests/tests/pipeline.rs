@@ -381,6 +381,19 @@ async fn concurrent_handlers_claim_once() -> anyhow::Result<()> {
     stack.stop().await
 }
 
+/// A plan an apply overtook is recorded against the generation it planned from, so its
+/// own apply is refused `state_generation_changed` (Stack::check_an_overtaken_plan_keeps_its_generation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_an_apply_overtook_keeps_the_generation_it_planned_from() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::with_example("network")?;
+    let capsule = register(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    stack
+        .check_an_overtaken_plan_keeps_its_generation(capsule.id)
+        .await?;
+    stack.stop().await
+}
+
 /// A plan handler process killed with SIGKILL mid-plan: the reaper re-queues the Run when
 /// its lease expires, and a new handler finishes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

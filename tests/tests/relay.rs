@@ -829,6 +829,32 @@ async fn canceling_a_relayed_plan_interrupts_the_workers_tool() -> anyhow::Resul
     stack.stop().await
 }
 
+/// The same on a pool: the generation a relayed plan is recorded against is the one of the
+/// state its job carried (recorded when the job was delivered), not the Capsule's at the
+/// report. Two workers: one holds the paused plan while the other applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relayed_plan_an_apply_overtook_keeps_the_generation_it_planned_from()
+-> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let (_pool, token) = admin.pool_for(&cap, "gen", &key).await;
+    let (one, two) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut workers = [
+        spawn_relay(&stack, &token, &keys_env(&[&key]), one.path())?,
+        spawn_relay(&stack, &token, &keys_env(&[&key]), two.path())?,
+    ];
+    let checked = stack
+        .check_an_overtaken_plan_keeps_its_generation(cap.id)
+        .await;
+    for worker in &mut workers {
+        worker.kill().await?;
+    }
+    checked?;
+    stack.stop().await
+}
+
 /// The relay boundary, spoken to as a worker would (pool token, claim header): the claim
 /// records the sandbox the worker reports; while the Run is in flight the Capsule cannot
 /// move to another pool (409 `run_in_flight`); a progress report with an event kind a

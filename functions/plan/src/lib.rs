@@ -391,6 +391,8 @@ async fn plan(
             injected_env_names: out.injected_env_names,
             masker: out.masker,
             event_extra: serde_json::Value::Null,
+            // The Capsule row the state was restored from (NodeHost::restore_state).
+            state_generation: Some(capsule.state_generation),
         },
     )
     .await?;

@@ -59,6 +59,12 @@ pub struct PlanToCommit {
     pub masker: Masker,
     /// Added to the `planned` event (a relayed plan names its pool).
     pub event_extra: Value,
+    /// The generation of the Capsule state the plan restored (read with the state's
+    /// pointer, from the same Capsule row): what the plan is recorded against, so that an
+    /// apply landing while it plans makes its own apply fail `state_generation_changed`.
+    /// `None` (a relayed job delivered before its API recorded what it sent): the Capsule's
+    /// generation at commit.
+    pub state_generation: Option<i64>,
 }
 
 /// How the commit ended.
@@ -378,9 +384,15 @@ pub async fn commit_plan(
     // only once the object is there (the record names it).
     let put_show = ctx.objects.put_if_absent(&show_key, sealed_show);
     let write = async {
-        let capsule = takosumi_store::capsules::get(&ctx.pool, run.capsule_id)
-            .await?
-            .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
+        let state_generation = match p.state_generation {
+            Some(generation) => generation,
+            None => {
+                takosumi_store::capsules::get(&ctx.pool, run.capsule_id)
+                    .await?
+                    .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?
+                    .state_generation
+            }
+        };
         let record = runs::PlanRecord {
             source_commit: p.source.commit.clone(),
             tree_digest: p.source.tree_digest.clone(),
@@ -390,7 +402,7 @@ pub async fn commit_plan(
             lockfile_object_key: lock_key,
             provider_lock_digest: lock_digest,
             dependency_snapshot,
-            state_generation: capsule.state_generation,
+            state_generation,
             changes,
             drift,
             injected_env_names: p.injected_env_names,
@@ -402,9 +414,9 @@ pub async fn commit_plan(
         if !runs::record_plan(&mut tx, run_id, owner, &record).await? {
             return Ok::<_, EnvError>(Err(record));
         }
-        takosumi_store::capsules::add_sensitive_var_names(&mut tx, capsule.id, &sensitive_vars)
+        takosumi_store::capsules::add_sensitive_var_names(&mut tx, run.capsule_id, &sensitive_vars)
             .await?;
-        let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": capsule.state_generation });
+        let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": state_generation });
         if let (Some(d), Some(extra)) = (data.as_object_mut(), p.event_extra.as_object()) {
             d.extend(extra.clone());
         }
@@ -420,8 +432,8 @@ pub async fn commit_plan(
         // it found drift (that plan is what a reconcile carries out).
         let mut dropped = Vec::new();
         if run.kind == RunKind::DriftCheck {
-            dropped =
-                takosumi_store::drift::drop_kept_drift_plans(&mut tx, capsule.id, run_id).await?;
+            dropped = takosumi_store::drift::drop_kept_drift_plans(&mut tx, run.capsule_id, run_id)
+                .await?;
             if record.drift != Some(true)
                 && let Some(key) = &record.plan_object_key
             {

@@ -305,6 +305,9 @@ pub async fn forget_sensitive_vars<'e, E: sqlx::PgExecutor<'e>>(
 /// Records what a running step injected: the bindings (`[{id, name}]`), the names of every
 /// injected variable, and the names of the plain variables it ran with (an apply shows its
 /// plan's; never their values). Only for the lease holder of a running step.
+/// `state_generation`, when given, is the generation of the Capsule state delivered with a
+/// relayed plan's job: the generation its plan is recorded against (see
+/// `takosumi_runtime::plan_commit::PlanToCommit::state_generation`).
 pub async fn record_run_env<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     run_id: RunId,
@@ -312,16 +315,19 @@ pub async fn record_run_env<'e, E: sqlx::PgExecutor<'e>>(
     provider_bindings: &serde_json::Value,
     injected_env_names: &[String],
     var_names: &[String],
+    state_generation: Option<i64>,
 ) -> Result<bool, StoreError> {
     let done = sqlx::query!(
         r#"UPDATE runs SET provider_bindings = $3, injected_env_names = $4,
-                  var_names = COALESCE(var_names, $5), updated_at = now()
+                  var_names = COALESCE(var_names, $5),
+                  state_generation = COALESCE($6, state_generation), updated_at = now()
             WHERE id = $1 AND lease_owner = $2 AND status IN ('planning', 'applying')"#,
         run_id.as_uuid(),
         owner,
         provider_bindings,
         injected_env_names,
-        var_names
+        var_names,
+        state_generation
     )
     .execute(executor)
     .await?;

@@ -120,8 +120,15 @@ impl RelayInputs {
         self.vars.keys().cloned().collect()
     }
 
-    /// Records on the claimed Run what its job is delivered (names only).
-    async fn record_on(&self, st: &AppState, run_id: RunId, owner: &str) -> Result<(), ApiError> {
+    /// Records on the claimed Run what its job is delivered (names only) and, for a plan,
+    /// the generation of the state delivered with it (what the plan is recorded against).
+    async fn record_on(
+        &self,
+        st: &AppState,
+        run_id: RunId,
+        owner: &str,
+        plan_generation: Option<i64>,
+    ) -> Result<(), ApiError> {
         let used = serde_json::to_value(&self.used).map_err(internal)?;
         bindings::record_run_env(
             &st.pool,
@@ -130,6 +137,7 @@ impl RelayInputs {
             &used,
             &self.names,
             &self.var_names(),
+            plan_generation,
         )
         .await?;
         Ok(())
@@ -417,7 +425,7 @@ pub(super) async fn apply_job(
         Err(e) => return Err(e),
     };
     let state = current_state(st, &capsule).await?;
-    inputs.record_on(st, run_id, owner).await?;
+    inputs.record_on(st, run_id, owner, None).await?;
     events::append(
         &st.pool,
         run_id,
@@ -491,7 +499,13 @@ pub(super) async fn delivered_inputs(
         .await?;
         return Ok(None);
     }
-    inputs.record_on(st, run.id, owner).await?;
+    // A plan is recorded against the generation of the state it is sent: the Capsule row
+    // `current_state` read it from. A one-step apply's generation was pinned by its claim.
+    let plan_generation = match run.kind {
+        RunKind::Plan | RunKind::Destroy | RunKind::DriftCheck => Some(capsule.state_generation),
+        RunKind::Apply => None,
+    };
+    inputs.record_on(st, run.id, owner, plan_generation).await?;
     Ok(Some((inputs, state)))
 }
 

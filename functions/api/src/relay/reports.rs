@@ -261,6 +261,8 @@ pub(super) async fn planned(
             injected_env_names: run.injected_env_names.clone(),
             masker,
             event_extra,
+            // Recorded when the job was delivered, with the state it carried.
+            state_generation: run.state_generation,
         },
     )
     .await;
