@@ -829,6 +829,9 @@ async fn killed_handlers_lose_no_run_and_apply_nothing_twice() -> anyhow::Result
     // Every process is running again; let every Run end (leases expire in 2 s, a relay
     // lease in 60 s, lost wake-ups are re-sent after 4 s) and nothing be left to run.
     let open = quiescent(&stack, 150).await?;
+    // The kill loop may have restarted the API last, just now: the checks below read
+    // Capsules through it (CI once found it still starting: connection refused).
+    api_ready(&stack).await?;
 
     let runs: Vec<(uuid::Uuid, String, String, i32)> =
         sqlx::query_as("SELECT id, kind::text, status::text, attempts FROM runs")

@@ -472,8 +472,10 @@ async fn exclude_dry_run_exempts_plans_only_when_the_scan_is_clean() -> anyhow::
         .await?;
     assert_eq!(held.status, RunStatus::Held, "{held:?}");
     assert_eq!(
-        takosumi_store::runs::lost_claims(&stack.ctx.pool, held.id).await?,
-        0,
+        takosumi_store::runs::claim_precheck(&stack.ctx.pool, held.id)
+            .await?
+            .map(|p| p.lost_claims),
+        Some(0),
         "a dry-run hold ends its claim cleanly: it costs the Run none of its attempts"
     );
     let hold = held.hold.clone().expect("hold");

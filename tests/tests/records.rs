@@ -508,20 +508,21 @@ async fn a_plan_whose_handler_vanished_after_a_cancel_request_is_canceled_by_the
     let capsule = register(&stack, &repo, "infra/null", json!({})).await?;
     let plan = stack.client.plan(capsule.id, None).await?;
     // A handler claims it, then vanishes (no plan step runs in this stack).
-    let mut tx = stack.ctx.pool.begin().await?;
+    let data = json!({ "step": "plan" });
     assert!(
         takosumi_store::runs::claim(
-            &mut tx,
+            &stack.ctx.pool,
             plan.id,
             &[takosumi_core::RunKind::Plan],
-            RunStatus::Queued,
-            RunStatus::Planning,
-            "ghost",
-            60
+            (RunStatus::Queued, RunStatus::Planning),
+            ("ghost", 60),
+            takosumi_store::runs::ClaimRecord {
+                data: &data,
+                sandbox: None,
+            },
         )
         .await?
     );
-    tx.commit().await?;
     let (status, body) = call(
         &stack,
         reqwest::Method::POST,
@@ -1029,7 +1030,13 @@ async fn unknown_outcome_is_listed_until_an_admin_resolves_it() -> anyhow::Resul
     takosumi_gate::handle(&stack.ctx, RunMessage { run_id: apply.id }).await?;
     // A handler claims the apply, then vanishes: its 1-second lease runs out.
     let mut tx = stack.ctx.pool.begin().await?;
-    let claim = takosumi_store::runs::claim_apply(&mut tx, apply.id, "vanished-handler", 1).await?;
+    let data = json!({ "step": "apply" });
+    let record = takosumi_store::runs::ClaimRecord {
+        data: &data,
+        sandbox: None,
+    };
+    let claim =
+        takosumi_store::runs::claim_apply(&mut tx, apply.id, "vanished-handler", 1, record).await?;
     assert_eq!(claim, takosumi_store::runs::ApplyClaim::Claimed);
     tx.commit().await?;
     let lost = stack.wait(apply.id).await?;

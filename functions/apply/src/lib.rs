@@ -27,9 +27,12 @@ use takosumi_store::StoreError;
 /// a duplicate finds the Run applying or applied and does nothing.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run_id = msg.run_id;
-    let run = runs::get(&ctx.pool, run_id)
-        .await?
-        .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
+    // The Run and whether its Capsule is on a pool, in one round trip's time.
+    let (run, precheck) = tokio::try_join!(
+        runs::get(&ctx.pool, run_id),
+        runs::claim_precheck(&ctx.pool, run_id)
+    )?;
+    let run = run.ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
     if run.kind != RunKind::Apply {
         return Err(StepError::Poison(format!("{run_id} is not an apply run")));
     }
@@ -42,10 +45,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     };
 
     // A Capsule that names a worker pool applies on that pool's relay workers, never here.
-    if takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id)
-        .await?
-        .is_some()
-    {
+    if precheck.is_some_and(|p| p.on_pool) {
         return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
     }
     let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;

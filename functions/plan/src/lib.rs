@@ -44,12 +44,18 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     // Claims whose handler vanished; a claim handed back after a transient fault (an
     // outage the handler rode out) does not count. Read at once, with the Capsule the plan
     // needs next (one read gives a consistent (generation, StateVersion) pair).
-    let (on_pool, lost, capsule) = tokio::try_join!(
-        takosumi_store::pools::of_capsule(&ctx.pool, run.capsule_id),
-        runs::lost_claims(&ctx.pool, run_id),
+    let (precheck, capsule) = tokio::try_join!(
+        runs::claim_precheck(&ctx.pool, run_id),
         capsules::get(&ctx.pool, run.capsule_id)
     )?;
-    if on_pool.is_some() {
+    let Some(runs::ClaimPrecheck {
+        lost_claims: lost,
+        on_pool,
+    }) = precheck
+    else {
+        return Err(StepError::Poison(format!("{run_id} does not exist")));
+    };
+    if on_pool {
         return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
     }
     if lost >= ctx.max_attempts {
@@ -71,27 +77,23 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         return Ok(Outcome::Failed(FailureCode::AttemptsExhausted));
     }
 
-    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+    let data = serde_json::json!({ "step": "plan", "attempt": run.attempts + 1 });
+    let record = runs::ClaimRecord {
+        data: &data,
+        sandbox: Some(ctx.runner.sandbox_mode().as_str()),
+    };
     if !runs::claim(
-        &mut tx,
+        &ctx.pool,
         run_id,
         PLAN_KINDS,
-        RunStatus::Queued,
-        RunStatus::Planning,
-        &ctx.owner,
-        ctx.lease_secs,
+        (RunStatus::Queued, RunStatus::Planning),
+        (&ctx.owner, ctx.lease_secs),
+        record,
     )
     .await?
     {
         return Ok(Outcome::Skipped("claimed by another handler"));
     }
-    ctx.record_claimed(
-        &mut tx,
-        run_id,
-        serde_json::json!({ "step": "plan", "attempt": run.attempts + 1 }),
-    )
-    .await?;
-    tx.commit().await.map_err(StoreError::from)?;
     let attempt = run.attempts + 1;
 
     let lease = ctx.keep_lease(run_id);

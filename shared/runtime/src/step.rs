@@ -68,32 +68,9 @@ pub async fn hand_back(pool: &takosumi_store::Pool, run_id: RunId, owner: &str) 
     }
 }
 
-/// Records, in the claim's transaction, that `owner` claimed the Run (a `claimed` event
-/// with `data`) and which sandbox executes it (a relay worker that did not say: unknown).
-pub async fn record_claimed(
-    tx: &mut takosumi_store::Tx,
-    run_id: RunId,
-    owner: &str,
-    data: serde_json::Value,
-    sandbox: Option<&str>,
-) -> Result<(), StepError> {
-    events::append(
-        &mut **tx,
-        run_id,
-        EventKind::Claimed,
-        &format!("handler:{owner}"),
-        data,
-    )
-    .await?;
-    if let Some(sandbox) = sandbox {
-        runs::record_sandbox(&mut **tx, run_id, owner, sandbox).await?;
-    }
-    Ok(())
-}
-
 /// Claims a released apply for `owner` (see [`runs::claim_apply`]) and records, in the
 /// same transaction, what the claim found: `claimed` (with `data`, and the `sandbox` that
-/// executes it) or a `failed` event naming the generation change or the unresolved Run
+/// executes it, written by the claim's own statement) or a `failed` event naming the generation change or the unresolved Run
 /// that keeps the Capsule from applies. One implementation for the apply handler and the
 /// relay endpoint.
 pub async fn claim_apply_recorded(
@@ -104,13 +81,14 @@ pub async fn claim_apply_recorded(
     data: serde_json::Value,
     sandbox: Option<&str>,
 ) -> Result<runs::ApplyClaim, StepError> {
-    let claim = runs::claim_apply(tx, run_id, owner, lease_secs).await?;
+    let record = runs::ClaimRecord {
+        data: &data,
+        sandbox,
+    };
+    let claim = runs::claim_apply(tx, run_id, owner, lease_secs, record).await?;
     let actor = format!("handler:{owner}");
     let failed = match &claim {
-        runs::ApplyClaim::Claimed => {
-            record_claimed(tx, run_id, owner, data, sandbox).await?;
-            None
-        }
+        runs::ApplyClaim::Claimed => None,
         runs::ApplyClaim::GenerationChanged { planned, current } => Some(serde_json::json!({
             "code": FailureCode::StateGenerationChanged,
             "plannedGeneration": planned,
@@ -131,17 +109,6 @@ pub async fn claim_apply_recorded(
 }
 
 impl Ctx {
-    /// [`record_claimed`] for this handler and its runner's sandbox.
-    pub async fn record_claimed(
-        &self,
-        tx: &mut takosumi_store::Tx,
-        run_id: RunId,
-        data: serde_json::Value,
-    ) -> Result<(), StepError> {
-        let sandbox = self.runner.sandbox_mode().as_str();
-        record_claimed(tx, run_id, &self.owner, data, Some(sandbox)).await
-    }
-
     /// Ends a claimed Run `failed` (only while this process holds its lease), records the
     /// event, and, for an apply, lets go of the Capsule and wakes the next waiting apply.
     pub async fn fail_claimed(

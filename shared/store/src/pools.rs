@@ -213,27 +213,35 @@ pub async fn set_capsule_pool(
 /// (`queued` → `planning` with a lease owned by `owner`). `SKIP LOCKED` and the status
 /// condition let exactly one of several concurrent claimers win each Run.
 pub async fn claim_next_plan(
-    tx: &mut Tx,
+    executor: impl sqlx::PgExecutor<'_>,
     pool_id: Uuid,
     owner: &str,
     lease_secs: i64,
+    record: crate::runs::ClaimRecord<'_>,
 ) -> Result<Option<RunId>, StoreError> {
     crate::transitions!(Queued => Planning);
+    // The claim writes its record in the same statement, as `runs::claim` does.
     let id = sqlx::query_scalar!(
-        "UPDATE runs SET status = 'planning', lease_owner = $2,
-                lease_until = now() + make_interval(secs => $3::bigint::double precision),
-                attempts = attempts + 1, updated_at = now()
-          WHERE id = (SELECT r.id FROM runs r JOIN capsules c ON c.id = r.capsule_id
-                       WHERE c.pool_id = $1 AND r.status = 'queued'
-                         AND r.kind IN ('plan', 'destroy', 'drift_check')
-                       ORDER BY r.created_at LIMIT 1 FOR UPDATE OF r SKIP LOCKED)
-            AND status = 'queued'
-        RETURNING id",
+        r#"WITH claimed AS (
+               UPDATE runs SET status = 'planning', lease_owner = $2,
+                      lease_until = now() + make_interval(secs => $3::bigint::double precision),
+                      attempts = attempts + 1, sandbox = COALESCE($4, sandbox), updated_at = now()
+                WHERE id = (SELECT r.id FROM runs r JOIN capsules c ON c.id = r.capsule_id
+                             WHERE c.pool_id = $1 AND r.status = 'queued'
+                               AND r.kind IN ('plan', 'destroy', 'drift_check')
+                             ORDER BY r.created_at LIMIT 1 FOR UPDATE OF r SKIP LOCKED)
+                  AND status = 'queued'
+            RETURNING id)
+           INSERT INTO run_events (run_id, kind, actor, data)
+           SELECT id, 'claimed', 'handler:' || $2, $5 FROM claimed
+           RETURNING run_id"#,
         pool_id,
         owner,
-        lease_secs
+        lease_secs,
+        record.sandbox,
+        record.data
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(executor)
     .await?;
     Ok(id.map(RunId::from_uuid))
 }

@@ -184,21 +184,16 @@ pub(super) async fn claim_once(
         }
     }
     let owner = new_owner(pool);
-    let mut tx = st.pool.begin().await?;
-    let Some(run_id) = pools::claim_next_plan(&mut tx, pool.id, &owner, RELAY_LEASE_SECS).await?
+    let data = json!({ "step": "plan", "pool": pool.name });
+    let record = takosumi_store::runs::ClaimRecord {
+        data: &data,
+        sandbox,
+    };
+    let Some(run_id) =
+        pools::claim_next_plan(&st.pool, pool.id, &owner, RELAY_LEASE_SECS, record).await?
     else {
         return Ok(None);
     };
-    takosumi_runtime::step::record_claimed(
-        &mut tx,
-        run_id,
-        &owner,
-        json!({ "step": "plan", "pool": pool.name }),
-        sandbox,
-    )
-    .await
-    .map_err(internal)?;
-    tx.commit().await?;
     match plan_job(st, pool, key, run_id, &owner).await {
         Ok(Prepared::Job(job)) => Ok(Some(*job)),
         Ok(Prepared::Failed) => Ok(None),

@@ -347,52 +347,83 @@ pub async fn live_apply_of<'e, E: sqlx::PgExecutor<'e>>(
     Ok(row.map(|r| RunId::from_uuid(r.id)))
 }
 
-/// Claims of a Run whose handler vanished (`attempts - handbacks`): what `max_attempts`
-/// bounds. Claims handed back after a transient fault are not counted.
-pub async fn lost_claims<'e>(
+/// What a step checks before it claims a Run: how many of its claims were lost
+/// (`attempts - handbacks`, what `max_attempts` bounds; claims handed back after a
+/// transient fault are not counted) and whether its Capsule runs on a worker pool. `None`:
+/// no such Run.
+pub async fn claim_precheck<'e>(
     executor: impl sqlx::PgExecutor<'e>,
     id: RunId,
-) -> Result<i32, StoreError> {
-    let n = sqlx::query_scalar!(
-        r#"SELECT attempts - handbacks AS "lost!" FROM runs WHERE id = $1"#,
+) -> Result<Option<ClaimPrecheck>, StoreError> {
+    Ok(sqlx::query_as!(
+        ClaimPrecheck,
+        r#"SELECT r.attempts - r.handbacks AS "lost_claims!", c.pool_id IS NOT NULL AS "on_pool!"
+             FROM runs r JOIN capsules c ON c.id = r.capsule_id WHERE r.id = $1"#,
         id.as_uuid()
     )
     .fetch_optional(executor)
-    .await?;
-    Ok(n.unwrap_or(0))
+    .await?)
 }
 
-/// Claims a Run of one of `kinds` for a step: `from` → `to`, with a lease. `false`: someone
-/// else has it, the step is done, or the Run is of another kind (a wake-up sent to the wrong
-/// queue claims nothing). A pair the Run lifecycle does not have is refused
+/// See [`claim_precheck`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimPrecheck {
+    /// Claims whose handler vanished.
+    pub lost_claims: i32,
+    /// The Capsule runs on a worker pool (its relay workers claim it).
+    pub on_pool: bool,
+}
+
+/// What a claim records about itself, in its own statement: a `claimed` event by
+/// `handler:{owner}` with `data`, and the sandbox that executes the Run (`None`: a relay
+/// worker that did not say, shown as unknown).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRecord<'a> {
+    /// The `claimed` event's data (`step`, `attempt`, a relay worker's `pool`…).
+    pub data: &'a serde_json::Value,
+    /// The sandbox mode of the host that claimed it.
+    pub sandbox: Option<&'a str>,
+}
+
+/// Claims a Run of one of `kinds` for a step: `from` → `to`, with a lease, and writes its
+/// [`ClaimRecord`] in the same statement. `false`: someone else has it, the step is done,
+/// or the Run is of another kind (a wake-up sent to the wrong queue claims nothing);
+/// nothing is written then. A pair the Run lifecycle does not have is refused
 /// ([`StoreError::Transition`]) before the database is asked.
-pub async fn claim(
-    tx: &mut Tx,
+pub async fn claim<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
     id: RunId,
     kinds: &[RunKind],
-    from: RunStatus,
-    to: RunStatus,
-    owner: &str,
-    lease_secs: i64,
+    (from, to): (RunStatus, RunStatus),
+    (owner, lease_secs): (&str, i64),
+    record: ClaimRecord<'_>,
 ) -> Result<bool, StoreError> {
     debug_assert!(
         from.can_become(to),
         "claim {from:?} -> {to:?} is not in the Run lifecycle"
     );
     crate::check_transition(from, to)?;
+    // One statement: the claim and its record land together or not at all, without a
+    // transaction's round trips around them.
     let done = sqlx::query!(
-        r#"UPDATE runs SET status = $3, lease_owner = $4,
-                  lease_until = now() + make_interval(secs => $5::bigint::double precision),
-                  attempts = attempts + 1, updated_at = now()
-            WHERE id = $1 AND status = $2 AND kind = ANY($6)"#,
+        r#"WITH claimed AS (
+               UPDATE runs SET status = $3, lease_owner = $4,
+                      lease_until = now() + make_interval(secs => $5::bigint::double precision),
+                      attempts = attempts + 1, sandbox = COALESCE($7, sandbox), updated_at = now()
+                WHERE id = $1 AND status = $2 AND kind = ANY($6)
+            RETURNING id)
+           INSERT INTO run_events (run_id, kind, actor, data)
+           SELECT id, 'claimed', 'handler:' || $4, $8 FROM claimed"#,
         id.as_uuid(),
         from as RunStatus,
         to as RunStatus,
         owner,
         lease_secs,
-        kinds as &[RunKind]
+        kinds as &[RunKind],
+        record.sandbox,
+        record.data
     )
-    .execute(&mut **tx)
+    .execute(executor)
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -430,26 +461,6 @@ pub async fn hand_back(
     )
     .await?;
     Ok(true)
-}
-
-/// Records which sandbox executes the Run, while `owner` holds its claim (on the control
-/// node right after the claim; for a relayed Run, what the worker reported). `false`: the
-/// claim is not `owner`'s.
-pub async fn record_sandbox<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
-    id: RunId,
-    owner: &str,
-    sandbox: &str,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        "UPDATE runs SET sandbox = $3 WHERE id = $1 AND lease_owner = $2",
-        id.as_uuid(),
-        owner,
-        sandbox
-    )
-    .execute(executor)
-    .await?;
-    Ok(done.rows_affected() == 1)
 }
 
 /// Extends the lease while the step still holds it. `false`: the lease was lost (the
@@ -601,13 +612,15 @@ pub enum ApplyClaim {
     },
 }
 
-/// Claims an Apply Run: in one transaction, takes the Run (`queued` → `applying`), takes
-/// the Capsule (only where no apply holds it) and checks the generation the plan saw.
+/// Claims an Apply Run: in one transaction, takes the Run (`queued` → `applying`, with its
+/// [`ClaimRecord`]), takes the Capsule (only where no apply holds it) and checks the
+/// generation the plan saw.
 pub async fn claim_apply(
     tx: &mut Tx,
     id: RunId,
     owner: &str,
     lease_secs: i64,
+    record: ClaimRecord<'_>,
 ) -> Result<ApplyClaim, StoreError> {
     let row = sqlx::query!(
         r#"SELECT capsule_id, state_generation,
@@ -647,13 +660,12 @@ pub async fn claim_apply(
         return Ok(ApplyClaim::GenerationChanged { planned, current });
     }
     if !claim(
-        tx,
+        &mut **tx,
         id,
         &[RunKind::Apply],
-        RunStatus::Queued,
-        RunStatus::Applying,
-        owner,
-        lease_secs,
+        (RunStatus::Queued, RunStatus::Applying),
+        (owner, lease_secs),
+        record,
     )
     .await?
     {
