@@ -1681,7 +1681,8 @@ impl Gateway {
 
 /// A relay worker whose apply ends while the API does not answer hands its result in once
 /// the API is back (within the claim's lease), instead of leaving a finished apply to end
-/// `unknown_outcome` with its new state lost.
+/// `unknown_outcome` with its new state lost; the progress it could not send meanwhile (the
+/// apply's log) goes first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_apply_report_the_api_missed_is_sent_again() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
@@ -1735,6 +1736,10 @@ output "done" { value = "yes" }
     let done = stack.wait(apply).await?;
     assert_eq!(done.status, RunStatus::Applied, "{done:?}");
     assert_eq!(stack.client.get_capsule(cap.id).await?.state_generation, 1);
+    // The progress the worker could not send while the API was away (the apply's output)
+    // was sent before the report, not dropped.
+    let log = stack.client.logs(apply).await?;
+    assert!(log.contains("Apply complete!"), "{log}");
     worker.kill().await?;
     stack.stop().await?;
     Ok(())

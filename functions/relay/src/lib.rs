@@ -308,13 +308,72 @@ struct Job<'a> {
     api: &'a Api,
     run: String,
     claim: String,
+    /// Progress the API never received (see [`never_arrived`]), in order: sent ahead of
+    /// the next progress, and before the job's final report. Held while progress is sent,
+    /// so the Run's record keeps the order it happened in.
+    unsent: tokio::sync::Mutex<ProgressReport>,
 }
 
-impl Job<'_> {
+/// At most this much progress waits for an API that does not answer; beyond it the oldest
+/// is dropped (with a warning): the lease (60 s) bounds how long the API can be away.
+const MAX_UNSENT_EVENTS: usize = 256;
+const MAX_UNSENT_LOG_BYTES: usize = 512 * 1024;
+
+impl<'a> Job<'a> {
+    fn new(api: &'a Api, run: String, claim: String) -> Self {
+        Self {
+            api,
+            run,
+            claim,
+            unsent: tokio::sync::Mutex::new(ProgressReport::default()),
+        }
+    }
+
     async fn progress(&self, report: &ProgressReport) -> anyhow::Result<ProgressAnswer> {
         self.api
             .post(&self.run, &self.claim, "progress", report)
             .await
+    }
+
+    /// Sends `report` after whatever progress the API did not receive before. What the API
+    /// certainly did not receive is kept to be sent again; anything else that fails is
+    /// dropped with a warning (sending it again could record it twice).
+    async fn send_progress(&self, report: ProgressReport, what: &str) {
+        let mut unsent = self.unsent.lock().await;
+        unsent.events.extend(report.events);
+        unsent.logs.extend(report.logs);
+        match self.progress(&unsent).await {
+            Ok(_) => *unsent = ProgressReport::default(),
+            Err(e) if never_arrived(&e) => {
+                tracing::warn!(run = %self.run, error = %e, "the API did not take a {what}; kept to send again");
+                bound_unsent(&self.run, &mut unsent);
+            }
+            Err(e) => {
+                tracing::warn!(run = %self.run, error = %e, "could not send a {what}");
+                *unsent = ProgressReport::default();
+            }
+        }
+    }
+
+    /// Sends the progress the API did not receive, again for a while if it still does not
+    /// answer: called before the job's final report, so the Run's record has everything
+    /// the worker saw, and in order. What still does not go through is dropped, and the
+    /// report goes on (it matters more).
+    async fn flush_progress(&self) {
+        let mut unsent = self.unsent.lock().await;
+        if unsent.events.is_empty() && unsent.logs.is_empty() {
+            return;
+        }
+        let report = std::mem::take(&mut *unsent);
+        let send = || self.progress(&report);
+        if let Err(e) = send
+            .retry(report_backoff(REPORT_RETRY))
+            .sleep(tokio::time::sleep)
+            .when(never_arrived)
+            .await
+        {
+            tracing::warn!(run = %self.run, error = %e, events = report.events.len(), logs = report.logs.len(), "progress the API never took is dropped");
+        }
     }
 
     async fn event(&self, kind: EventKind, data: Value) {
@@ -327,9 +386,7 @@ impl Job<'_> {
             events: vec![WorkerEvent::new(kind, data)],
             logs: Vec::new(),
         };
-        if let Err(e) = self.progress(&report).await {
-            tracing::warn!(run = %self.run, error = %e, "could not send an event");
-        }
+        self.send_progress(report, "event").await;
     }
 
     async fn log(&self, step: &str, masker: &Masker, text: &str) {
@@ -343,9 +400,7 @@ impl Job<'_> {
                 text: masker.mask(text),
             }],
         };
-        if let Err(e) = self.progress(&report).await {
-            tracing::warn!(run = %self.run, error = %e, "could not send a log");
-        }
+        self.send_progress(report, "log").await;
     }
 
     /// Renews the lease until aborted (every call to `progress` renews it); `lost` fires
@@ -465,11 +520,7 @@ async fn fail_unreadable(api: &Api, name: &JobName, reason: &str) -> anyhow::Res
 
 /// Works one claimed job to its end: a result or a failure reported to the control node.
 pub async fn work(api: &Api, settings: &RelaySettings, job: &RelayJob) -> anyhow::Result<()> {
-    let job_ref = Job {
-        api,
-        run: job.run_id.to_string(),
-        claim: job.claim.clone(),
-    };
+    let job_ref = Job::new(api, job.run_id.to_string(), job.claim.clone());
     // Every 2 s: renews the lease (60 s) and notices a cancel request about as fast as the
     // control node's own handlers do (1 s).
     let cancel = CancellationToken::new();
@@ -485,6 +536,8 @@ pub async fn work(api: &Api, settings: &RelaySettings, job: &RelayJob) -> anyhow
     };
     keeper.abort();
     let _ = wd.close();
+    // A plan's or apply's own report flushed it already; a failure's report is next.
+    job_ref.flush_progress().await;
     if cancel.is_cancelled() && result.is_err() {
         // The tool was interrupted (or never started): the Run ends `canceled` if a cancel
         // was requested; a lost claim answers `not_your_claim` and there is nothing to do.
@@ -839,6 +892,7 @@ async fn plan(
         tool_says_drift: out.tool_says_drift,
         plan_not_kept,
     };
+    job.flush_progress().await;
     let posted = job
         .api
         .post::<IgnoredAny>(&job.run, &job.claim, "planned", &body)
@@ -975,6 +1029,7 @@ async fn report_applied(
     // API that is restarting (no answer, or a gateway's 502-504) is asked again for a
     // while. Its lease still ends the wait: once the control node ended the Run, the
     // report is refused and not repeated.
+    job.flush_progress().await;
     let send = || {
         job.api
             .post::<IgnoredAny>(&job.run, &job.claim, "applied", &body)
@@ -1017,6 +1072,37 @@ fn worth_reporting_again(e: &anyhow::Error) -> bool {
         None => e
             .downcast_ref::<reqwest::Error>()
             .is_some_and(|e| e.is_connect() || e.is_timeout() || e.is_request() || e.is_body()),
+    }
+}
+
+/// Whether progress that failed certainly never reached the API: no connection was made,
+/// or a gateway in front of it said it could not reach it (502, 503). A timeout or a cut
+/// answer may have arrived, so it is not sent again (it would be recorded twice).
+fn never_arrived(e: &anyhow::Error) -> bool {
+    match e.downcast_ref::<ApiRefusal>() {
+        Some(refusal) => matches!(refusal.status, 502 | 503),
+        None => e
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_connect),
+    }
+}
+
+/// Keeps the progress waiting for the API within [`MAX_UNSENT_EVENTS`] and
+/// [`MAX_UNSENT_LOG_BYTES`], the oldest dropped first.
+fn bound_unsent(run: &str, unsent: &mut ProgressReport) {
+    let over = unsent.events.len().saturating_sub(MAX_UNSENT_EVENTS);
+    if over > 0 {
+        unsent.events.drain(..over);
+        tracing::warn!(%run, dropped = over, "too many events waiting for the API; the oldest are dropped");
+    }
+    let mut bytes: usize = unsent.logs.iter().map(|l| l.text.len()).sum();
+    let mut dropped = 0;
+    while bytes > MAX_UNSENT_LOG_BYTES && !unsent.logs.is_empty() {
+        bytes -= unsent.logs.remove(0).text.len();
+        dropped += 1;
+    }
+    if dropped > 0 {
+        tracing::warn!(%run, dropped, "too much log waiting for the API; the oldest chunks are dropped");
     }
 }
 
@@ -1069,6 +1155,53 @@ mod tests {
             .await
             .unwrap_err();
         assert!(worth_reporting_again(&unanswered.into()));
+    }
+
+    /// Progress is sent again only when it certainly never reached the API (no connection,
+    /// or a gateway that could not reach it); an answer that may have been lost is not
+    /// (the events would be recorded twice).
+    #[tokio::test]
+    async fn only_progress_that_never_arrived_is_kept() {
+        let refusal = |status: u16| -> anyhow::Error {
+            ApiRefusal {
+                status,
+                code: Code::new("unknown"),
+                message: String::new(),
+            }
+            .into()
+        };
+        assert!(never_arrived(&refusal(502)));
+        assert!(never_arrived(&refusal(503)));
+        for status in [504, 500, 409, 422] {
+            assert!(!never_arrived(&refusal(status)), "{status}");
+        }
+        let unanswered = reqwest::Client::new()
+            .post("http://127.0.0.1:1/api/v1/relay/runs/r/progress")
+            .send()
+            .await
+            .unwrap_err();
+        assert!(never_arrived(&unanswered.into()));
+    }
+
+    /// What waits for the API is bounded, the oldest dropped first.
+    #[test]
+    fn unsent_progress_is_bounded_oldest_first() {
+        let mut unsent = ProgressReport {
+            events: (0..MAX_UNSENT_EVENTS + 3)
+                .map(|i| WorkerEvent::new(EventKind::ToolStarted, json!({ "i": i })))
+                .collect(),
+            logs: (0..4)
+                .map(|i| LogChunk {
+                    step: "apply".into(),
+                    text: format!("{i}").repeat(MAX_UNSENT_LOG_BYTES / 3),
+                })
+                .collect(),
+        };
+        bound_unsent("run_x", &mut unsent);
+        assert_eq!(unsent.events.len(), MAX_UNSENT_EVENTS);
+        assert_eq!(unsent.events[0].data["i"], json!(3));
+        assert_eq!(unsent.logs.len(), 3);
+        assert!(unsent.logs[0].text.starts_with('1'));
     }
 
     /// The key list a worker is started with parses, keeps its order (current first), and
