@@ -1119,14 +1119,6 @@ mod tests {
     /// serve now; its own refusals (the claim is over, the report is bad) are final.
     #[tokio::test]
     async fn only_an_unanswered_report_is_sent_again() {
-        let refusal = |status: u16, code: &str| -> anyhow::Error {
-            ApiRefusal {
-                status,
-                code: Code::new(code),
-                message: String::new(),
-            }
-            .into()
-        };
         for status in [502, 503, 504] {
             assert!(
                 worth_reporting_again(&refusal(status, "unknown")),
@@ -1148,13 +1140,27 @@ mod tests {
         assert!(!worth_reporting_again(&anyhow::anyhow!(
             "the API's answer does not read as expected"
         )));
-        // Nothing listens on port 1: the request never arrived.
-        let unanswered = reqwest::Client::new()
-            .post("http://127.0.0.1:1/api/v1/relay/runs/r/applied")
+        assert!(worth_reporting_again(&unanswered().await));
+    }
+
+    /// The API's (or a gateway's) refusal with `status` and `code`.
+    fn refusal(status: u16, code: &str) -> anyhow::Error {
+        ApiRefusal {
+            status,
+            code: Code::new(code),
+            message: String::new(),
+        }
+        .into()
+    }
+
+    /// A request to a port nothing listens on (1): it never arrived.
+    async fn unanswered() -> anyhow::Error {
+        reqwest::Client::new()
+            .post("http://127.0.0.1:1/api/v1/relay/runs/r/progress")
             .send()
             .await
-            .unwrap_err();
-        assert!(worth_reporting_again(&unanswered.into()));
+            .unwrap_err()
+            .into()
     }
 
     /// Progress is sent again only when it certainly never reached the API (no connection,
@@ -1162,25 +1168,13 @@ mod tests {
     /// (the events would be recorded twice).
     #[tokio::test]
     async fn only_progress_that_never_arrived_is_kept() {
-        let refusal = |status: u16| -> anyhow::Error {
-            ApiRefusal {
-                status,
-                code: Code::new("unknown"),
-                message: String::new(),
-            }
-            .into()
-        };
+        let refusal = |status: u16| refusal(status, "unknown");
         assert!(never_arrived(&refusal(502)));
         assert!(never_arrived(&refusal(503)));
         for status in [504, 500, 409, 422] {
             assert!(!never_arrived(&refusal(status)), "{status}");
         }
-        let unanswered = reqwest::Client::new()
-            .post("http://127.0.0.1:1/api/v1/relay/runs/r/progress")
-            .send()
-            .await
-            .unwrap_err();
-        assert!(never_arrived(&unanswered.into()));
+        assert!(never_arrived(&unanswered().await));
     }
 
     /// What waits for the API is bounded, the oldest dropped first.
