@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use takosumi_core::{EventKind, FailureCode, RunId, RunKind, Secret, StepError};
+use takosumi_core::{EventKind, FailureCode, RunId, Secret, StepError};
 use takosumi_runner::{ToolEnv, Workdir, check_env_name};
 use takosumi_seal::Purpose;
 use takosumi_store::bindings;
@@ -404,12 +404,8 @@ impl Ctx {
         let used = Value::Array(used);
         // A plan's Run shows the generation of the state it restores (from this Capsule
         // row) from now on, as a relayed plan's does from its job's delivery.
-        let plan_generation = match inputs_of.kind {
-            RunKind::Plan | RunKind::Destroy | RunKind::DriftCheck if record_on == inputs_of.id => {
-                Some(capsule.state_generation)
-            }
-            _ => None,
-        };
+        let plan_generation = (inputs_of.kind.is_plan_like() && record_on == inputs_of.id)
+            .then_some(capsule.state_generation);
         // An apply has no variables of its own: it shows the names of the plan's.
         bindings::record_run_env(
             &self.pool,

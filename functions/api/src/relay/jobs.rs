@@ -501,10 +501,7 @@ pub(super) async fn delivered_inputs(
     }
     // A plan is recorded against the generation of the state it is sent: the Capsule row
     // `current_state` read it from. A one-step apply's generation was pinned by its claim.
-    let plan_generation = match run.kind {
-        RunKind::Plan | RunKind::Destroy | RunKind::DriftCheck => Some(capsule.state_generation),
-        RunKind::Apply => None,
-    };
+    let plan_generation = run.kind.is_plan_like().then_some(capsule.state_generation);
     inputs.record_on(st, run.id, owner, plan_generation).await?;
     Ok(Some((inputs, state)))
 }
