@@ -367,7 +367,7 @@ impl<'a> Job<'a> {
         let report = std::mem::take(&mut *unsent);
         let send = || self.progress(&report);
         if let Err(e) = send
-            .retry(report_backoff(REPORT_RETRY))
+            .retry(report_backoff())
             .sleep(tokio::time::sleep)
             .when(never_arrived)
             .await
@@ -1034,7 +1034,7 @@ async fn report_applied(
         job.api
             .post::<IgnoredAny>(&job.run, &job.claim, "applied", &body)
     };
-    send.retry(report_backoff(REPORT_RETRY))
+    send.retry(report_backoff())
         .sleep(tokio::time::sleep)
         .when(worth_reporting_again)
         .notify(|e: &anyhow::Error, delay: Duration| {
@@ -1050,15 +1050,16 @@ async fn report_applied(
     Ok(())
 }
 
-/// How long an apply's report is sent again while the API does not answer.
+/// How long an apply's report, and the progress the API missed before any report, are
+/// sent again while the API does not answer.
 const REPORT_RETRY: Duration = Duration::from_secs(60);
 
-fn report_backoff(total: Duration) -> ExponentialBuilder {
+fn report_backoff() -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_jitter()
         .with_min_delay(Duration::from_millis(250))
         .with_max_delay(Duration::from_secs(5))
-        .with_total_delay(Some(total))
+        .with_total_delay(Some(REPORT_RETRY))
         .without_max_times()
 }
 
@@ -1096,11 +1097,16 @@ fn bound_unsent(run: &str, unsent: &mut ProgressReport) {
         tracing::warn!(%run, dropped = over, "too many events waiting for the API; the oldest are dropped");
     }
     let mut bytes: usize = unsent.logs.iter().map(|l| l.text.len()).sum();
-    let mut dropped = 0;
-    while bytes > MAX_UNSENT_LOG_BYTES && !unsent.logs.is_empty() {
-        bytes -= unsent.logs.remove(0).text.len();
-        dropped += 1;
-    }
+    let dropped = unsent
+        .logs
+        .iter()
+        .take_while(|l| {
+            let over = bytes > MAX_UNSENT_LOG_BYTES;
+            bytes -= l.text.len();
+            over
+        })
+        .count();
+    unsent.logs.drain(..dropped);
     if dropped > 0 {
         tracing::warn!(%run, dropped, "too much log waiting for the API; the oldest chunks are dropped");
     }
