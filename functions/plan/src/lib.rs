@@ -11,12 +11,15 @@ use takosumi_policy::scan::ScanReport;
 use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
+use takosumi_runtime::inputs::check_plan_source;
 use takosumi_runtime::plan_commit::{
     self, Committed, PlanPut, PlanToCommit, SealedPlanFile, StoredLockfile, StoredPlan,
 };
 use takosumi_runtime::step::runner_err;
 use takosumi_steps::{PlanInputs, Planned, ScanVerdict};
 use takosumi_store::StoreError;
+use takosumi_store::capsules::CapsuleOf;
+use takosumi_store::runs::source::RunSource;
 use takosumi_store::{capsules, events, runs};
 
 /// The kinds of Run this step plans.
@@ -26,9 +29,20 @@ const PLAN_KINDS: &[RunKind] = &[RunKind::Plan, RunKind::Destroy, RunKind::Drift
 /// claimed or planned and does nothing.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run_id = msg.run_id;
-    let run = runs::get(&ctx.pool, run_id)
-        .await?
-        .ok_or_else(|| StepError::Poison(format!("{run_id} does not exist")))?;
+    // Everything the claim and the checkout need, read at once (each read stands alone):
+    // the Run; its pre-claim check (claims whose handler vanished; a claim handed back after
+    // a transient fault, an outage the handler rode out, does not count; whether its
+    // Capsule is on a worker pool); its Capsule (one read gives a consistent
+    // (generation, StateVersion) pair); and what it checks out.
+    let (run, precheck, capsule, source) = tokio::try_join!(
+        runs::get(&ctx.pool, run_id),
+        runs::claim_precheck(&ctx.pool, run_id),
+        capsules::get_of(&ctx.pool, CapsuleOf::Run(run_id)),
+        runs::source::run_source(&ctx.pool, run_id),
+    )?;
+    let (Some(run), Some(precheck), Some(source)) = (run, precheck, source) else {
+        return Err(StepError::Poison(format!("{run_id} does not exist")));
+    };
     if !PLAN_KINDS.contains(&run.kind) {
         return Err(StepError::Poison(format!(
             "{run_id} is a {:?} run, not a plan",
@@ -40,21 +54,11 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             "not queued: claimed elsewhere or already planned",
         ));
     }
-    // A Capsule that names a worker pool plans on that pool's relay workers, never here.
-    // Claims whose handler vanished; a claim handed back after a transient fault (an
-    // outage the handler rode out) does not count. Read at once, with the Capsule the plan
-    // needs next (one read gives a consistent (generation, StateVersion) pair).
-    let (precheck, capsule) = tokio::try_join!(
-        runs::claim_precheck(&ctx.pool, run_id),
-        capsules::get(&ctx.pool, run.capsule_id)
-    )?;
-    let Some(runs::ClaimPrecheck {
+    let runs::ClaimPrecheck {
         lost_claims: lost,
         on_pool,
-    }) = precheck
-    else {
-        return Err(StepError::Poison(format!("{run_id} does not exist")));
-    };
+    } = precheck;
+    // A Capsule that names a worker pool plans on that pool's relay workers, never here.
     if on_pool {
         return Ok(Outcome::Skipped("the Capsule runs on a worker pool"));
     }
@@ -103,6 +107,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         &ctx.interruptible(cancel.clone()).streaming_logs(run_id),
         &run,
         capsule,
+        source,
         attempt,
         &lease.lost(),
     )
@@ -175,6 +180,8 @@ struct NodeHost<'a> {
     ctx: &'a Ctx,
     run: &'a runs::Run,
     capsule: &'a capsules::Capsule,
+    /// What the Run checks out (its variables are settled from it).
+    source: &'a RunSource,
     /// The claim's attempt (object keys are per claim).
     attempt: i32,
     /// Set when the dry-run check held the Run (or found the lease lost).
@@ -229,6 +236,10 @@ impl takosumi_steps::Host for NodeHost<'_> {
     }
 
     async fn tool_env(&self, wd: &Workdir) -> Result<ToolEnv, PlanError> {
+        // Settled here, beside the checkout: nothing before the environment reads them.
+        self.ctx
+            .settle_plan_vars(self.run, self.capsule, self.source)
+            .await?;
         // Variables, sensitive variables and the Capsule's credentials, resolved now;
         // every secret is in the masker before any tool starts.
         Ok(self
@@ -317,6 +328,7 @@ async fn plan(
     ctx: &Ctx,
     run: &runs::Run,
     capsule: Option<capsules::Capsule>,
+    source: RunSource,
     attempt: i32,
     lost: &tokio_util::sync::CancellationToken,
 ) -> Result<Outcome, PlanError> {
@@ -331,13 +343,16 @@ async fn plan(
 
     // A webhook-started plan checks out exactly the pushed (or pull request head) commit;
     // a drift check, the commit that was last applied.
-    let source = ctx.plan_source(run, &capsule).await?;
+    check_plan_source(&source)?;
     let inputs = PlanInputs {
         kind: run.kind,
         tool,
         repo: capsule.repo.clone(),
-        branch: source.source_ref.unwrap_or_else(|| capsule.branch.clone()),
-        commit: source.pinned_commit,
+        branch: source
+            .source_ref
+            .clone()
+            .unwrap_or_else(|| capsule.branch.clone()),
+        commit: source.pinned_commit.clone(),
         dir: capsule.dir.clone(),
         speculative: source.speculative,
     };
@@ -345,6 +360,7 @@ async fn plan(
         ctx,
         run,
         capsule: &capsule,
+        source: &source,
         attempt,
         stopped: std::sync::Mutex::new(None),
         lockfile: std::sync::Mutex::new(None),

@@ -25,7 +25,7 @@
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use sha2::{Digest, Sha256};
@@ -65,6 +65,16 @@ pub(crate) const ETC_FILES: &[&str] = &[
 /// How often the listed entries are looked at again for changes.
 pub(crate) const RECHECK: Duration = Duration::from_secs(1);
 
+/// How often the refresher looks: often enough that a sandbox start finds a check younger
+/// than [`RECHECK`] and does not wait for one (a start that finds none, the refresher
+/// being late on a loaded machine, checks itself), rarely enough to cost no more than
+/// checking at starts did (one walk a second while busy).
+const REFRESH: Duration = Duration::from_millis(900);
+
+/// The refresher stops after this long without a sandbox start (the next start checks,
+/// once, itself, and starts it again): an idle handler does not keep walking `/etc`.
+const KEEP_WARM: Duration = Duration::from_secs(30);
+
 /// A directory of the copy never holds more than this many entries: a listed directory
 /// that grew past it (or a loop) is not copied, and the per-entry binds are used.
 const MAX_ENTRIES: usize = 20_000;
@@ -72,16 +82,24 @@ const MAX_ENTRIES: usize = 20_000;
 /// The runner's copy of the listed `/etc` entries, shared by its sandboxes.
 #[derive(Debug)]
 pub(crate) struct EtcView {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     /// `<work root>/etc-view`: one directory per fingerprint.
     root: PathBuf,
     /// Where the listed entries are read from (`/`; a test's own tree).
     host_root: PathBuf,
     /// A copy older than this, unmarked, is no longer bound anywhere.
     keep_unused: Duration,
+    /// See [`KEEP_WARM`].
+    keep_warm: Duration,
     current: Mutex<Option<Current>>,
+    warm: Mutex<Warm>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Current {
     checked: Instant,
     fingerprint: String,
@@ -89,48 +107,121 @@ struct Current {
     dir: Option<PathBuf>,
 }
 
+/// Whether the refresher runs, and when a sandbox last asked for the view.
+#[derive(Debug)]
+struct Warm {
+    asked: Instant,
+    refreshing: bool,
+}
+
 impl EtcView {
     /// A view kept under `work_root/etc-view` (a name run directories never have), whose
     /// unused copies are removed after `keep_unused`.
     pub(crate) fn new(work_root: &Path, keep_unused: Duration) -> Self {
-        Self::with_host_root(work_root, Path::new("/"), keep_unused)
+        Self::with_host_root(work_root, Path::new("/"), keep_unused, KEEP_WARM)
     }
 
-    fn with_host_root(work_root: &Path, host_root: &Path, keep_unused: Duration) -> Self {
+    fn with_host_root(
+        work_root: &Path,
+        host_root: &Path,
+        keep_unused: Duration,
+        keep_warm: Duration,
+    ) -> Self {
         Self {
-            root: work_root.join("etc-view"),
-            host_root: host_root.to_path_buf(),
-            keep_unused,
-            current: Mutex::new(None),
+            inner: Arc::new(Inner {
+                root: work_root.join("etc-view"),
+                host_root: host_root.to_path_buf(),
+                keep_unused,
+                keep_warm,
+                current: Mutex::new(None),
+                warm: Mutex::new(Warm {
+                    asked: Instant::now(),
+                    refreshing: false,
+                }),
+            }),
         }
     }
 
     /// The directory to bind at the sandbox's `/etc`, up to date within [`RECHECK`];
     /// `None` when no copy can be made (bind the entries one by one).
+    ///
+    /// The check (the listed entries' metadata, some 700 of them on Debian: 2-3 ms) runs
+    /// on a refresher thread while sandboxes keep starting, not in a sandbox start's
+    /// path; only the first start (and the first after [`KEEP_WARM`] idle) checks itself.
     pub(crate) fn dir(&self) -> Option<PathBuf> {
-        let mut current = self
-            .current
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(c) = current.as_ref()
+        self.keep_refreshing();
+        if let Some(c) = self.inner.current()
             && c.checked.elapsed() < RECHECK
         {
-            return c.dir.clone();
+            return c.dir;
         }
+        self.inner.refresh()
+    }
+
+    /// Notes a sandbox start, and starts the refresher unless it runs.
+    fn keep_refreshing(&self) {
+        let mut warm = lock(&self.inner.warm);
+        warm.asked = Instant::now();
+        if warm.refreshing {
+            return;
+        }
+        let inner = Arc::clone(&self.inner);
+        let started = std::thread::Builder::new()
+            .name("etc-view".into())
+            .spawn(move || inner.refresher());
+        // Without a thread every start checks itself, as the first one does.
+        warm.refreshing = started.is_ok();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Inner {
+    fn current(&self) -> Option<Current> {
+        lock(&self.current).clone()
+    }
+
+    /// Checks the listed entries now: the copy for what they are (made if new, marked
+    /// used), which sandboxes started from now on bind.
+    fn refresh(&self) -> Option<PathBuf> {
+        // Read without the lock held: a start meanwhile takes the copy checked before.
         let fingerprint = self.fingerprint();
-        let dir = match current.take() {
-            Some(c) if c.fingerprint == fingerprint => c.dir,
-            _ => self.materialize(&fingerprint),
+        let known = self
+            .current()
+            .filter(|c| c.fingerprint == fingerprint)
+            .map(|c| c.dir);
+        let dir = match known {
+            Some(dir) => dir,
+            // Two checks making the same copy at once: the second uses the first's.
+            None => self.materialize(&fingerprint),
         };
         if let Some(dir) = &dir {
             mark_used(dir);
         }
-        *current = Some(Current {
+        *lock(&self.current) = Some(Current {
             checked: Instant::now(),
             fingerprint,
             dir: dir.clone(),
         });
         dir
+    }
+
+    /// The refresher thread: checks every [`REFRESH`] until no sandbox started for
+    /// `keep_warm`.
+    fn refresher(&self) {
+        loop {
+            std::thread::sleep(REFRESH);
+            {
+                let mut warm = lock(&self.warm);
+                if warm.asked.elapsed() > self.keep_warm {
+                    warm.refreshing = false;
+                    return;
+                }
+            }
+            self.refresh();
+        }
     }
 
     fn host(&self, listed: &str) -> PathBuf {
@@ -373,7 +464,8 @@ mod tests {
     fn the_copy_holds_the_listed_entries_and_nothing_else() {
         let host = host_tree();
         let work = tempfile::tempdir().unwrap();
-        let view = EtcView::with_host_root(work.path(), host.path(), Duration::from_secs(60));
+        let view =
+            EtcView::with_host_root(work.path(), host.path(), Duration::from_secs(60), KEEP_WARM);
         let dir = view.dir().expect("a copy");
         assert_eq!(
             all_files(&dir),
@@ -403,7 +495,12 @@ mod tests {
     fn a_changed_entry_makes_a_new_copy_and_the_old_one_stays_until_unused() {
         let host = host_tree();
         let work = tempfile::tempdir().unwrap();
-        let view = EtcView::with_host_root(work.path(), host.path(), Duration::from_secs(3600));
+        let view = EtcView::with_host_root(
+            work.path(),
+            host.path(),
+            Duration::from_secs(3600),
+            KEEP_WARM,
+        );
         let first = view.dir().unwrap();
         // a resolver rewritten in place, as DHCP clients do
         fs::write(host.path().join("etc/resolv.conf"), "nameserver 10.9.9.9\n").unwrap();
@@ -421,7 +518,7 @@ mod tests {
         );
 
         // once unused for longer than any step runs, it is collected at the next copy
-        let quick = EtcView::with_host_root(work.path(), host.path(), Duration::ZERO);
+        let quick = EtcView::with_host_root(work.path(), host.path(), Duration::ZERO, KEEP_WARM);
         fs::write(host.path().join("etc/resolv.conf"), "nameserver 10.7.7.7\n").unwrap();
         let third = quick.dir().unwrap();
         assert!(third.is_dir());
@@ -432,13 +529,49 @@ mod tests {
     fn the_view_is_named_by_what_it_holds() {
         let host = host_tree();
         let work = tempfile::tempdir().unwrap();
-        let a = EtcView::with_host_root(work.path(), host.path(), Duration::from_secs(60));
-        let b = EtcView::with_host_root(work.path(), host.path(), Duration::from_secs(60));
+        let a =
+            EtcView::with_host_root(work.path(), host.path(), Duration::from_secs(60), KEEP_WARM);
+        let b =
+            EtcView::with_host_root(work.path(), host.path(), Duration::from_secs(60), KEEP_WARM);
         // two processes sharing a work root share the copy
         assert_eq!(a.dir().unwrap(), b.dir().unwrap());
         assert_eq!(
             fs::read_dir(work.path().join("etc-view")).unwrap().count(),
             1
         );
+    }
+
+    #[test]
+    fn a_change_is_picked_up_by_the_refresher_not_by_a_sandbox_start() {
+        let host = host_tree();
+        let work = tempfile::tempdir().unwrap();
+        let warm = Duration::from_millis(1500);
+        let view = EtcView::with_host_root(work.path(), host.path(), Duration::from_secs(60), warm);
+        let first = view.dir().unwrap();
+        fs::write(host.path().join("etc/resolv.conf"), "nameserver 10.9.9.9\n").unwrap();
+        std::thread::sleep(REFRESH * 2 + Duration::from_millis(100));
+        // Nothing asked meanwhile: the refresher made the new copy, and a start takes it
+        // without checking (a check younger than RECHECK).
+        let current = view.inner.current().unwrap();
+        let second = current.dir.clone().unwrap();
+        assert_ne!(second, first);
+        assert!(current.checked.elapsed() < RECHECK);
+        assert_eq!(view.dir().unwrap(), second);
+        assert_eq!(
+            fs::read_to_string(second.join("resolv.conf")).unwrap(),
+            "nameserver 10.9.9.9\n"
+        );
+        // No start for longer than `keep_warm`: the refresher stops, and the next start
+        // checks itself (and starts it again).
+        std::thread::sleep(warm + RECHECK + REFRESH * 2);
+        assert!(!lock(&view.inner.warm).refreshing);
+        let idle_since = view.inner.current().unwrap().checked;
+        assert!(
+            idle_since.elapsed() > RECHECK,
+            "the refresher kept checking"
+        );
+        assert_eq!(view.dir().unwrap(), second);
+        assert!(view.inner.current().unwrap().checked > idle_since);
+        assert!(lock(&view.inner.warm).refreshing);
     }
 }

@@ -20,6 +20,7 @@ use takosumi_seal::Purpose;
 use takosumi_store::bindings;
 use takosumi_store::capsules::Capsule;
 use takosumi_store::runs::Run;
+use takosumi_store::runs::source::RunSource;
 use zeroize::Zeroize;
 
 use crate::Ctx;
@@ -138,41 +139,37 @@ pub fn seal_run_vars(
     Ok((names, sealed.map_err(StepError::internal)?))
 }
 
+/// What a plan step checks out (the Run's source, read before its claim on both hosts):
+/// a drift check with nothing applied fails `not_applied` here, before anything runs.
+pub fn check_plan_source(source: &RunSource) -> Result<(), EnvError> {
+    if source.no_baseline {
+        return Err(EnvError::Fail(
+            FailureCode::NotApplied,
+            takosumi_store::runs::source::NOT_APPLIED.into(),
+        ));
+    }
+    Ok(())
+}
+
 impl Ctx {
-    /// What a plan step checks out, read once at its claim by the control node and by the
-    /// relay's job endpoint alike: a drift check with nothing applied fails `not_applied`;
-    /// a plan whose submission gave no variables has them settled now — a drift check's
-    /// from the Run behind the Capsule's current StateVersion (reality is compared with
-    /// what was applied, at its commit and with its variables), any other's from the
-    /// Capsule — and sealed on the Run, so its record and its apply use the same values.
-    pub async fn plan_source(
+    /// A plan whose submission gave no variables has them settled before its tool's
+    /// environment is built (by the control node's plan step and the relay's job endpoint
+    /// alike): a drift check's from the Run behind the Capsule's current StateVersion
+    /// (reality is compared with what was applied, at its commit and with its variables),
+    /// any other's from the Capsule, sealed on the Run so its record and its apply use the
+    /// same values. `source` is the Run's, checked by [`check_plan_source`].
+    pub async fn settle_plan_vars(
         &self,
         run: &Run,
         capsule: &Capsule,
-    ) -> Result<takosumi_store::runs::source::RunSource, EnvError> {
-        // Both read at once: neither needs the other.
-        let sealed_vars = async {
-            if run.vars.is_some() {
-                return Ok(true);
-            }
-            Ok::<_, StoreError>(
-                bindings::sealed_run_vars(&self.pool, run.id)
-                    .await?
-                    .is_some(),
-            )
-        };
-        let (source, has_vars) = tokio::try_join!(
-            takosumi_store::runs::source::run_source(&self.pool, run.id),
-            sealed_vars
-        )?;
-        if source.no_baseline {
-            return Err(EnvError::Fail(
-                FailureCode::NotApplied,
-                takosumi_store::runs::source::NOT_APPLIED.into(),
-            ));
-        }
-        if has_vars {
-            return Ok(source);
+        source: &RunSource,
+    ) -> Result<(), EnvError> {
+        if run.vars.is_some()
+            || bindings::sealed_run_vars(&self.pool, run.id)
+                .await?
+                .is_some()
+        {
+            return Ok(());
         }
         let vars = match source.baseline_run {
             Some(baseline) => {
@@ -188,7 +185,7 @@ impl Ctx {
         let (names, sealed) = seal_run_vars(&self.sealer, run.id, &vars)?;
         drop(vars);
         bindings::settle_run_vars(&self.pool, run.id, &names, &sealed).await?;
-        Ok(source)
+        Ok(())
     }
 
     /// The plain variables a step of `inputs_of` runs with: the ones sealed at its

@@ -85,6 +85,28 @@ pub async fn get<'e, E>(executor: E, id: CapsuleId) -> Result<Option<Capsule>, S
 where
     E: sqlx::PgExecutor<'e>,
 {
+    get_of(executor, CapsuleOf::Id(id)).await
+}
+
+/// Which Capsule [`get_of`] reads.
+#[derive(Debug, Clone, Copy)]
+pub enum CapsuleOf {
+    /// The Capsule with this id.
+    Id(CapsuleId),
+    /// The Capsule this Run belongs to: read beside the Run itself, not after it.
+    Run(RunId),
+}
+
+/// Reads a Capsule by its id or by one of its Runs (one statement for both).
+pub async fn get_of<'e, E>(executor: E, of: CapsuleOf) -> Result<Option<Capsule>, StoreError>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    let (id, run) = match of {
+        CapsuleOf::Id(id) => (Some(id.as_uuid()), None),
+        CapsuleOf::Run(run) => (None, Some(run.as_uuid())),
+    };
+    // The Run's lookup is an init plan COALESCE evaluates only when no id is given.
     Ok(sqlx::query_as!(
         Capsule,
         r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
@@ -92,8 +114,10 @@ where
                   current_state_version_id as "current_state_version_id: StateVersionId",
                   running_apply_id as "running_apply_id: RunId", stale, sensitive_var_names,
                   created_at
-             FROM capsules WHERE id = $1"#,
-        id.as_uuid()
+             FROM capsules
+            WHERE id = COALESCE($1, (SELECT capsule_id FROM runs WHERE id = $2))"#,
+        id,
+        run
     )
     .fetch_optional(executor)
     .await?)

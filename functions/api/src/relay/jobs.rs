@@ -267,17 +267,25 @@ pub(super) async fn plan_job(
         end_failed(st, run_id, owner, FailureCode::AttemptsExhausted, &message).await?;
         return Ok(Prepared::Failed);
     }
-    let capsule = capsules::get(&st.pool, run.capsule_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
-    let source = match st.ctx.plan_source(&run, &capsule).await {
-        Ok(source) => source,
+    let (capsule, source) = tokio::try_join!(
+        capsules::get(&st.pool, run.capsule_id),
+        takosumi_store::runs::source::run_source(&st.pool, run_id)
+    )?;
+    let capsule =
+        capsule.ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
+    let source = source.ok_or_else(|| ApiError::not_found(&format!("Run {run_id}")))?;
+    let settled = match check_plan_source(&source) {
+        Ok(()) => st.ctx.settle_plan_vars(&run, &capsule, &source).await,
+        Err(e) => Err(e),
+    };
+    match settled {
+        Ok(()) => {}
         Err(EnvError::Fail(code, message)) => {
             end_failed(st, run_id, owner, code, &message).await?;
             return Ok(Prepared::Failed);
         }
         Err(EnvError::Step(e)) => return Err(internal(e)),
-    };
+    }
     let Some((inputs, state)) = delivered_inputs(st, pool, key, &run, &capsule, owner).await?
     else {
         return Ok(Prepared::Failed);

@@ -47,7 +47,7 @@ use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, Tool
 use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::dry_run::{self, DryRunDecision};
 use takosumi_runtime::inputs::{
-    CredentialSet, EnvError, Injected, open_binding, sensitive_vars_subject,
+    CredentialSet, EnvError, Injected, check_plan_source, open_binding, sensitive_vars_subject,
 };
 use takosumi_runtime::plan_commit::{self, Committed, PlanPut, PlanToCommit, StoredPlan};
 use takosumi_runtime::step::plan_key;

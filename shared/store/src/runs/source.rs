@@ -88,7 +88,11 @@ pub async fn applied_baseline<'e, E: sqlx::PgExecutor<'e>>(
 /// What a plan step must check out, and whether the plan is speculative. A drift check
 /// plans the commit that was last applied, never the branch head: it reports what changed
 /// outside Takosumi, and the plan it keeps brings reality back to what was applied.
-pub async fn run_source(executor: &sqlx::PgPool, id: RunId) -> Result<RunSource, StoreError> {
+/// `None`: no such Run.
+pub async fn run_source(
+    executor: &sqlx::PgPool,
+    id: RunId,
+) -> Result<Option<RunSource>, StoreError> {
     // One round trip: the Run's own pins and, for a drift check, the applied baseline
     // (the same join as `applied_baseline`).
     let row = sqlx::query!(
@@ -103,8 +107,11 @@ pub async fn run_source(executor: &sqlx::PgPool, id: RunId) -> Result<RunSource,
             WHERE r.id = $1"#,
         id.as_uuid()
     )
-    .fetch_one(executor)
+    .fetch_optional(executor)
     .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
     let mut source = RunSource {
         source_ref: row.source_ref,
         pinned_commit: row.pinned_commit,
@@ -121,7 +128,7 @@ pub async fn run_source(executor: &sqlx::PgPool, id: RunId) -> Result<RunSource,
             _ => source.no_baseline = true,
         }
     }
-    Ok(source)
+    Ok(Some(source))
 }
 
 /// Whether a Run is a pull request's speculative plan.
