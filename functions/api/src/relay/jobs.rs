@@ -274,11 +274,11 @@ pub(super) async fn plan_job(
     let capsule =
         capsule.ok_or_else(|| ApiError::not_found(&format!("Capsule {}", run.capsule_id)))?;
     let source = source.ok_or_else(|| ApiError::not_found(&format!("Run {run_id}")))?;
-    let settled = match check_plan_source(&source) {
-        Ok(()) => st.ctx.settle_plan_vars(&run, &capsule, &source).await,
-        Err(e) => Err(e),
+    let settled = async {
+        check_plan_source(&source)?;
+        st.ctx.settle_plan_vars(&run, &capsule, &source).await
     };
-    match settled {
+    match settled.await {
         Ok(()) => {}
         Err(EnvError::Fail(code, message)) => {
             end_failed(st, run_id, owner, code, &message).await?;
