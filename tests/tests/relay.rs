@@ -860,7 +860,8 @@ async fn a_relayed_plan_an_apply_overtook_keeps_the_generation_it_planned_from()
 /// move to another pool (409 `run_in_flight`); a progress report with an event kind a
 /// worker may not report (`applied`, `approved`, `gate_decision`…) is refused whole (422
 /// `invalid_event`, nothing stored); relayed log text is masked again with the Run's
-/// credentials before it is stored, whatever the worker sent.
+/// credentials before it is stored, whatever the worker sent; a numbered report is stored
+/// once however often it is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
@@ -937,32 +938,39 @@ async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Res
         .await;
     assert_eq!(shown["pool"], json!(pool));
 
-    // Event kinds only the control node records are refused, the whole report with them;
-    // so is a kind that is none (still `invalid_event`, not a body that does not parse).
+    // Event kinds only the control node records are refused, the whole report with them
+    // (its log too); so is a kind that is none (still `invalid_event`, not a body that does
+    // not parse), and an event whose data holds a NUL (Postgres cannot store it).
     let progress = format!("/api/v1/relay/runs/{}/progress", plan.id);
-    for kind in [
+    let refused = [
         "applied",
         "approved",
         "state_version_written",
         "gate_decision",
         "planned",
         "no_such_kind",
-    ] {
+    ]
+    .map(|kind| json!({ "kind": kind, "data": {} }))
+    .into_iter()
+    .chain([json!({ "kind": "tool_started", "data": { "command": "nul\u{0}" } })]);
+    for event in refused {
         let (status, v) = worker(
             progress.clone(),
-            json!({ "events": [
-                { "kind": "tool_started", "data": { "command": "plan" } },
-                { "kind": kind, "data": {} }
-            ] }),
+            json!({
+                "events": [{ "kind": "tool_started", "data": { "command": "plan" } }, event],
+                "logs": [{ "step": "plan", "text": "from a refused report\n" }]
+            }),
             Some(claim.clone()),
         )
         .await;
         assert_eq!(
             (status, v["code"].as_str()),
             (422, Some("invalid_event")),
-            "{kind}: {v}"
+            "{event}: {v}"
         );
     }
+    let log = stack.client.logs(plan.id).await?;
+    assert!(!log.contains("from a refused report"), "{log}");
     let kinds: Vec<String> = stack
         .client
         .events(plan.id)
@@ -1001,6 +1009,46 @@ async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Res
         .map(|e| e.kind.to_string())
         .collect();
     assert!(kinds.iter().any(|k| k == "tool_started"), "{kinds:?}");
+
+    // A numbered report is stored once: sent again (its answer lost) or after a later one
+    // was stored, it is answered and not stored again. A NUL the tool printed is stored as
+    // U+FFFD, not refused.
+    let numbered = |seq: u64, mark: &str| {
+        json!({
+            "seq": seq,
+            "events": [{ "kind": "tool_started", "data": { "command": mark } }],
+            "logs": [{ "step": "plan", "text": format!("report {mark}\u{0} with a NUL\n") }]
+        })
+    };
+    for (seq, mark) in [
+        (1, "first"),
+        (1, "first"),
+        (2, "second"),
+        (1, "first"),
+        (2, "second"),
+        (3, "third"),
+    ] {
+        let (status, v) = worker(progress.clone(), numbered(seq, mark), Some(claim.clone())).await;
+        assert_eq!(status, 200, "report {seq}: {v}");
+    }
+    let commands: Vec<String> = stack
+        .client
+        .events(plan.id)
+        .await?
+        .into_iter()
+        .filter(|e| e.kind == "tool_started")
+        .filter_map(|e| e.data["command"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(commands, ["plan", "first", "second", "third"]);
+    let log = stack.client.logs(plan.id).await?;
+    for mark in ["first", "second", "third"] {
+        assert_eq!(
+            log.matches(&format!("report {mark}\u{FFFD} with a NUL"))
+                .count(),
+            1,
+            "{mark}: {log}"
+        );
+    }
     stack.stop().await
 }
 
@@ -1743,4 +1791,163 @@ output "done" { value = "yes" }
     worker.kill().await?;
     stack.stop().await?;
     Ok(())
+}
+
+/// A progress report the API stored but whose answer the worker never saw (the connection
+/// dropped with the answer on its way) is sent again with its number and stored once: the
+/// relayed plan's record has each event and each command's output exactly once, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn progress_whose_answer_was_lost_is_sent_again_and_stored_once() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let admin = Admin::new(&stack);
+    let (_repo, cap) = capsule(&stack, &[("infra/main.tf", NULL_CONFIG)]).await?;
+    let key = DeliveryKeyPair::generate("k1")?;
+    let (_pool, token) = admin.pool_for(&cap, "lossy", &key).await;
+    let gateway = LossyGateway::start(stack.api_url.trim_start_matches("http://").parse()?).await?;
+    // The answers to the plan's first three numbered reports never reach the worker.
+    gateway.lose_numbered(3);
+    let work = tempfile::tempdir()?;
+    let mut worker = spawn_relay_via(
+        &stack,
+        &format!("http://{}", gateway.addr),
+        &token,
+        &keys_env(&[&key]),
+        work.path(),
+    )?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    assert_eq!(
+        gateway.still_to_lose(),
+        0,
+        "fewer than three answers were lost"
+    );
+
+    let events = stack.client.events(plan.id).await?;
+    let commands: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == "tool_started")
+        .filter_map(|e| e.data["command"].as_str())
+        .collect();
+    assert_eq!(commands, ["init", "plan"], "{events:?}");
+    for (i, a) in events.iter().enumerate() {
+        assert!(
+            !events[i + 1..]
+                .iter()
+                .any(|b| b.kind == a.kind && b.data == a.data),
+            "recorded twice: {} {}",
+            a.kind,
+            a.data
+        );
+    }
+    let kinds = event_kinds(&stack, plan.id).await;
+    for kind in ["checkout_started", "checked_out", "dry_run_scan", "planned"] {
+        assert!(kinds.iter().any(|k| k == kind), "{kind} missing: {kinds:?}");
+    }
+    let log = stack.client.logs(plan.id).await?;
+    assert_eq!(
+        log.matches("Terraform has been successfully initialized")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("null_resource.net will be created").count(),
+        1,
+        "{log}"
+    );
+    worker.kill().await?;
+    stack.stop().await?;
+    Ok(())
+}
+
+/// A TCP gateway between a relay worker and the API that drops the API's answer to the
+/// next numbered progress reports (requests whose body carries `"seq":`) it is told to,
+/// with the connection: the request was served, the worker sees a connection cut before
+/// any answer. Everything else passes through.
+struct LossyGateway {
+    addr: std::net::SocketAddr,
+    to_lose: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    _serving: tokio::task::JoinHandle<()>,
+}
+
+impl LossyGateway {
+    async fn start(upstream: std::net::SocketAddr) -> anyhow::Result<Self> {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let to_lose = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = to_lose.clone();
+        let serving = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((inbound, _)) = listener.accept().await {
+                let to_lose = count.clone();
+                connections.spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (mut from_worker, mut to_worker) = inbound.into_split();
+                    let (mut from_api, mut to_api) = outbound.into_split();
+                    // Whether the request in flight on this connection is a numbered report.
+                    let numbered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let seen = numbered.clone();
+                    let up = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n @ 1..) = from_worker.read(&mut buf).await {
+                            let chunk = &buf[..n];
+                            if [&b"POST "[..], b"GET ", b"PUT ", b"DELETE "]
+                                .iter()
+                                .any(|m| chunk.starts_with(m))
+                            {
+                                seen.store(false, SeqCst);
+                            }
+                            if chunk.windows(6).any(|w| w == b"\"seq\":") {
+                                seen.store(true, SeqCst);
+                            }
+                            if to_api.write_all(chunk).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    let down = async move {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n @ 1..) = from_api.read(&mut buf).await {
+                            if numbered.load(SeqCst)
+                                && to_lose
+                                    .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                                    .is_ok()
+                            {
+                                break;
+                            }
+                            if to_worker.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    // Either direction ending drops both: the worker's connection is cut.
+                    tokio::select! {
+                        () = up => {}
+                        () = down => {}
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            to_lose,
+            _serving: serving,
+        })
+    }
+
+    /// Drops the answers to the next `n` numbered reports.
+    fn lose_numbered(&self, n: usize) {
+        self.to_lose.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many of those answers are still to be dropped.
+    fn still_to_lose(&self) -> usize {
+        self.to_lose.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }

@@ -308,14 +308,33 @@ struct Job<'a> {
     api: &'a Api,
     run: String,
     claim: String,
-    /// Progress the API never received (see [`never_arrived`]), in order: sent ahead of
-    /// the next progress, and before the job's final report. Held while progress is sent,
-    /// so the Run's record keeps the order it happened in.
-    unsent: tokio::sync::Mutex<ProgressReport>,
+    /// Progress the API has not answered yet (see [`Unsent`]): sent ahead of the next
+    /// progress, and before the job's final report. Held while progress is sent, so the
+    /// Run's record keeps the order it happened in.
+    unsent: tokio::sync::Mutex<Unsent>,
+}
+
+/// The claim's numbered progress reports whose answer the worker has not seen, oldest
+/// first. Each keeps its number when sent again: the API stores a number once, so a report
+/// that did arrive (its answer lost) is not recorded twice, and one that did not is.
+#[derive(Debug, Default)]
+struct Unsent {
+    /// The number the last report made got (the first is 1).
+    last_seq: u64,
+    queue: std::collections::VecDeque<ProgressReport>,
+}
+
+impl Unsent {
+    /// Numbers `report` and puts it last.
+    fn push(&mut self, mut report: ProgressReport) {
+        self.last_seq += 1;
+        report.seq = Some(self.last_seq);
+        self.queue.push_back(report);
+    }
 }
 
 /// At most this much progress waits for an API that does not answer; beyond it the oldest
-/// is dropped (with a warning): the lease (60 s) bounds how long the API can be away.
+/// reports are dropped (with a warning): the lease (60 s) bounds how long the API can be away.
 const MAX_UNSENT_EVENTS: usize = 256;
 const MAX_UNSENT_LOG_BYTES: usize = 512 * 1024;
 
@@ -325,7 +344,7 @@ impl<'a> Job<'a> {
             api,
             run,
             claim,
-            unsent: tokio::sync::Mutex::new(ProgressReport::default()),
+            unsent: tokio::sync::Mutex::new(Unsent::default()),
         }
     }
 
@@ -335,44 +354,56 @@ impl<'a> Job<'a> {
             .await
     }
 
-    /// Sends `report` after whatever progress the API did not receive before. What the API
-    /// certainly did not receive is kept to be sent again; anything else that fails is
-    /// dropped with a warning (sending it again could record it twice).
+    /// Sends `report` after whatever progress the API has not answered before, in order.
+    /// What the API did not answer, or could not serve now, waits to be sent again (with
+    /// its number, so it is stored once whether or not the first copy arrived); what the
+    /// API refused is dropped with a warning (it would be refused again).
     async fn send_progress(&self, report: ProgressReport, what: &str) {
         let mut unsent = self.unsent.lock().await;
-        unsent.events.extend(report.events);
-        unsent.logs.extend(report.logs);
-        match self.progress(&unsent).await {
-            Ok(_) => *unsent = ProgressReport::default(),
-            Err(e) if never_arrived(&e) => {
-                tracing::warn!(run = %self.run, error = %e, "the API did not take a {what}; kept to send again");
-                bound_unsent(&self.run, &mut unsent);
+        unsent.push(report);
+        while let Some(next) = unsent.queue.front() {
+            match self.progress(next).await {
+                Ok(_) => {}
+                Err(e) if worth_reporting_again(&e) => {
+                    tracing::warn!(run = %self.run, error = %e, "no answer to a progress report ({what}); kept to send it again");
+                    bound_unsent(&self.run, &mut unsent.queue);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(run = %self.run, error = %e, "the API refused a progress report; it is dropped");
+                }
             }
-            Err(e) => {
-                tracing::warn!(run = %self.run, error = %e, "could not send a {what}");
-                *unsent = ProgressReport::default();
-            }
+            unsent.queue.pop_front();
         }
     }
 
-    /// Sends the progress the API did not receive, again for a while if it still does not
-    /// answer: called before the job's final report, so the Run's record has everything
-    /// the worker saw, and in order. What still does not go through is dropped, and the
-    /// report goes on (it matters more).
+    /// Sends the progress the API has not answered, again for a while if it still does
+    /// not: called before the job's final report, so the Run's record has everything the
+    /// worker saw, and in order. What still does not go through is dropped, and the report
+    /// goes on (it matters more).
     async fn flush_progress(&self) {
         let mut unsent = self.unsent.lock().await;
-        if unsent.events.is_empty() && unsent.logs.is_empty() {
-            return;
-        }
-        let report = std::mem::take(&mut *unsent);
-        let send = || self.progress(&report);
-        if let Err(e) = send
-            .retry(report_backoff())
-            .sleep(tokio::time::sleep)
-            .when(never_arrived)
-            .await
-        {
-            tracing::warn!(run = %self.run, error = %e, events = report.events.len(), logs = report.logs.len(), "progress the API never took is dropped");
+        while let Some(next) = unsent.queue.pop_front() {
+            let send = || self.progress(&next);
+            if let Err(e) = send
+                .retry(report_backoff())
+                .sleep(tokio::time::sleep)
+                .when(worth_reporting_again)
+                .await
+            {
+                let (events, logs) = unsent
+                    .queue
+                    .iter()
+                    .fold((next.events.len(), next.logs.len()), |(e, l), r| {
+                        (e + r.events.len(), l + r.logs.len())
+                    });
+                if worth_reporting_again(&e) {
+                    tracing::warn!(run = %self.run, error = %e, events, logs, "progress the API never took is dropped");
+                    unsent.queue.clear();
+                    return;
+                }
+                tracing::warn!(run = %self.run, error = %e, events = next.events.len(), logs = next.logs.len(), "the API refused a progress report; it is dropped");
+            }
         }
     }
 
@@ -384,7 +415,7 @@ impl<'a> Job<'a> {
         );
         let report = ProgressReport {
             events: vec![WorkerEvent::new(kind, data)],
-            logs: Vec::new(),
+            ..ProgressReport::default()
         };
         self.send_progress(report, "event").await;
     }
@@ -394,11 +425,11 @@ impl<'a> Job<'a> {
             return;
         }
         let report = ProgressReport {
-            events: Vec::new(),
             logs: vec![LogChunk {
                 step: step.to_owned(),
                 text: masker.mask(text),
             }],
+            ..ProgressReport::default()
         };
         self.send_progress(report, "log").await;
     }
@@ -1076,39 +1107,25 @@ fn worth_reporting_again(e: &anyhow::Error) -> bool {
     }
 }
 
-/// Whether progress that failed certainly never reached the API: no connection was made,
-/// or a gateway in front of it said it could not reach it (502, 503). A timeout or a cut
-/// answer may have arrived, so it is not sent again (it would be recorded twice).
-fn never_arrived(e: &anyhow::Error) -> bool {
-    match e.downcast_ref::<ApiRefusal>() {
-        Some(refusal) => matches!(refusal.status, 502 | 503),
-        None => e
-            .downcast_ref::<reqwest::Error>()
-            .is_some_and(reqwest::Error::is_connect),
-    }
-}
-
 /// Keeps the progress waiting for the API within [`MAX_UNSENT_EVENTS`] and
-/// [`MAX_UNSENT_LOG_BYTES`], the oldest dropped first.
-fn bound_unsent(run: &str, unsent: &mut ProgressReport) {
-    let over = unsent.events.len().saturating_sub(MAX_UNSENT_EVENTS);
-    if over > 0 {
-        unsent.events.drain(..over);
-        tracing::warn!(%run, dropped = over, "too many events waiting for the API; the oldest are dropped");
-    }
-    let mut bytes: usize = unsent.logs.iter().map(|l| l.text.len()).sum();
-    let dropped = unsent
-        .logs
+/// [`MAX_UNSENT_LOG_BYTES`], the oldest reports dropped first (the newest always stays).
+fn bound_unsent(run: &str, queue: &mut std::collections::VecDeque<ProgressReport>) {
+    let mut events: usize = queue.iter().map(|r| r.events.len()).sum();
+    let mut bytes: usize = queue
         .iter()
-        .take_while(|l| {
-            let over = bytes > MAX_UNSENT_LOG_BYTES;
-            bytes -= l.text.len();
-            over
-        })
-        .count();
-    unsent.logs.drain(..dropped);
+        .flat_map(|r| &r.logs)
+        .map(|l| l.text.len())
+        .sum();
+    let mut dropped = 0usize;
+    while queue.len() > 1 && (events > MAX_UNSENT_EVENTS || bytes > MAX_UNSENT_LOG_BYTES) {
+        if let Some(oldest) = queue.pop_front() {
+            events -= oldest.events.len();
+            bytes -= oldest.logs.iter().map(|l| l.text.len()).sum::<usize>();
+            dropped += 1;
+        }
+    }
     if dropped > 0 {
-        tracing::warn!(%run, dropped, "too much log waiting for the API; the oldest chunks are dropped");
+        tracing::warn!(%run, dropped, "too much progress waiting for the API; the oldest reports are dropped");
     }
 }
 
@@ -1169,39 +1186,49 @@ mod tests {
             .into()
     }
 
-    /// Progress is sent again only when it certainly never reached the API (no connection,
-    /// or a gateway that could not reach it); an answer that may have been lost is not
-    /// (the events would be recorded twice).
-    #[tokio::test]
-    async fn only_progress_that_never_arrived_is_kept() {
-        let refusal = |status: u16| refusal(status, "unknown");
-        assert!(never_arrived(&refusal(502)));
-        assert!(never_arrived(&refusal(503)));
-        for status in [504, 500, 409, 422] {
-            assert!(!never_arrived(&refusal(status)), "{status}");
-        }
-        assert!(never_arrived(&unanswered().await));
-    }
-
-    /// What waits for the API is bounded, the oldest dropped first.
+    /// Reports are numbered in the order they are made, and what waits for the API is
+    /// bounded, the oldest reports dropped first, the newest kept whatever its size.
     #[test]
-    fn unsent_progress_is_bounded_oldest_first() {
-        let mut unsent = ProgressReport {
-            events: (0..MAX_UNSENT_EVENTS + 3)
-                .map(|i| WorkerEvent::new(EventKind::ToolStarted, json!({ "i": i })))
-                .collect(),
-            logs: (0..4)
-                .map(|i| LogChunk {
+    fn unsent_progress_is_numbered_and_bounded_oldest_first() {
+        let mut unsent = Unsent::default();
+        for i in 0..MAX_UNSENT_EVENTS + 3 {
+            unsent.push(ProgressReport {
+                events: vec![WorkerEvent::new(EventKind::ToolStarted, json!({ "i": i }))],
+                ..ProgressReport::default()
+            });
+        }
+        assert_eq!(unsent.queue[0].seq, Some(1));
+        assert_eq!(unsent.queue[5].seq, Some(6));
+        bound_unsent("run_x", &mut unsent.queue);
+        assert_eq!(unsent.queue.len(), MAX_UNSENT_EVENTS);
+        assert_eq!(unsent.queue[0].events[0].data["i"], json!(3));
+        assert_eq!(unsent.queue[0].seq, Some(4));
+
+        let mut unsent = Unsent::default();
+        for i in 0..4 {
+            unsent.push(ProgressReport {
+                logs: vec![LogChunk {
                     step: "apply".into(),
                     text: format!("{i}").repeat(MAX_UNSENT_LOG_BYTES / 3),
-                })
-                .collect(),
-        };
-        bound_unsent("run_x", &mut unsent);
-        assert_eq!(unsent.events.len(), MAX_UNSENT_EVENTS);
-        assert_eq!(unsent.events[0].data["i"], json!(3));
-        assert_eq!(unsent.logs.len(), 3);
-        assert!(unsent.logs[0].text.starts_with('1'));
+                }],
+                ..ProgressReport::default()
+            });
+        }
+        bound_unsent("run_x", &mut unsent.queue);
+        assert_eq!(unsent.queue.len(), 3);
+        assert!(unsent.queue[0].logs[0].text.starts_with('1'));
+        assert_eq!(unsent.last_seq, 4);
+
+        let mut unsent = Unsent::default();
+        unsent.push(ProgressReport {
+            logs: vec![LogChunk {
+                step: "apply".into(),
+                text: "x".repeat(MAX_UNSENT_LOG_BYTES * 2),
+            }],
+            ..ProgressReport::default()
+        });
+        bound_unsent("run_x", &mut unsent.queue);
+        assert_eq!(unsent.queue.len(), 1, "the newest report stays");
     }
 
     /// The key list a worker is started with parses, keeps its order (current first), and

@@ -5,19 +5,27 @@ use takosumi_core::RunId;
 use crate::StoreError;
 
 /// Appends a chunk of (already masked) output.
-pub async fn append(
-    pool: &sqlx::PgPool,
+pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
     run_id: RunId,
     step: &str,
     chunk: &str,
 ) -> Result<(), StoreError> {
+    // Postgres text cannot hold NUL, and a tool prints what the Capsule's code makes it
+    // print: the chunk is stored with each NUL shown as U+FFFD rather than refused (which
+    // would lose the whole chunk, and fail a relay worker's report).
+    let chunk = if chunk.contains('\0') {
+        std::borrow::Cow::Owned(chunk.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(chunk)
+    };
     sqlx::query!(
         "INSERT INTO run_logs (run_id, step, chunk) VALUES ($1, $2, $3)",
         run_id.as_uuid(),
         step,
-        chunk
+        chunk.as_ref()
     )
-    .execute(pool)
+    .execute(executor)
     .await?;
     Ok(())
 }

@@ -336,11 +336,18 @@ impl fmt::Debug for CommandCredential {
     }
 }
 
-/// The body of `POST …/runs/{run}/progress`: events and masked log chunks. An empty one
-/// only renews the lease.
+/// The body of `POST …/runs/{run}/progress`: events and masked log chunks, stored whole
+/// or not at all. An empty one only renews the lease.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProgressReport {
+    /// The report's number within its claim (1, 2, … in the order the worker made them).
+    /// The API stores a numbered report once: sent again (its answer was lost), or after a
+    /// later one was stored, it is answered and not stored again. So a worker sends again
+    /// every report whose answer it did not see, and nothing is recorded twice. `None`:
+    /// stored as it comes (a lease renewal carries nothing to number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
     /// Events, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<WorkerEvent>,

@@ -53,7 +53,19 @@ pub(super) async fn progress(
     let mut reported = Vec::with_capacity(req.events.len());
     for e in &req.events {
         match e.kind.parse::<EventKind>() {
-            Ok(kind) if kind.reported_by_worker() => reported.push((kind, &e.data)),
+            Ok(kind) if kind.reported_by_worker() && !holds_nul(&e.data) => {
+                reported.push((kind, &e.data));
+            }
+            // Postgres's jsonb cannot hold a NUL character: refused here, as the worker's
+            // mistake, rather than failing the report's statement.
+            Ok(kind) if kind.reported_by_worker() => {
+                return Err(ApiError::invalid(
+                    ErrorCode::InvalidEvent,
+                    format!(
+                        "the {kind} event's data holds a NUL character, which cannot be stored"
+                    ),
+                ));
+            }
             _ => {
                 return Err(ApiError::invalid(
                     ErrorCode::InvalidEvent,
@@ -70,25 +82,57 @@ pub(super) async fn progress(
             }
         }
     }
-    for (kind, data) in reported {
-        events::append(&st.pool, run.id, kind, &actor, data.clone()).await?;
-    }
-    if !req.logs.is_empty() {
+    let logs: Vec<(&str, String)> = if req.logs.is_empty() {
+        Vec::new()
+    } else {
         // The worker masked it with the run's secrets before sending; the control node
         // masks it again with the same secrets before storing, so a worker that did not
         // (an old or broken one) cannot put a credential into a stored log.
         let masker = run_masker(&st, &run).await?;
-        for l in &req.logs {
-            let text = masker.mask(&l.text);
-            takosumi_store::logs::append(&st.pool, run.id, &l.step, &text).await?;
-        }
-    }
+        req.logs
+            .iter()
+            .map(|l| (l.step.as_str(), masker.mask(&l.text)))
+            .collect()
+    };
+    // All of it or nothing, and a numbered report once (a repeat is answered like the
+    // first: the worker only needs to know it arrived).
+    runs::progress::record(
+        &st.pool,
+        run.id,
+        &claim,
+        &actor,
+        runs::progress::Report {
+            seq: req.seq,
+            events: &reported,
+            logs: &logs,
+        },
+    )
+    .await?;
     let renewed = runs::renew_lease(&st.pool, run.id, &claim, RELAY_LEASE_SECS).await?;
     let cancel = takosumi_store::runs::cancel::cancel_requested(&st.pool, run.id, &claim).await?;
     Ok(Json(ProgressAnswer {
         lease_renewed: renewed,
         cancel_requested: cancel,
     }))
+}
+
+/// Whether a string anywhere in `value` (a key or a value) holds a NUL character.
+fn holds_nul(value: &Value) -> bool {
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(text) if text.contains('\0') => return true,
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                if map.keys().any(|k| k.contains('\0')) {
+                    return true;
+                }
+                stack.extend(map.values());
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 pub(super) async fn plan_file(

@@ -15,6 +15,7 @@ pub mod cancel;
 pub mod hold;
 pub mod list;
 pub mod plan_record;
+pub mod progress;
 mod propose;
 pub mod source;
 pub mod unknown;
