@@ -251,8 +251,10 @@ impl takosumi_steps::Host for NodeHost<'_> {
 
 impl takosumi_steps::PlanHost for NodeHost<'_> {
     async fn record_scan(&self, report: &serde_json::Value) -> Result<(), PlanError> {
-        takosumi_store::runs::plan_record::set_scan_report(&self.ctx.pool, self.run.id, report)
-            .await?;
+        // Progress: whatever the Run does next (hold, plan, fail) commits it to disk.
+        let mut tx = takosumi_store::begin_progress(&self.ctx.pool).await?;
+        takosumi_store::runs::plan_record::set_scan_report(&mut *tx, self.run.id, report).await?;
+        tx.commit().await.map_err(StoreError::from)?;
         Ok(())
     }
 

@@ -250,8 +250,6 @@ async fn checkout_and_prepare<H: Host>(
     (repo, branch, commit, dir): (&str, &str, Option<&str>, &str),
     started: Value,
 ) -> Result<(SourceSnapshot, Option<Vec<u8>>, ToolEnv, Value), PlanError<H::Error>> {
-    // The step's tool sandbox starts beside the checkout's, not after it.
-    runner.start_step_sandbox(wd);
     let fetch = async {
         runner
             .checkout(wd, repo, branch, commit, dir)
@@ -262,6 +260,12 @@ async fn checkout_and_prepare<H: Host>(
     // `environment_prepared` this future reports.
     let beside = async {
         host.event(EventKind::CheckoutStarted, started).await;
+        // The step's tool sandbox starts beside the checkout's, not after it, and not
+        // before it either: a process start holds the thread that makes it, so started
+        // first it would delay git's, which everything after waits for. By the time the
+        // event is written git's sandbox is on its way; this one is ready long before
+        // `init` needs it.
+        runner.start_step_sandbox(wd);
         let restored = host
             .restore_state(runner, wd)
             .await
@@ -581,7 +585,9 @@ pub async fn apply<H: ApplyHost>(
     inputs: ApplyInputs,
 ) -> Result<ApplyOutput, PlanError<H::Error>> {
     let tool = inputs.tool;
-    // As in `checkout_and_prepare`.
+    // The tool's sandbox is set up while git runs. Started just before the checkout, its
+    // start delays git's a little (a plan starts it once its first event is written, see
+    // `checkout_and_prepare`); an apply writes nothing before its checkout.
     runner.start_step_sandbox(wd);
     let source = match runner
         .checkout(
