@@ -1323,3 +1323,36 @@ async fn cli_watches_follows_and_applies() -> anyhow::Result<()> {
     let _ = Client::new(&stack.api_url, &stack.admin_token)?;
     stack.stop().await
 }
+
+/// A Run's progress (its events, log chunks and scan report) commits without waiting for
+/// the WAL flush, and only its own transaction does: the next transaction on the same
+/// connection (a state change) waits for the disk again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    // One connection: every transaction below runs in the same session.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.env_vars()["TAKOSUMI_DATABASE_URL"])
+        .await?;
+    let setting = "SELECT current_setting('synchronous_commit')";
+    let mut tx = pool.begin().await?;
+    let before: String = sqlx::query_scalar(setting).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    let mut tx = takosumi_store::begin_progress(&pool).await?;
+    let during: String = sqlx::query_scalar(setting).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    let mut tx = pool.begin().await?;
+    let after: String = sqlx::query_scalar(setting).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    assert_eq!(
+        (before.as_str(), during.as_str(), after.as_str()),
+        ("on", "off", "on")
+    );
+    pool.close().await;
+    stack.stop().await
+}
