@@ -212,6 +212,10 @@ async fn two_of_m_approvals_bound_to_the_plan_digest() -> anyhow::Result<()> {
     let (viewer, _) = api.token("viewer", "viewer").await?;
 
     let other = stack.wait(op.plan(capsule.id, None).await?.id).await?;
+    // Another configuration: two plans of one configuration made within the same second
+    // are the same bytes (the plan file's zip times have a resolution of one second), so
+    // the same digest.
+    bump_revision(&repo, "2")?;
     let plan = stack.wait(op.plan(capsule.id, None).await?.id).await?;
     assert_ne!(other.plan_digest, plan.plan_digest);
     let held = stack.wait(op.apply(plan.id, None).await?.id).await?;

@@ -220,6 +220,11 @@ async fn nothing_a_command_left_runs_once_the_runner_hears_it_ended() {
 
 #[tokio::test]
 async fn an_interrupt_reaches_the_command_and_the_sandbox_serves_the_next() {
+    // A SIGINT this process ignores (a shell's background job starts so) would reach the
+    // sandbox ignored, and the command could not trap it; a handled one is reset to the
+    // default at exec, as in the step binaries, which all handle SIGINT.
+    let _handled =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).unwrap();
     let tools = tempfile::tempdir().unwrap();
     let tool = tool(tools.path());
     let (_base, runner) = runner_with(&tool, Some(launcher()));
