@@ -43,12 +43,13 @@ curl -sf "$TAKOSUMI_DEPLOY_CONTROL_URL/healthz" >/dev/null ||
     { log "the API did not come up; see $STACK/logs/api.log"; exit 1; }
 log "API up at $TAKOSUMI_DEPLOY_CONTROL_URL (logs in $STACK/logs)"
 
-# The example Capsule lives in a Git repository; make one from infra/examples/network.
+# The example Capsule lives in a Git repository; make one from infra/examples/network, afresh
+# each time: one left from before may borrow objects (alternates) from a path the checkout's
+# sandbox does not see, and its checkout would fail.
 REPO=${TAKOSUMI_REPOS:-/var/tmp/takosumi-repos}/quickstart
-if [ ! -d "$REPO/.git" ]; then
-    mkdir -p "$REPO/infra/network"
-    git -C "$REPO" init -q -b main
-fi
+rm -rf "$REPO"
+mkdir -p "$REPO/infra/network"
+git -C "$REPO" init -q -b main
 cp "$ROOT/infra/examples/network/main.tf" "$REPO/infra/network/main.tf"
 git -C "$REPO" add -A
 git -C "$REPO" -c user.email=quickstart@takosumi.local -c user.name=quickstart \
