@@ -1356,3 +1356,143 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
     pool.close().await;
     stack.stop().await
 }
+
+/// The database keeps each closed set and each rule across columns itself (the CHECKs call
+/// functions since session 24, so a statement does not re-read a long expression): every name
+/// in a set passes, a name outside it is refused by the constraint named for its column.
+#[tokio::test]
+async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result<()> {
+    use takosumi_core::{ApplyMode, EventKind, HoldReason, ProviderLockState};
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&stack.env_vars()["TAKOSUMI_DATABASE_URL"])
+        .await?;
+    let (ws, capsule, run) = (
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+    );
+    sqlx::query("INSERT INTO workspaces (id, name) VALUES ($1, 'closed-sets')")
+        .bind(ws)
+        .execute(&pool)
+        .await?;
+    sqlx::query(
+        "INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool)
+         VALUES ($1, $2, 'c', 'file:///nonexistent', 'main', '.', 'terraform')",
+    )
+    .bind(capsule)
+    .bind(ws)
+    .execute(&pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id)
+         VALUES ($1, 'plan', $2, $3, 'user', 'test')",
+    )
+    .bind(run)
+    .bind(ws)
+    .bind(capsule)
+    .execute(&pool)
+    .await?;
+
+    // Which constraint refused a statement (None: it passed).
+    async fn refused_by(
+        pool: &sqlx::PgPool,
+        sql: &str,
+        run: uuid::Uuid,
+        value: &str,
+    ) -> Option<String> {
+        match sqlx::query(sql).bind(run).bind(value).execute(pool).await {
+            Ok(_) => None,
+            Err(e) => {
+                let db = e.as_database_error().expect("a database error");
+                assert_eq!(db.code().as_deref(), Some("23514"), "{db}");
+                Some(db.constraint().expect("a named constraint").to_owned())
+            }
+        }
+    }
+    let event = "INSERT INTO run_events (run_id, kind, actor) VALUES ($1, $2, 'test')";
+    for kind in EventKind::ALL {
+        assert_eq!(
+            refused_by(&pool, event, run, kind.as_str()).await,
+            None,
+            "{kind:?}"
+        );
+    }
+    assert_eq!(
+        refused_by(&pool, event, run, "launched").await.as_deref(),
+        Some("run_events_kind_check")
+    );
+
+    let columns: [(&str, Vec<&str>, &str); 5] = [
+        (
+            "hold_reason",
+            HoldReason::ALL.iter().map(|r| r.as_str()).collect(),
+            "runs_hold_reason_check",
+        ),
+        (
+            "apply_mode",
+            ApplyMode::ALL.iter().map(|m| m.as_str()).collect(),
+            "runs_apply_mode_check",
+        ),
+        (
+            "provider_lock_state",
+            ProviderLockState::ALL.iter().map(|s| s.as_str()).collect(),
+            "runs_provider_lock_state_check",
+        ),
+        ("sandbox", vec!["bubblewrap", "none"], "runs_sandbox_check"),
+        (
+            "resolution_action",
+            vec!["mark_resolved", "restore_held_state", "attach_state"],
+            "runs_resolution_action_check",
+        ),
+    ];
+    for (column, names, constraint) in columns {
+        // A present lockfile has a digest and a resolution is recorded whole, so each name is
+        // set with what the rules across columns ask of it.
+        let sql = format!(
+            "UPDATE runs SET {column} = $2,
+                    provider_lock_digest =
+                        CASE WHEN '{column}' = 'provider_lock_state' AND $2 = 'present'
+                               OR '{column}' <> 'provider_lock_state' AND provider_lock_state = 'present'
+                             THEN 'sha256:x' END,
+                    resolved_at = CASE WHEN '{column}' = 'resolution_action' THEN now() END,
+                    resolved_by = CASE WHEN '{column}' = 'resolution_action' THEN 'test' END
+              WHERE id = $1"
+        );
+        for name in &names {
+            assert_eq!(
+                refused_by(&pool, &sql, run, name).await,
+                None,
+                "{column} = {name}"
+            );
+        }
+        assert_eq!(
+            refused_by(&pool, &sql, run, "unheard_of").await.as_deref(),
+            Some(constraint),
+            "{column}"
+        );
+    }
+    // The rules across columns.
+    let lock =
+        "UPDATE runs SET provider_lock_state = $2, provider_lock_digest = NULL WHERE id = $1";
+    assert_eq!(refused_by(&pool, lock, run, "none").await, None);
+    assert_eq!(
+        refused_by(&pool, lock, run, "present").await.as_deref(),
+        Some("runs_provider_lock_digest")
+    );
+    let half = "UPDATE runs SET resolution_action = $2, resolved_at = now(), resolved_by = NULL
+                 WHERE id = $1";
+    assert_eq!(
+        refused_by(&pool, half, run, "mark_resolved")
+            .await
+            .as_deref(),
+        Some("runs_resolution_complete")
+    );
+    pool.close().await;
+    stack.stop().await
+}

@@ -289,9 +289,21 @@ mod tests {
     use super::*;
 
     /// The names the last `CHECK` on `table.column` in the embedded migrations (the SQL the
-    /// server runs, in order) allows: the quoted list of its `column IN (…)`.
+    /// server runs, in order) allows: the quoted list of its `column IN (…)`, written in the
+    /// CHECK or in the last definition of the function it calls as `function(column)`.
     fn check_names(table: &str, column: &str) -> Vec<String> {
         let needle = format!("{column} IN (");
+        let list_in = |text: &str| {
+            text.find(&needle).map(|i| {
+                let list = &text[i + needle.len()..];
+                list[..list.find(')').expect("the list closes")]
+                    .split(',')
+                    .map(|n| n.trim().trim_matches('\'').to_owned())
+                    .collect::<Vec<_>>()
+            })
+        };
+        // A function's body up to its first `;`, which holds its `RETURN … IN (…)`.
+        let mut functions = std::collections::HashMap::<String, String>::new();
         let mut last = None;
         for migration in MIGRATOR.iter() {
             let sql: Vec<&str> = migration
@@ -300,9 +312,20 @@ mod tests {
                 .map(|l| l.split("--").next().unwrap_or_default())
                 .collect();
             for statement in sql.join("\n").split(';') {
-                let words: Vec<&str> = statement.split_whitespace().take(3).collect();
+                let words: Vec<&str> = statement.split_whitespace().take(5).collect();
+                let defined = match words[..] {
+                    ["CREATE", "FUNCTION", f, ..] | ["CREATE", "OR", "REPLACE", "FUNCTION", f] => {
+                        Some(f)
+                    }
+                    _ => None,
+                };
+                if let Some(f) = defined {
+                    let name = f.split('(').next().unwrap_or_default();
+                    functions.insert(name.to_owned(), statement.to_owned());
+                    continue;
+                }
                 let on_table = match words[..] {
-                    ["CREATE" | "ALTER", "TABLE", t] => t.trim_end_matches('(') == table,
+                    ["CREATE" | "ALTER", "TABLE", t, ..] => t.trim_end_matches('(') == table,
                     _ => false,
                 };
                 if !on_table {
@@ -324,14 +347,23 @@ mod tests {
                         })
                         .map(|(i, _)| i)
                         .expect("a CHECK closes");
-                    let check = &check[..end];
-                    if let Some(list) = check.find(&needle).map(|i| &check[i + needle.len()..]) {
-                        let list = &list[..list.find(')').expect("the list closes")];
-                        last = Some(
-                            list.split(',')
-                                .map(|n| n.trim().trim_matches('\'').to_owned())
-                                .collect::<Vec<_>>(),
-                        );
+                    let check = &check["CHECK (".len()..end];
+                    let called = format!("({column})");
+                    let names = list_in(check).or_else(|| {
+                        let call = check.find(&called)?;
+                        let function = check[..call].trim();
+                        let body = functions.get(function).unwrap_or_else(|| {
+                            panic!(
+                                "{table}.{column}: CHECK calls {function}, defined nowhere before"
+                            )
+                        });
+                        Some(
+                            list_in(body)
+                                .unwrap_or_else(|| panic!("{function} lists no names of {column}")),
+                        )
+                    });
+                    if names.is_some() {
+                        last = names;
                     }
                 }
             }
