@@ -3,6 +3,8 @@
 //! start (the no-op tool, terraform) and one `git clone` of a one-file repository take
 //! here. A Run is a sequence of these, so they are the reference the per-step timings of
 //! figures 1–3 are read against (and the floor any orchestration figure has on this box).
+//! Also what one write of a Run's row and of a Run event costs inside Postgres, without
+//! the round trip and the commit: the constraints each write evaluates are in it.
 
 use std::time::Instant;
 
@@ -169,6 +171,14 @@ async fn measure(stack: &Stack, report: &mut Report) -> anyhow::Result<()> {
         })
         .await?,
     ));
+    let (run_write, event_write) = server_write_costs(pool).await?;
+    // What those writes re-read per statement (session 24: the CHECKs call functions).
+    let check_bytes: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(length(conbin::text)), 0)::bigint FROM pg_constraint
+          WHERE contype = 'c' AND conrelid IN ('runs'::regclass, 'run_events'::regclass)",
+    )
+    .fetch_one(pool)
+    .await?;
     let mut lines = vec![
         format!(
             "Each measured {N} times, one at a time, on the same machine and in the same run as the figures."
@@ -180,9 +190,86 @@ async fn measure(stack: &Stack, report: &mut Report) -> anyhow::Result<()> {
     for (name, s) in rows {
         lines.push(format!("| {name} | {:.2} ms | {:.2} ms |", s.median, s.p95));
     }
+    for (name, s) in [
+        ("a Run's row (`UPDATE runs`)", run_write),
+        ("a Run event (`INSERT INTO run_events`)", event_write),
+    ] {
+        lines.push(format!(
+            "| Postgres server time of one write of {name}, without round trip or commit ({SERVER_WRITES} in one PL/pgSQL call, {SERVER_CALLS} calls; the CHECKs of `runs` and `run_events` are {check_bytes} bytes of stored expression) | {:.1} µs | {:.1} µs |",
+            s.median, s.p95
+        ));
+    }
     report.detail(
         "0. unit costs on this machine (the references per-step timings are read against)",
         lines,
     );
     Ok(())
+}
+
+const SERVER_WRITES: i32 = 5000;
+const SERVER_CALLS: usize = 7;
+
+/// Microseconds per write of a Run's row and of a Run event inside Postgres: `SERVER_WRITES`
+/// of each in one function call, so neither the client's round trip nor a commit is in it,
+/// only the statement's own work (its constraints, triggers, indexes).
+async fn server_write_costs(pool: &sqlx::PgPool) -> anyhow::Result<(Summary, Summary)> {
+    let (ws, capsule, run) = (
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+    );
+    sqlx::query("INSERT INTO workspaces (id, name) VALUES ($1, 'bench-units')")
+        .bind(ws)
+        .execute(pool)
+        .await?;
+    sqlx::query(
+        "INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool)
+         VALUES ($1, $2, 'units', 'file:///nonexistent', 'main', '.', 'terraform')",
+    )
+    .bind(capsule)
+    .bind(ws)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id)
+         VALUES ($1, 'plan', $2, $3, 'user', 'bench')",
+    )
+    .bind(run)
+    .bind(ws)
+    .bind(capsule)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        r#"CREATE FUNCTION bench_server_writes(run uuid, n int) RETURNS float8[]
+           LANGUAGE plpgsql AS $$
+           DECLARE t0 timestamptz; t1 timestamptz; t2 timestamptz;
+           BEGIN
+               t0 := clock_timestamp();
+               FOR i IN 1..n LOOP
+                   UPDATE runs SET attempts = attempts + 1, hold_reason = NULL WHERE id = run;
+               END LOOP;
+               t1 := clock_timestamp();
+               FOR i IN 1..n LOOP
+                   INSERT INTO run_events (run_id, kind, actor, data)
+                   VALUES (run, 'planned', 'bench', '{"k": 1}');
+               END LOOP;
+               t2 := clock_timestamp();
+               RETURN ARRAY[extract(epoch FROM t1 - t0) * 1e6 / n,
+                            extract(epoch FROM t2 - t1) * 1e6 / n];
+           END $$"#,
+    )
+    .execute(pool)
+    .await?;
+    let (mut runs, mut events) = (Vec::new(), Vec::new());
+    for _ in 0..SERVER_CALLS {
+        let us: Vec<f64> = sqlx::query_scalar("SELECT bench_server_writes($1, $2)")
+            .bind(run)
+            .bind(SERVER_WRITES)
+            .fetch_one(pool)
+            .await?;
+        runs.push(us[0]);
+        events.push(us[1]);
+    }
+    let summary = |v: &[f64]| Summary::of(v).ok_or_else(|| anyhow::anyhow!("no samples"));
+    Ok((summary(&runs)?, summary(&events)?))
 }
