@@ -53,6 +53,31 @@ pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::
     Ok(ws)
 }
 
+/// One Workspace, one Capsule and one queued plan Run in it, written in SQL, for tests and
+/// figures about the tables themselves rather than the API; returns the Run's id.
+pub async fn one_queued_run(pool: &sqlx::PgPool, name: &str) -> anyhow::Result<uuid::Uuid> {
+    let (ws, capsule, run) = (
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+        uuid::Uuid::now_v7(),
+    );
+    sqlx::query(
+        "WITH ws AS (INSERT INTO workspaces (id, name) VALUES ($1, $4) RETURNING id),
+              cap AS (INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool)
+                      SELECT $2, id, $4, 'file:///nonexistent', 'main', '.', 'terraform' FROM ws
+                      RETURNING id, workspace_id)
+         INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id)
+         SELECT $3, 'plan', workspace_id, id, 'user', $4 FROM cap",
+    )
+    .bind(ws)
+    .bind(capsule)
+    .bind(run)
+    .bind(name)
+    .execute(pool)
+    .await?;
+    Ok(run)
+}
+
 /// `VACUUM ANALYZE` on a connection without the stack's statement timeout (a million
 /// rows take longer), as autovacuum would have done on an instance this size.
 pub async fn vacuum(pool: &sqlx::PgPool) -> anyhow::Result<()> {

@@ -1368,36 +1368,8 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
         ..Options::default()
     })
     .await?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&stack.env_vars()["TAKOSUMI_DATABASE_URL"])
-        .await?;
-    let (ws, capsule, run) = (
-        uuid::Uuid::now_v7(),
-        uuid::Uuid::now_v7(),
-        uuid::Uuid::now_v7(),
-    );
-    sqlx::query("INSERT INTO workspaces (id, name) VALUES ($1, 'closed-sets')")
-        .bind(ws)
-        .execute(&pool)
-        .await?;
-    sqlx::query(
-        "INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool)
-         VALUES ($1, $2, 'c', 'file:///nonexistent', 'main', '.', 'terraform')",
-    )
-    .bind(capsule)
-    .bind(ws)
-    .execute(&pool)
-    .await?;
-    sqlx::query(
-        "INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id)
-         VALUES ($1, 'plan', $2, $3, 'user', 'test')",
-    )
-    .bind(run)
-    .bind(ws)
-    .bind(capsule)
-    .execute(&pool)
-    .await?;
+    let pool = &stack.ctx.pool;
+    let run = takosumi_tests::seed::one_queued_run(pool, "closed-sets").await?;
 
     // Which constraint refused a statement (None: it passed).
     async fn refused_by(
@@ -1418,13 +1390,13 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
     let event = "INSERT INTO run_events (run_id, kind, actor) VALUES ($1, $2, 'test')";
     for kind in EventKind::ALL {
         assert_eq!(
-            refused_by(&pool, event, run, kind.as_str()).await,
+            refused_by(pool, event, run, kind.as_str()).await,
             None,
             "{kind:?}"
         );
     }
     assert_eq!(
-        refused_by(&pool, event, run, "launched").await.as_deref(),
+        refused_by(pool, event, run, "launched").await.as_deref(),
         Some("run_events_kind_check")
     );
 
@@ -1466,13 +1438,13 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
         );
         for name in &names {
             assert_eq!(
-                refused_by(&pool, &sql, run, name).await,
+                refused_by(pool, &sql, run, name).await,
                 None,
                 "{column} = {name}"
             );
         }
         assert_eq!(
-            refused_by(&pool, &sql, run, "unheard_of").await.as_deref(),
+            refused_by(pool, &sql, run, "unheard_of").await.as_deref(),
             Some(constraint),
             "{column}"
         );
@@ -1480,19 +1452,70 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
     // The rules across columns.
     let lock =
         "UPDATE runs SET provider_lock_state = $2, provider_lock_digest = NULL WHERE id = $1";
-    assert_eq!(refused_by(&pool, lock, run, "none").await, None);
+    assert_eq!(refused_by(pool, lock, run, "none").await, None);
     assert_eq!(
-        refused_by(&pool, lock, run, "present").await.as_deref(),
+        refused_by(pool, lock, run, "present").await.as_deref(),
         Some("runs_provider_lock_digest")
     );
     let half = "UPDATE runs SET resolution_action = $2, resolved_at = now(), resolved_by = NULL
                  WHERE id = $1";
     assert_eq!(
-        refused_by(&pool, half, run, "mark_resolved")
+        refused_by(pool, half, run, "mark_resolved")
             .await
             .as_deref(),
         Some("runs_resolution_complete")
     );
-    pool.close().await;
+    stack.stop().await
+}
+
+/// Plan submissions racing with one Idempotency-Key start one Run, and every one of them is
+/// answered with it, as the API serves it afterwards (a Run started alone is one autocommit
+/// statement since session 24; a second submission's insert meets the first's key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plan_submissions_racing_with_one_key_start_one_run() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("null")?;
+    let ws = stack.client.create_workspace("idempotent-race").await?.id;
+    let capsule = stack
+        .client
+        .create_capsule(
+            ws,
+            &NewCapsule {
+                name: "race".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra/null".into(),
+                tool: "terraform".into(),
+                vars: Map::new(),
+            },
+        )
+        .await?;
+    let answers =
+        futures::future::join_all((0..8).map(|_| stack.client.plan(capsule.id, Some("race-1"))))
+            .await;
+    let runs: Vec<_> = answers.into_iter().collect::<Result<_, _>>()?;
+    let first = &runs[0];
+    assert!(runs.iter().all(|r| r.id == first.id), "{runs:?}");
+    assert_eq!(first.status, RunStatus::Queued);
+    // The answer is the Run as it is read back.
+    assert_eq!(&stack.client.get_run(first.id).await?, first);
+    let pool = &stack.ctx.pool;
+    let (runs, queued, wakes): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM runs WHERE capsule_id = $1),
+                (SELECT count(*) FROM run_events e JOIN runs r ON r.id = e.run_id
+                  WHERE r.capsule_id = $1 AND e.kind = 'queued'),
+                (SELECT count(*) FROM outbox WHERE payload->>'runId' = $2)",
+    )
+    .bind(capsule.id.as_uuid())
+    .bind(first.id.to_string())
+    .fetch_one(pool)
+    .await?;
+    assert_eq!((runs, queued, wakes), (1, 1, 1));
     stack.stop().await
 }

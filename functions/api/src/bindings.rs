@@ -600,6 +600,11 @@ impl PlanInputs {
         Ok(takosumi_store::runs::SealedVars { names, sealed })
     }
 
+    /// Whether the submission carries sensitive values to seal and store with its Run.
+    pub(crate) fn has_sensitive_vars(&self) -> bool {
+        !self.sensitive_vars.is_empty()
+    }
+
     /// Seals and stores the Run's sensitive variables, in the submission's transaction.
     pub(crate) async fn store_sensitive(
         &self,

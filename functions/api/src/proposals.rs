@@ -54,7 +54,8 @@ async fn replay(
 
 /// A plan or destroy-plan submission of a Capsule: the Run (or the one an earlier
 /// submission with the same Idempotency-Key created), its inputs and its wake-up — or, for
-/// an agent the rules do not exempt, its hold — in one transaction.
+/// an agent the rules do not exempt, its hold — in one transaction (one statement when the
+/// Run is all it writes).
 pub(crate) async fn submit_plan(
     st: AppState,
     caller: Caller,
@@ -118,29 +119,47 @@ pub(crate) async fn submit_plan(
         // An agent's plan is held for a person below instead of woken.
         wake: (!hold_agent).then_some(Topic::Plan),
     };
-    let mut tx = st.pool.begin().await?;
-    let id = match runs::start(&mut tx, &new, start).await {
-        Ok(id) => id,
-        Err(e) if e.is_unique_violation() && key.is_some() => {
-            drop(tx);
-            let run = replay(
-                &st,
-                capsule.workspace_id,
-                key.as_deref(),
-                kind,
-                &capsule.id.to_string(),
-            )
-            .await?
-            .ok_or_else(ApiError::idempotency_key_in_flight)?;
-            return Ok((StatusCode::ACCEPTED, views::run_json(&run)));
+    let started = if hold_agent || inputs.has_sensitive_vars() {
+        // The hold and the sealed values commit with the Run or not at all.
+        let mut tx = st.pool.begin().await?;
+        match runs::start(&mut *tx, &new, start).await {
+            Ok(id) => {
+                inputs.store_sensitive(&st, &mut tx, id).await?;
+                if hold_agent {
+                    crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
+                }
+                Ok(commit_started(&st, tx, id).await?)
+            }
+            Err(e) => Err(e),
         }
+    } else {
+        // A Run started alone is one statement: no transaction around it, so the answer
+        // costs two round trips after the connection's, not four (BEGIN, the start, the
+        // read, COMMIT).
+        let mut conn = st.pool.acquire().await?;
+        match runs::start(&mut *conn, &new, start).await {
+            Ok(id) => {
+                st.relay_wake.notify_one();
+                Ok(runs::get(&mut *conn, id)
+                    .await?
+                    .ok_or_else(|| ApiError::not_found("the new Run"))?)
+            }
+            Err(e) => Err(e),
+        }
+    };
+    let run = match started {
+        Ok(run) => run,
+        Err(e) if e.is_unique_violation() && key.is_some() => replay(
+            &st,
+            capsule.workspace_id,
+            key.as_deref(),
+            kind,
+            &capsule.id.to_string(),
+        )
+        .await?
+        .ok_or_else(ApiError::idempotency_key_in_flight)?,
         Err(e) => return Err(e.into()),
     };
-    inputs.store_sensitive(&st, &mut tx, id).await?;
-    if hold_agent {
-        crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
-    }
-    let run = commit_started(&st, tx, id).await?;
     Ok((StatusCode::ACCEPTED, views::run_json(&run)))
 }
 
@@ -328,7 +347,7 @@ pub(crate) async fn start_run(tx: &mut Tx, s: &RunStart<'_>) -> Result<RunId, Ap
             Some(topic)
         },
     };
-    let id = runs::start(tx, &new, start).await?;
+    let id = runs::start(&mut **tx, &new, start).await?;
     if let Some(agent) = s.hold_for {
         crate::gates::hold_agent_plan(tx, id, agent).await?;
     }

@@ -213,32 +213,7 @@ const SERVER_CALLS: usize = 7;
 /// of each in one function call, so neither the client's round trip nor a commit is in it,
 /// only the statement's own work (its constraints, triggers, indexes).
 async fn server_write_costs(pool: &sqlx::PgPool) -> anyhow::Result<(Summary, Summary)> {
-    let (ws, capsule, run) = (
-        uuid::Uuid::now_v7(),
-        uuid::Uuid::now_v7(),
-        uuid::Uuid::now_v7(),
-    );
-    sqlx::query("INSERT INTO workspaces (id, name) VALUES ($1, 'bench-units')")
-        .bind(ws)
-        .execute(pool)
-        .await?;
-    sqlx::query(
-        "INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool)
-         VALUES ($1, $2, 'units', 'file:///nonexistent', 'main', '.', 'terraform')",
-    )
-    .bind(capsule)
-    .bind(ws)
-    .execute(pool)
-    .await?;
-    sqlx::query(
-        "INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id)
-         VALUES ($1, 'plan', $2, $3, 'user', 'bench')",
-    )
-    .bind(run)
-    .bind(ws)
-    .bind(capsule)
-    .execute(pool)
-    .await?;
+    let run = takosumi_tests::seed::one_queued_run(pool, "bench-units").await?;
     sqlx::query(
         r#"CREATE FUNCTION bench_server_writes(run uuid, n int) RETURNS float8[]
            LANGUAGE plpgsql AS $$

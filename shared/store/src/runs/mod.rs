@@ -255,9 +255,14 @@ pub struct Start<'a> {
 }
 
 /// Starts a Run: the row, its `queued` event, the Workspace's `run_started`
-/// activity and its wake-up, all in the caller's transaction. The one way a Run is created
-/// (the sweep's bulk drift checks write the same four in one statement per batch).
-pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId, StoreError> {
+/// activity and its wake-up, in one statement (in the caller's transaction when it passes
+/// one: a Run started alone needs none). The one way a Run is created (the sweep's bulk
+/// drift checks write the same four in one statement per batch).
+pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    new: &NewRun,
+    start: Start<'_>,
+) -> Result<RunId, StoreError> {
     // The row takes the column's default status, which is where the lifecycle starts.
     const _: () = assert!(matches!(RunStatus::INITIAL, RunStatus::Queued));
     let id = new.id;
@@ -313,7 +318,7 @@ pub async fn start(tx: &mut Tx, new: &NewRun, start: Start<'_>) -> Result<RunId,
         start.wake.map(Topic::queue_name),
         RunMessage { run_id: id }.to_json(),
     )
-    .execute(&mut **tx)
+    .execute(executor)
     .await?;
     Ok(id)
 }
