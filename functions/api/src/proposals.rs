@@ -85,15 +85,9 @@ pub(crate) async fn submit_plan(
     }
     let hold_agent = caller.0.role == Role::Agent
         && !crate::gates::agent_exempt(&st, &capsule, &caller.0.name).await?;
-    if let Some(run) = replay(
-        &st,
-        capsule.workspace_id,
-        key.as_deref(),
-        kind,
-        &capsule.id.to_string(),
-    )
-    .await?
-    {
+    let subject = capsule.id.to_string();
+    let earlier = || replay(&st, capsule.workspace_id, key.as_deref(), kind, &subject);
+    if let Some(run) = earlier().await? {
         return Ok((StatusCode::ACCEPTED, views::run_json(&run)));
     }
     let id = RunId::new();
@@ -149,15 +143,9 @@ pub(crate) async fn submit_plan(
     };
     let run = match started {
         Ok(run) => run,
-        Err(e) if e.is_unique_violation() && key.is_some() => replay(
-            &st,
-            capsule.workspace_id,
-            key.as_deref(),
-            kind,
-            &capsule.id.to_string(),
-        )
-        .await?
-        .ok_or_else(ApiError::idempotency_key_in_flight)?,
+        Err(e) if e.is_unique_violation() && key.is_some() => earlier()
+            .await?
+            .ok_or_else(ApiError::idempotency_key_in_flight)?,
         Err(e) => return Err(e.into()),
     };
     Ok((StatusCode::ACCEPTED, views::run_json(&run)))
