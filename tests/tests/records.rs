@@ -1324,35 +1324,101 @@ async fn cli_watches_follows_and_applies() -> anyhow::Result<()> {
     stack.stop().await
 }
 
-/// A Run's progress (its events, log chunks and scan report) commits without waiting for
-/// the WAL flush, and only its own transaction does: the next transaction on the same
-/// connection (a state change) waits for the disk again.
+/// A Run's progress (its events, its log, the dry-run scan report) is written by one
+/// statement each that commits without waiting for the disk; a state change waits. A
+/// trigger in this test's database records the setting in force in the transaction of each
+/// write; the setting is the statement's own and the session's default is back after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<()> {
+    use takosumi_core::{EventKind, RunId};
+    use takosumi_store::{events, logs, runs::plan_record};
     let stack = Stack::start_with(Options {
         steps: Steps::API_ONLY,
         ..Options::default()
     })
     .await?;
-    // One connection: every transaction below runs in the same session.
+    let url = &stack.env_vars()["TAKOSUMI_DATABASE_URL"];
+    // One connection: every statement below runs in the same session.
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
-        .connect(&stack.env_vars()["TAKOSUMI_DATABASE_URL"])
+        .connect(url)
         .await?;
-    let setting = "SELECT current_setting('synchronous_commit')";
-    let mut tx = pool.begin().await?;
-    let before: String = sqlx::query_scalar(setting).fetch_one(&mut *tx).await?;
-    tx.commit().await?;
-    let mut tx = takosumi_store::begin_progress(&pool).await?;
-    let during: String = sqlx::query_scalar(setting).fetch_one(&mut *tx).await?;
-    tx.commit().await?;
-    let mut tx = pool.begin().await?;
-    let after: String = sqlx::query_scalar(setting).fetch_one(&mut *tx).await?;
-    tx.commit().await?;
+    let run = RunId::from_uuid(takosumi_tests::seed::one_queued_run(&pool, "progress").await?);
+    sqlx::raw_sql(
+        "CREATE TABLE seen (n bigserial, what text, setting text);
+         CREATE FUNCTION note_setting() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+             INSERT INTO seen (what, setting)
+             VALUES (TG_TABLE_NAME, current_setting('synchronous_commit'));
+             RETURN NEW; END $$;
+         CREATE TRIGGER note BEFORE INSERT ON run_events FOR EACH ROW EXECUTE FUNCTION note_setting();
+         CREATE TRIGGER note BEFORE INSERT ON run_logs FOR EACH ROW EXECUTE FUNCTION note_setting();
+         CREATE TRIGGER note BEFORE UPDATE OF scan_report ON runs
+             FOR EACH ROW EXECUTE FUNCTION note_setting();",
+    )
+    .execute(&pool)
+    .await?;
+    let actor = "test";
+    events::append_progress(&pool, run, EventKind::CheckoutStarted, actor, json!({})).await?;
+    logs::append_progress(&pool, run, &[("init", "one"), ("plan", "two\0")]).await?;
+    plan_record::set_scan_report_progress(&pool, run, &json!({"findings": []})).await?;
+    // A state change's event, written the ordinary way.
+    events::append(&pool, run, EventKind::Planned, actor, json!({})).await?;
+    let session: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+        .fetch_one(&pool)
+        .await?;
+    let seen: Vec<(String, String)> = sqlx::query_as("SELECT what, setting FROM seen ORDER BY n")
+        .fetch_all(&pool)
+        .await?;
+    let seen: Vec<(&str, &str)> = seen.iter().map(|(w, s)| (w.as_str(), s.as_str())).collect();
     assert_eq!(
-        (before.as_str(), during.as_str(), after.as_str()),
-        ("on", "off", "on")
+        seen,
+        [
+            ("run_events", "off"),
+            ("run_logs", "off"),
+            ("run_logs", "off"),
+            ("runs", "off"),
+            ("run_events", "on"),
+        ]
     );
+    assert_eq!(session, "on", "the setting outlived its statement");
+    // The log keeps its order, with a NUL shown as U+FFFD.
+    let log: Vec<(String, String)> =
+        sqlx::query_as("SELECT step, chunk FROM run_logs WHERE run_id = $1 ORDER BY id")
+            .bind(run.as_uuid())
+            .fetch_all(&pool)
+            .await?;
+    assert_eq!(
+        log,
+        [
+            ("init".to_owned(), "one".to_owned()),
+            ("plan".to_owned(), "two\u{FFFD}".to_owned())
+        ]
+    );
+    pool.close().await;
+    stack.stop().await
+}
+
+/// The pool pings only a connection that sat idle ([`takosumi_store::PING_AFTER_IDLE`]):
+/// one the server dropped meanwhile is replaced at the acquire, and the statement runs.
+#[tokio::test]
+async fn an_idle_connection_the_server_dropped_is_replaced_at_the_acquire() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let url = &stack.env_vars()["TAKOSUMI_DATABASE_URL"];
+    let pool = takosumi_store::connect(url, 1).await?;
+    let pid = "SELECT pg_backend_pid()";
+    let first: i32 = sqlx::query_scalar(pid).fetch_one(&pool).await?;
+    let dropped: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&stack.ctx.pool)
+        .await?;
+    assert!(dropped);
+    tokio::time::sleep(takosumi_store::PING_AFTER_IDLE + Duration::from_millis(200)).await;
+    let second: i32 = sqlx::query_scalar(pid).fetch_one(&pool).await?;
+    assert_ne!(first, second, "the dropped connection was handed out");
     pool.close().await;
     stack.stop().await
 }

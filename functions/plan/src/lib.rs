@@ -251,10 +251,12 @@ impl takosumi_steps::Host for NodeHost<'_> {
 
 impl takosumi_steps::PlanHost for NodeHost<'_> {
     async fn record_scan(&self, report: &serde_json::Value) -> Result<(), PlanError> {
-        // Progress: whatever the Run does next (hold, plan, fail) commits it to disk.
-        let mut tx = takosumi_store::begin_progress(&self.ctx.pool).await?;
-        takosumi_store::runs::plan_record::set_scan_report(&mut *tx, self.run.id, report).await?;
-        tx.commit().await.map_err(StoreError::from)?;
+        takosumi_store::runs::plan_record::set_scan_report_progress(
+            &self.ctx.pool,
+            self.run.id,
+            report,
+        )
+        .await?;
         Ok(())
     }
 

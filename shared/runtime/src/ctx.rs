@@ -108,15 +108,11 @@ impl Ctx {
     }
 
     /// Records an event on a Run; a failure to record is logged, never fatal to the step.
-    /// Progress: committed without waiting for the disk ([`takosumi_store::begin_progress`]).
+    /// Progress: committed without waiting for the disk ([`takosumi_store::progress`]).
     pub async fn event(&self, run_id: RunId, kind: EventKind, data: serde_json::Value) {
         let actor = format!("handler:{}", self.owner);
-        let recorded = async {
-            let mut tx = takosumi_store::begin_progress(&self.pool).await?;
-            takosumi_store::events::append(&mut *tx, run_id, kind, &actor, data).await?;
-            tx.commit().await?;
-            Ok::<_, takosumi_store::StoreError>(())
-        };
+        let recorded =
+            takosumi_store::events::append_progress(&self.pool, run_id, kind, &actor, data);
         if let Err(e) = recorded.await {
             tracing::warn!(%run_id, %kind, error = %e, "could not record event");
         }
@@ -143,7 +139,10 @@ impl Ctx {
             return;
         }
         let text = masker.mask(text);
-        if let Err(e) = crate::live_log::store(&self.pool, run_id, &[(step, text.as_str())]).await {
+        if let Err(e) =
+            takosumi_store::logs::append_progress(&self.pool, run_id, &[(step, text.as_str())])
+                .await
+        {
             tracing::warn!(%run_id, step, error = %e, "could not store log");
         }
     }

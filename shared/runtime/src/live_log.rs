@@ -101,25 +101,11 @@ impl LiveLog {
 
 /// Appends buffered chunks, one row per run of the same step.
 async fn write(pool: &sqlx::PgPool, run_id: RunId, rows: &mut Vec<(String, String)>) {
-    if let Err(e) = store(pool, run_id, rows).await {
+    // Progress: committed without waiting for the disk ([`takosumi_store::progress`]).
+    if let Err(e) = takosumi_store::logs::append_progress(pool, run_id, rows).await {
         tracing::warn!(%run_id, rows = rows.len(), error = %e, "could not store live log");
     }
     rows.clear();
-}
-
-/// Stores log chunks (step, masked text) in order, as progress: one transaction, committed
-/// without waiting for the disk ([`takosumi_store::begin_progress`]).
-pub(crate) async fn store<S: AsRef<str> + Sync, T: AsRef<str> + Sync>(
-    pool: &sqlx::PgPool,
-    run_id: RunId,
-    chunks: &[(S, T)],
-) -> Result<(), takosumi_store::StoreError> {
-    let mut tx = takosumi_store::begin_progress(pool).await?;
-    for (step, chunk) in chunks {
-        takosumi_store::logs::append(&mut *tx, run_id, step.as_ref(), chunk.as_ref()).await?;
-    }
-    tx.commit().await?;
-    Ok(())
 }
 
 async fn writer(pool: sqlx::PgPool, run_id: RunId, mut rx: mpsc::UnboundedReceiver<Msg>) {

@@ -40,6 +40,29 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     Ok(())
 }
 
+/// Appends an event as progress: one statement that commits without waiting for the disk
+/// ([`crate::progress`]). Only on a pool (the statement is its own transaction).
+pub async fn append_progress(
+    pool: &sqlx::PgPool,
+    run_id: RunId,
+    kind: EventKind,
+    actor: &str,
+    data: serde_json::Value,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        "INSERT INTO run_events (run_id, kind, actor, data)
+         SELECT $1, $2, $3, $4
+          WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL",
+        run_id.as_uuid(),
+        kind as EventKind,
+        actor,
+        data
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// A Run's events in order.
 pub async fn list(pool: &sqlx::PgPool, run_id: RunId) -> Result<Vec<Event>, StoreError> {
     list_after(pool, run_id, 0).await

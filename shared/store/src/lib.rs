@@ -44,18 +44,20 @@ pub use sqlx::{PgPool as Pool, Postgres};
 /// A database transaction.
 pub type Tx = sqlx::Transaction<'static, Postgres>;
 
-/// A transaction for a Run's progress (its events, its log, the dry-run scan report) whose
-/// commit returns without waiting for the WAL to reach the disk: a flush costs 2-3 ms on a
-/// virtual machine's disk, and a step waits for its progress. Postgres writes the WAL in
-/// order, so the next ordinary commit (the Run's next state change: its plan, hold, apply
-/// or failure) makes this one durable too; what a database crash can lose is progress of a
-/// Run whose state change never committed, which the reaper takes back and runs again.
-/// Never for a state change or anything a decision reads.
-pub async fn begin_progress(pool: &Pool) -> Result<Tx, StoreError> {
-    Ok(pool
-        .begin_with("BEGIN; SET LOCAL synchronous_commit = off")
-        .await?)
-}
+/// How a Run's progress (its events, its log, the dry-run scan report) is written: one
+/// autocommit statement whose commit returns without waiting for the WAL to reach the disk.
+/// A flush costs 0.1-3 ms on a virtual machine's disk, and a step waits for its progress.
+/// Each progress statement says so itself, with
+/// `WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL`: the setting is local to
+/// the statement's own transaction, which Postgres commits right after it, so one round trip
+/// does what `BEGIN; SET LOCAL …`, the statement and `COMMIT` did in three. Postgres writes
+/// the WAL in order, so the next ordinary commit (the Run's next state change: its plan,
+/// hold, apply or failure) makes the progress before it durable too; what a database crash
+/// can lose is progress of a Run whose state change never committed, which the reaper takes
+/// back and runs again. Never for a state change or anything a decision reads. The writers:
+/// [`events::append_progress`], [`logs::append_progress`],
+/// [`runs::plan_record::set_scan_report_progress`].
+pub mod progress {}
 
 /// The embedded migrations from `infra/migrations`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../infra/migrations");
@@ -220,12 +222,33 @@ pub async fn connect_with(
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(timeouts.acquire)
-        // The default, said aloud: an idle connection is pinged before it is handed out, so
-        // a server that stopped answering fails the acquire (bounded) rather than the
-        // statement after it (unbounded).
-        .test_before_acquire(true)
+        .test_before_acquire(false)
+        .before_acquire(ping_if_idle)
         .connect_with(options)
         .await?)
+}
+
+/// A connection idle this long is pinged before it is handed out.
+pub const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// Pings a connection that sat idle for [`PING_AFTER_IDLE`] or more before it is handed
+/// out: one the server dropped (a restart, a firewall's idle cut) is closed and replaced at
+/// the acquire, which is bounded by the acquire timeout, instead of failing the statement
+/// after it. A connection used within the last second is handed out as is: it answered a
+/// moment ago, and the ping's round trip was a third of a plan submission's (sqlx's default
+/// pings before every acquire; BENCHMARKS.md, session 25). A server that dies between its
+/// last answer and the next statement fails that statement, as it would fail one a moment
+/// after any ping.
+fn ping_if_idle(
+    conn: &mut sqlx::PgConnection,
+    meta: sqlx::pool::PoolConnectionMetadata,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
+    Box::pin(async move {
+        if meta.idle_for >= PING_AFTER_IDLE {
+            sqlx::Connection::ping(conn).await?;
+        }
+        Ok(true)
+    })
 }
 
 /// A pool beside `pool` (same server, same session settings, at most `max_connections`,
@@ -245,7 +268,8 @@ pub fn plan_once_pool(pool: &PgPool, max_connections: u32) -> PgPool {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(pool.options().get_acquire_timeout())
-        .test_before_acquire(true)
+        .test_before_acquire(false)
+        .before_acquire(ping_if_idle)
         .connect_lazy_with(options)
 }
 

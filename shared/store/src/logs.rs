@@ -11,14 +11,7 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     step: &str,
     chunk: &str,
 ) -> Result<(), StoreError> {
-    // Postgres text cannot hold NUL, and a tool prints what the Capsule's code makes it
-    // print: the chunk is stored with each NUL shown as U+FFFD rather than refused (which
-    // would lose the whole chunk, and fail a relay worker's report).
-    let chunk = if chunk.contains('\0') {
-        std::borrow::Cow::Owned(chunk.replace('\0', "\u{FFFD}"))
-    } else {
-        std::borrow::Cow::Borrowed(chunk)
-    };
+    let chunk = without_nul(chunk);
     sqlx::query!(
         "INSERT INTO run_logs (run_id, step, chunk) VALUES ($1, $2, $3)",
         run_id.as_uuid(),
@@ -28,6 +21,48 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     .execute(executor)
     .await?;
     Ok(())
+}
+
+/// Appends chunks (step, already masked text) in order as progress: one statement that
+/// commits without waiting for the disk ([`crate::progress`]).
+pub async fn append_progress<S: AsRef<str>, T: AsRef<str>>(
+    pool: &sqlx::PgPool,
+    run_id: RunId,
+    chunks: &[(S, T)],
+) -> Result<(), StoreError> {
+    if chunks.is_empty() {
+        return Ok(());
+    }
+    let steps: Vec<&str> = chunks.iter().map(|(step, _)| step.as_ref()).collect();
+    let texts: Vec<String> = chunks
+        .iter()
+        .map(|(_, chunk)| without_nul(chunk.as_ref()).into_owned())
+        .collect();
+    // `ORDER BY` the position: the ids (the log's order) are taken in the order rows arrive.
+    sqlx::query!(
+        "INSERT INTO run_logs (run_id, step, chunk)
+         SELECT $1, l.step, l.chunk
+           FROM UNNEST($2::text[], $3::text[]) WITH ORDINALITY AS l(step, chunk, n)
+          WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
+          ORDER BY l.n",
+        run_id.as_uuid(),
+        &steps as &[&str],
+        &texts
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Postgres text cannot hold NUL, and a tool prints what the Capsule's code makes it print:
+/// a chunk is stored with each NUL shown as U+FFFD rather than refused (which would lose the
+/// whole chunk, and fail a relay worker's report).
+fn without_nul(chunk: &str) -> std::borrow::Cow<'_, str> {
+    if chunk.contains('\0') {
+        std::borrow::Cow::Owned(chunk.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(chunk)
+    }
 }
 
 /// The whole log of a Run, in order.

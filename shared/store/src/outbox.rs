@@ -72,6 +72,18 @@ pub async fn lock_due(tx: &mut Tx, limit: i64) -> Result<Vec<Pending>, StoreErro
     Ok(rows)
 }
 
+/// Whether any row is due (one autocommit statement: the relay's poll asks this before it
+/// opens a transaction to lock them).
+pub async fn any_due(pool: &sqlx::PgPool) -> Result<bool, StoreError> {
+    let due = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM outbox WHERE sent_at IS NULL AND available_at <= now())
+                  AS "due!""#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(due)
+}
+
 /// Marks rows as published (the broker confirmed them).
 pub async fn mark_sent(tx: &mut Tx, ids: &[i64]) -> Result<(), StoreError> {
     sqlx::query!("UPDATE outbox SET sent_at = now() WHERE id = ANY($1)", ids)

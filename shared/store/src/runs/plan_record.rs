@@ -47,6 +47,24 @@ pub async fn set_scan_report<'e, E: sqlx::PgExecutor<'e>>(
     Ok(())
 }
 
+/// [`set_scan_report`] as progress: one statement that commits without waiting for the
+/// disk ([`crate::progress`]); whatever the Run does next (hold, plan, fail) commits it.
+pub async fn set_scan_report_progress(
+    pool: &sqlx::PgPool,
+    id: RunId,
+    report: &serde_json::Value,
+) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE runs SET scan_report = $2
+          WHERE id = $1 AND set_config('synchronous_commit', 'off', true) IS NOT NULL",
+        id.as_uuid(),
+        report
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// The dry-run scan report of a Run, if one was made.
 pub async fn scan_report<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
