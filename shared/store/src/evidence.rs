@@ -186,73 +186,65 @@ async fn append(
     signer: &Signer,
 ) -> Result<usize, StoreError> {
     let mut tx = pool.begin().await?;
-    sqlx::query!(
-        "INSERT INTO evidence_heads (workspace_id) VALUES ($1) ON CONFLICT DO NOTHING",
-        workspace_id.as_uuid()
-    )
-    .execute(&mut *tx)
-    .await?;
-    let Some(head) = sqlx::query!(
-        "SELECT sequence, digest FROM evidence_heads WHERE workspace_id = $1 FOR UPDATE SKIP LOCKED",
-        workspace_id.as_uuid()
-    )
-    .fetch_optional(&mut *tx)
-    .await?
-    else {
+    let Some((mut sequence, mut previous)) = lock_head(&mut tx, workspace_id).await? else {
         // Another writer is appending to this chain right now.
         return Ok(0);
     };
-    let (mut sequence, mut previous) = (head.sequence, head.digest);
-    let pending = sqlx::query_scalar!(
-        r#"SELECT run_id as "run_id: RunId" FROM evidence_pending
-            WHERE workspace_id = $1 ORDER BY id LIMIT $2"#,
+    // Each pending Run with whether its statement is written already (a writer that died
+    // after its commit's statement and before the pending row went: not written twice).
+    let pending = sqlx::query!(
+        r#"SELECT p.run_id as "run_id: RunId",
+                  EXISTS (SELECT 1 FROM evidence_statements s WHERE s.run_id = p.run_id)
+                      AS "written!"
+             FROM evidence_pending p
+            WHERE p.workspace_id = $1 ORDER BY p.id LIMIT $2"#,
         workspace_id.as_uuid(),
         BATCH
     )
     .fetch_all(&mut *tx)
     .await?;
     let mut written = 0;
-    for run_id in pending {
-        if of_run(&mut *tx, run_id).await?.is_none() {
-            let link = ChainLink {
-                workspace_id: workspace_id.to_string(),
-                sequence: u64::try_from(sequence + 1).unwrap_or_default(),
-                previous: previous.clone(),
-            };
-            let statement = Statement::new(predicate(&mut tx, run_id, link).await?);
-            let bytes = statement
-                .to_canonical()
-                .map_err(|e| StoreError::Evidence(e.to_string()))?;
-            let digest = sha256_hex(&bytes);
-            let envelope = signer.sign(&bytes);
-            let text = String::from_utf8(bytes)
-                .map_err(|_| StoreError::Evidence("canonical JSON is not UTF-8".into()))?;
-            sqlx::query!(
-                r#"INSERT INTO evidence_statements
-                       (run_id, workspace_id, sequence, digest, previous_digest, statement, key_id, signature)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"#,
-                run_id.as_uuid(),
-                workspace_id.as_uuid(),
-                sequence + 1,
-                digest,
-                previous,
-                text,
-                signer.key_id(),
-                envelope.signatures[0].sig
-            )
-            .execute(&mut *tx)
-            .await?;
-            sequence += 1;
-            previous = Some(digest);
-            written += 1;
+    for row in &pending {
+        if row.written {
+            continue;
         }
+        let run_id = row.run_id;
+        let link = ChainLink {
+            workspace_id: workspace_id.to_string(),
+            sequence: u64::try_from(sequence + 1).unwrap_or_default(),
+            previous: previous.clone(),
+        };
+        let statement = Statement::new(predicate(&mut tx, run_id, link).await?);
+        let bytes = statement
+            .to_canonical()
+            .map_err(|e| StoreError::Evidence(e.to_string()))?;
+        let digest = sha256_hex(&bytes);
+        let envelope = signer.sign(&bytes);
+        let text = String::from_utf8(bytes)
+            .map_err(|_| StoreError::Evidence("canonical JSON is not UTF-8".into()))?;
         sqlx::query!(
-            "DELETE FROM evidence_pending WHERE run_id = $1",
-            run_id.as_uuid()
+            r#"INSERT INTO evidence_statements
+                   (run_id, workspace_id, sequence, digest, previous_digest, statement, key_id, signature)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"#,
+            run_id.as_uuid(),
+            workspace_id.as_uuid(),
+            sequence + 1,
+            digest,
+            previous,
+            text,
+            signer.key_id(),
+            envelope.signatures[0].sig
         )
         .execute(&mut *tx)
         .await?;
+        sequence += 1;
+        previous = Some(digest);
+        written += 1;
     }
+    let done: Vec<uuid::Uuid> = pending.iter().map(|row| row.run_id.as_uuid()).collect();
+    sqlx::query!("DELETE FROM evidence_pending WHERE run_id = ANY($1)", &done)
+        .execute(&mut *tx)
+        .await?;
     sqlx::query!(
         "UPDATE evidence_heads SET sequence = $2, digest = $3 WHERE workspace_id = $1",
         workspace_id.as_uuid(),
@@ -263,6 +255,36 @@ async fn append(
     .await?;
     tx.commit().await?;
     Ok(written)
+}
+
+/// Locks the Workspace's chain head (creating it for the first statement) and returns its
+/// sequence and digest; `None` while another writer holds it.
+async fn lock_head(
+    tx: &mut Tx,
+    workspace_id: WorkspaceId,
+) -> Result<Option<(i64, Option<String>)>, StoreError> {
+    // Most heads exist: look first, create only when there is none to lock.
+    for first in [true, false] {
+        let head = sqlx::query!(
+            "SELECT sequence, digest FROM evidence_heads WHERE workspace_id = $1 FOR UPDATE SKIP LOCKED",
+            workspace_id.as_uuid()
+        )
+        .fetch_optional(&mut **tx)
+        .await?;
+        match head {
+            Some(head) => return Ok(Some((head.sequence, head.digest))),
+            None if first => {
+                sqlx::query!(
+                    "INSERT INTO evidence_heads (workspace_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                    workspace_id.as_uuid()
+                )
+                .execute(&mut **tx)
+                .await?;
+            }
+            None => {}
+        }
+    }
+    Ok(None)
 }
 
 fn rfc3339(at: DateTime<Utc>) -> String {
@@ -294,9 +316,26 @@ async fn predicate(
     let run = crate::runs::get(&mut **tx, run_id)
         .await?
         .ok_or(StoreError::NotFound("an ended Run"))?;
+    // Everything else of one row in one read: the Capsule's tool; the plan an apply carried
+    // out (its scan report is the dry-run evidence, its statement the link to it); the
+    // state version the Run wrote; the rules in force now.
     let extra = sqlx::query!(
-        r#"SELECT r.finished_at, r.scan_report, c.tool as "tool!"
-             FROM runs r JOIN capsules c ON c.id = r.capsule_id WHERE r.id = $1"#,
+        r#"SELECT r.finished_at, r.scan_report, c.tool as "tool!",
+                  p.scan_report as "plan_scan_report?",
+                  ps.digest as "plan_statement_digest?",
+                  EXISTS (SELECT 1 FROM evidence_pending ep WHERE ep.run_id = r.plan_run_id)
+                      AS "plan_pending!",
+                  sv.digest as "state_version_digest?",
+                  (SELECT max(version) FROM rule_sets
+                    WHERE workspace_id = r.workspace_id AND capsule_id IS NULL) AS ws_rules,
+                  (SELECT max(version) FROM rule_sets
+                    WHERE workspace_id = r.workspace_id AND capsule_id = r.capsule_id) AS cap_rules
+             FROM runs r
+             JOIN capsules c ON c.id = r.capsule_id
+             LEFT JOIN runs p ON p.id = r.plan_run_id
+             LEFT JOIN evidence_statements ps ON ps.run_id = r.plan_run_id
+             LEFT JOIN state_versions sv ON sv.id = r.state_version_id
+            WHERE r.id = $1"#,
         run_id.as_uuid()
     )
     .fetch_one(&mut **tx)
@@ -307,10 +346,7 @@ async fn predicate(
         _ => None,
     };
     let (scan_run, scan_report) = match plan_run {
-        Some(plan) => (
-            plan,
-            crate::runs::plan_record::scan_report(&mut **tx, plan).await?,
-        ),
+        Some(plan) => (plan, extra.plan_scan_report),
         None => (run_id, extra.scan_report),
     };
     let dry_run_scan = match &scan_report {
@@ -327,10 +363,10 @@ async fn predicate(
         .map(str::to_owned);
     let plan_ref = match plan_run {
         Some(plan) => {
-            let statement_digest = match of_run(&mut **tx, plan).await? {
-                Some(stmt) => stmt.digest,
+            let statement_digest = match extra.plan_statement_digest {
+                Some(digest) => digest,
                 // Not signed yet (the plan ended first, so this cannot last): try again.
-                None if is_pending(&mut **tx, plan).await? => {
+                None if extra.plan_pending => {
                     return Err(StoreError::Conflict(
                         "an apply's plan Run's statement is not written yet",
                     ));
@@ -346,18 +382,12 @@ async fn predicate(
         }
         None => None,
     };
-    let state_version = match run.state_version_id {
-        Some(sv) => sqlx::query_scalar!(
-            "SELECT digest FROM state_versions WHERE id = $1",
-            sv.as_uuid()
-        )
-        .fetch_optional(&mut **tx)
-        .await?
-        .map(|digest| StateVersionRef {
+    let state_version = match (run.state_version_id, extra.state_version_digest) {
+        (Some(sv), Some(digest)) => Some(StateVersionRef {
             id: sv.to_string(),
             digest,
         }),
-        None => None,
+        _ => None,
     };
     let approvals = crate::approvals::approvals(&mut **tx, run_id)
         .await?
@@ -398,9 +428,6 @@ async fn predicate(
         })
     })
     .collect();
-    let ws_rules = crate::rules::current_rules(&mut **tx, run.workspace_id, None).await?;
-    let cap_rules =
-        crate::rules::current_rules(&mut **tx, run.workspace_id, Some(run.capsule_id)).await?;
     let changes = run.changes().map(|c| ChangeCounts {
         add: c.add,
         change: c.change,
@@ -448,8 +475,8 @@ async fn predicate(
         changes,
         drift: run.drift,
         rules_in_force: RuleVersions {
-            workspace: ws_rules.map(|r| i64::from(r.version)),
-            capsule: cap_rules.map(|r| i64::from(r.version)),
+            workspace: extra.ws_rules.map(i64::from),
+            capsule: extra.cap_rules.map(i64::from),
         },
         gate,
         dry_run_scan,
