@@ -17,8 +17,9 @@
 //!   only the columns it sets (`jsonb_populate_record`), so a fixture column that the old
 //!   schema lacks fails the insert. The StateVersion's object is a terraform 1.0.3 state
 //!   sealed with the server key, as the apply step stores it. The evidence statements are
-//!   signed by `takosumi_store::evidence::write_pending`, whose code is unchanged since the
-//!   previous release, run on the old schema before the upgrade.
+//!   signed by `takosumi_store::evidence::write_pending` (which reads only tables the
+//!   previous release's schema has, as a writer started before the migrations must), run on
+//!   the old schema before the upgrade.
 //!
 //! After the remaining migrations the stack starts on that database and bucket: the old
 //! Runs read back through the API (one by one and as the Workspace's history), the old

@@ -318,7 +318,9 @@ async fn predicate(
         .ok_or(StoreError::NotFound("an ended Run"))?;
     // Everything else of one row in one read: the Capsule's tool; the plan an apply carried
     // out (its scan report is the dry-run evidence, its statement the link to it); the
-    // state version the Run wrote; the rules in force now.
+    // state version the Run wrote; the versions of the rules in force now (each scope's
+    // latest, as the view `rules_in_force` has them, read from `rule_sets` itself: the
+    // writer also runs on a database the new migrations have not reached yet, `upgrade.rs`).
     let extra = sqlx::query!(
         r#"SELECT r.finished_at, r.scan_report, c.tool as "tool!",
                   p.scan_report as "plan_scan_report?",
@@ -329,7 +331,8 @@ async fn predicate(
                   (SELECT max(version) FROM rule_sets
                     WHERE workspace_id = r.workspace_id AND capsule_id IS NULL) AS ws_rules,
                   (SELECT max(version) FROM rule_sets
-                    WHERE workspace_id = r.workspace_id AND capsule_id = r.capsule_id) AS cap_rules
+                    WHERE workspace_id = r.workspace_id AND capsule_id = r.capsule_id)
+                      AS cap_rules
              FROM runs r
              JOIN capsules c ON c.id = r.capsule_id
              LEFT JOIN runs p ON p.id = r.plan_run_id

@@ -47,16 +47,37 @@ pub struct RulesInForce {
     pub capsule: Option<StoredRules>,
 }
 
-/// The rules in force for a Capsule, each scope's latest version.
+/// The rules in force for a Capsule, each scope's latest version, in one statement (the
+/// view `rules_in_force`, migration `20261205020000_rules_in_force.sql`).
 pub async fn rules_in_force(
     pool: &sqlx::PgPool,
     workspace_id: WorkspaceId,
     capsule_id: CapsuleId,
 ) -> Result<RulesInForce, StoreError> {
-    Ok(RulesInForce {
-        workspace: current_rules(pool, workspace_id, None).await?,
-        capsule: current_rules(pool, workspace_id, Some(capsule_id)).await?,
-    })
+    let rows = sqlx::query!(
+        r#"SELECT capsule_id IS NOT NULL AS "capsule_scope!", version as "version!",
+                  rules as "rules!", created_by as "created_by!"
+             FROM rules_in_force
+            WHERE workspace_id = $1 AND (capsule_id IS NULL OR capsule_id = $2)"#,
+        workspace_id.as_uuid(),
+        capsule_id.as_uuid()
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut in_force = RulesInForce::default();
+    for row in rows {
+        let stored = Some(StoredRules {
+            version: row.version,
+            rules: row.rules,
+            created_by: row.created_by,
+        });
+        if row.capsule_scope {
+            in_force.capsule = stored;
+        } else {
+            in_force.workspace = stored;
+        }
+    }
+    Ok(in_force)
 }
 
 /// The current rules of a scope.
@@ -66,9 +87,9 @@ pub async fn current_rules<'e, E: sqlx::PgExecutor<'e>>(
     capsule_id: Option<CapsuleId>,
 ) -> Result<Option<StoredRules>, StoreError> {
     let row = sqlx::query!(
-        r#"SELECT version, rules, created_by FROM rule_sets
-            WHERE workspace_id = $1 AND capsule_id IS NOT DISTINCT FROM $2
-            ORDER BY version DESC LIMIT 1"#,
+        r#"SELECT version as "version!", rules as "rules!", created_by as "created_by!"
+             FROM rules_in_force
+            WHERE workspace_id = $1 AND capsule_id IS NOT DISTINCT FROM $2"#,
         workspace_id.as_uuid(),
         capsule_id.map(|c| c.as_uuid())
     )
