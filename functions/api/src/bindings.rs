@@ -118,6 +118,7 @@ pub fn api() -> Api {
 
 /// Parses a body that may hold secrets: on failure, says where, never what.
 fn parse_secret_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    crate::extract::refuse_nul(body)?;
     serde_json::from_slice(body).map_err(|e| {
         let what = match e.classify() {
             serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
@@ -400,8 +401,7 @@ async fn attach_binding(
             "the request body is empty; send {\"bindingId\": \"pb_…\"}",
         ));
     }
-    let req: AttachReq = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
+    let req: AttachReq = extract::parse_body(&body)?;
     let binding_id: ProviderBindingId = extract::parse_id(&req.binding_id)?;
     let binding = bindings::get(&st.pool, binding_id)
         .await?

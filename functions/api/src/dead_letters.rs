@@ -212,12 +212,7 @@ struct SelectionBody {
 }
 
 fn selection(body: &Bytes) -> Result<Selection, ApiError> {
-    let req: SelectionBody = if body.iter().all(u8::is_ascii_whitespace) {
-        SelectionBody::default()
-    } else {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
-    };
+    let req: SelectionBody = crate::extract::optional_body(body)?;
     if req.queue.is_none() && req.ids.is_none() && !req.all {
         return Err(ApiError::invalid(
             ErrorCode::NoSelection,

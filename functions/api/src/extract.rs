@@ -22,8 +22,49 @@ pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiErro
             "the request body is empty; send a JSON object",
         ));
     }
+    refuse_nul(body)?;
     serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
+}
+
+/// An optional JSON body: empty (or only whitespace) is `T::default()`.
+pub(crate) fn optional_body<T: DeserializeOwned + Default>(body: &Bytes) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    refuse_nul(body)?;
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
+}
+
+/// Refuses a JSON body with a NUL character in a string (written `\u0000`: JSON has no
+/// other way to carry one). Nothing the API stores can hold it (Postgres text and jsonb
+/// refuse it), so it is refused before anything reads the body, whatever field it is in.
+pub(crate) fn refuse_nul(body: &[u8]) -> Result<(), ApiError> {
+    if json_holds_nul(body) {
+        return Err(ApiError::invalid_json(
+            "a string in the request body holds a NUL character (\\u0000); remove it",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a JSON text has the escape `\u0000`. A backslash appears only inside strings and
+/// starts an escape of two characters (or six, `\uXXXX`), so `\\u0000` (a backslash, then
+/// the text `u0000`) is not one.
+fn json_holds_nul(body: &[u8]) -> bool {
+    let mut i = 0;
+    while i < body.len() {
+        if body[i] == b'\\' {
+            if body.get(i + 1) == Some(&b'u') && body.get(i + 2..i + 6) == Some(b"0000") {
+                return true;
+            }
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    false
 }
 
 /// An id from the path or the body: 400 `invalid_id` when it is not one.
@@ -143,4 +184,20 @@ pub(crate) async fn run_group(
     caller.require(Action::Read, Some(group.workspace_id))?;
     caller.require(action, Some(group.workspace_id))?;
     Ok(group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_holds_nul;
+
+    #[test]
+    fn a_nul_escape_is_found_and_an_escaped_backslash_is_not_one() {
+        assert!(json_holds_nul(br#"{"a":"x\u0000y"}"#));
+        assert!(json_holds_nul(br#"{"a\u0000":1}"#));
+        assert!(json_holds_nul(br#"["\\\u0000"]"#));
+        assert!(!json_holds_nul(br#"{"a":"x\\u0000y"}"#));
+        assert!(json_holds_nul(br#"{"a":"\u00000"}"#));
+        assert!(!json_holds_nul(br#"{"a":"\u0001 \u1000"}"#));
+        assert!(!json_holds_nul(br#"{"a":"\u0010","b":"u0000"}"#));
+    }
 }

@@ -81,6 +81,7 @@ pub fn api() -> Api {
 }
 
 fn parse_rules(body: &Bytes) -> Result<RuleSet, ApiError> {
+    extract::refuse_nul(body)?;
     let rules: RuleSet = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid_json(format!("the rules are not valid: {e}")))?;
     rules.validate().map_err(|e| match e {
@@ -186,12 +187,7 @@ async fn approve(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let run = extract::run(&st, &caller, &run, Action::Read).await?;
-    let req: ApproveBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ApproveBody::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
-    };
+    let req: ApproveBody = extract::optional_body(&body)?;
     if req.note.as_ref().is_some_and(|n| n.len() > 2000) {
         return Err(ApiError::invalid(
             ErrorCode::InvalidNote,

@@ -125,12 +125,7 @@ async fn plan_update(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
-    let req: PlanUpdate = if body.iter().all(u8::is_ascii_whitespace) {
-        PlanUpdate::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
-    };
+    let req: PlanUpdate = extract::optional_body(&body)?;
     start_group(&st, &caller, ws, RunKind::Plan, req.only_stale).await
 }
 

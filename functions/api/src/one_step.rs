@@ -76,12 +76,7 @@ async fn apply_capsule(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = extract::capsule(&st, &caller, &cap, Action::Submit).await?;
-    let req: ApplyCapsule = if body.iter().all(u8::is_ascii_whitespace) {
-        ApplyCapsule::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?
-    };
+    let req: ApplyCapsule = extract::optional_body(&body)?;
     let key = extract::idempotency_key(&headers)?;
     if let Some(run) = replay(&st, &capsule, key.as_deref()).await? {
         return Ok((StatusCode::ACCEPTED, crate::views::run_json(&run)));

@@ -129,15 +129,6 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     })
 }
 
-/// An optional JSON body: empty is `T::default()`.
-fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
-}
-
 /// A person's free text (a note, a reason): trimmed, at most 2000 characters, no control
 /// characters other than newlines and tabs.
 fn note_text(raw: &str, field: &'static str) -> Result<String, ApiError> {
@@ -171,7 +162,7 @@ async fn cancel_run(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let run = extract::run(&st, &caller, &run, Action::Operate).await?;
-    let req: CancelRequest = optional_body(&body)?;
+    let req: CancelRequest = extract::optional_body(&body)?;
     let reason = req
         .reason
         .as_deref()
@@ -333,8 +324,7 @@ async fn resolve_run(
             "send {\"action\": \"mark_resolved\" | \"restore_held_state\" | \"attach_state\", \"note\": \"what you checked\"} (attach_state also takes \"state\")",
         ));
     }
-    let req: ResolveRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
+    let req: ResolveRequest = extract::parse_body(&body)?;
     drop(body);
     let action: &'static str = match req.action.as_str() {
         "mark_resolved" => "mark_resolved",

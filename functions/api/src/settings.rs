@@ -81,8 +81,7 @@ async fn capsule_settings(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = extract::capsule(&st, &caller, &cap, Action::Operate).await?;
-    let req: CapsuleSettings = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))?;
+    let req: CapsuleSettings = extract::parse_body(&body)?;
     if let Some(secs) = req.drift_interval_secs {
         check_interval(secs)?;
     }

@@ -111,7 +111,9 @@ impl ToolEnv {
                     })?
                 }
             };
-            if text.contains('\0') {
+            // JSON encodes a NUL inside a list or an object as `\u0000`: the encoded text
+            // has none, but the tool would get one, and Postgres cannot store it.
+            if holds_nul(value) {
                 return Err(RunnerError::InvalidVariable {
                     name: name.clone(),
                     reason: "the value contains a NUL character",
@@ -240,6 +242,25 @@ fn leaf_texts(value: &Value) -> Vec<String> {
     out
 }
 
+/// Whether a string anywhere in `value` (an object's keys included) holds a NUL.
+fn holds_nul(value: &Value) -> bool {
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) if s.contains('\0') => return true,
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                if map.keys().any(|k| k.contains('\0')) {
+                    return true;
+                }
+                stack.extend(map.values());
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
 /// `[A-Za-z_][A-Za-z0-9_-]*`
 pub(crate) fn valid_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -282,6 +303,29 @@ mod tests {
         assert_eq!(
             serde_json::from_value::<Tool>(json!("tofu")).unwrap(),
             Tool::Tofu
+        );
+    }
+
+    /// A NUL anywhere in a value is refused, in a list or an object too (where JSON would
+    /// hide it as `\u0000`, which Postgres cannot store: found by the fuzz suite).
+    #[test]
+    fn a_nul_anywhere_in_a_value_is_refused() {
+        for value in [
+            json!("a\u{0}b"),
+            json!(["ok", "a\u{0}b"]),
+            json!({"k": ["a\u{0}b"]}),
+            json!({"k\u{0}": 1}),
+        ] {
+            let refused = ToolEnv::new().with_variables(&vars(json!({ "v": value })));
+            assert!(
+                matches!(refused, Err(RunnerError::InvalidVariable { .. })),
+                "{value}"
+            );
+        }
+        assert!(
+            ToolEnv::new()
+                .with_variables(&vars(json!({"v": {"k": ["a", 1, null]}})))
+                .is_ok()
         );
     }
 

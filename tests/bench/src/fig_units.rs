@@ -4,7 +4,9 @@
 //! here. A Run is a sequence of these, so they are the reference the per-step timings of
 //! figures 1–3 are read against (and the floor any orchestration figure has on this box).
 //! Also what one write of a Run's row and of a Run event costs inside Postgres, without
-//! the round trip and the commit: the constraints each write evaluates are in it.
+//! the round trip and the commit: the constraints each write evaluates are in it. And how
+//! long a message takes from its publish to a consumer, through a quorum queue (the steps')
+//! and a classic one.
 
 use std::time::Instant;
 
@@ -86,6 +88,14 @@ async fn measure(stack: &Stack, report: &mut Report) -> anyhow::Result<()> {
         })
         .await?,
     ));
+    for queue_type in ["quorum", "classic"] {
+        rows.push((
+            format!(
+                "RabbitMQ publish → delivery to a consumer ({queue_type} queue, durable, persistent message; the steps' queues are quorum)"
+            ),
+            delivery_latency(&broker, queue_type).await?,
+        ));
+    }
     let objects = &stack.ctx.objects;
     let body = vec![7u8; 1024];
     rows.push((
@@ -204,6 +214,76 @@ async fn measure(stack: &Stack, report: &mut Report) -> anyhow::Result<()> {
         lines,
     );
     Ok(())
+}
+
+/// How long a wake-up takes from its publish to a consumer's delivery through a queue of
+/// `queue_type` (declared for this, removed after): a quorum queue hands a message on only
+/// once its log has it; a classic queue at once. Measured without waiting for the confirm,
+/// as a step sees it.
+async fn delivery_latency(
+    broker: &takosumi_queue::Broker,
+    queue_type: &str,
+) -> anyhow::Result<Summary> {
+    use futures::StreamExt as _;
+    use lapin::options::{
+        BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable};
+    let channel = broker.channel().await?;
+    let queue = format!("bench.delivery.{queue_type}");
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(queue_type.to_owned().into()),
+    );
+    channel
+        .queue_declare(
+            queue.clone().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            args,
+        )
+        .await?;
+    let mut consumer = channel
+        .basic_consume(
+            queue.clone().into(),
+            format!("bench-{queue_type}").into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..BasicConsumeOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let publisher = broker.channel().await?;
+    // The first trip warms the channel up and is not counted, as in `timed`.
+    let mut samples = Vec::with_capacity(N);
+    for i in 0..=N {
+        let t = Instant::now();
+        let _confirm = publisher
+            .basic_publish(
+                String::new().into(),
+                queue.clone().into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?;
+        let delivered = tokio::time::timeout(std::time::Duration::from_secs(5), consumer.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the consumer ended"))??;
+        anyhow::ensure!(delivered.data == b"{}");
+        if i > 0 {
+            samples.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    let summary = Summary::of(&samples).ok_or_else(|| anyhow::anyhow!("no samples"));
+    channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await?;
+    summary
 }
 
 const SERVER_WRITES: i32 = 5000;
