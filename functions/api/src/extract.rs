@@ -15,14 +15,23 @@ use crate::auth::{Action, Caller, Prefetched};
 use crate::error::ErrorCode;
 use crate::{ApiError, AppState};
 
-/// The JSON body; an empty one is refused with a hint rather than serde's message.
+/// The JSON body; an empty one is refused with a hint rather than serde's message, one with
+/// a NUL character as [`refuse_nul`] says.
 pub(crate) fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    refuse_nul(body)?;
+    parse_worker_body(body)
+}
+
+/// A relay worker's JSON body, parsed as [`parse_body`] does but with a NUL character let
+/// through: a worker's report carries what the tool printed, where a NUL is data, and each
+/// report decides what becomes of it (a log shows it as U+FFFD, an event that holds one is
+/// refused as `invalid_event`).
+pub(crate) fn parse_worker_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid_json(
             "the request body is empty; send a JSON object",
         ));
     }
-    refuse_nul(body)?;
     serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid_json(format!("the request body is not valid: {e}")))
 }

@@ -222,33 +222,14 @@ pub async fn connect_with(
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(timeouts.acquire)
-        .test_before_acquire(false)
-        .before_acquire(ping_if_idle)
+        // The default, said aloud: an idle connection is pinged before it is handed out, so
+        // a server that stopped answering fails the acquire (bounded) rather than the
+        // statement after it (unbounded: a paused server answers no statement timeout).
+        // Session 25 measured pinging only after a second idle (10-20 % more admissions and
+        // Run reads) and kept the ping: `timeouts.rs::a_paused_postgres_fails_work_fast_…`.
+        .test_before_acquire(true)
         .connect_with(options)
         .await?)
-}
-
-/// A connection idle this long is pinged before it is handed out.
-pub const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
-
-/// Pings a connection that sat idle for [`PING_AFTER_IDLE`] or more before it is handed
-/// out: one the server dropped (a restart, a firewall's idle cut) is closed and replaced at
-/// the acquire, which is bounded by the acquire timeout, instead of failing the statement
-/// after it. A connection used within the last second is handed out as is: it answered a
-/// moment ago, and the ping's round trip was a third of a plan submission's (sqlx's default
-/// pings before every acquire; BENCHMARKS.md, session 25). A server that dies between its
-/// last answer and the next statement fails that statement, as it would fail one a moment
-/// after any ping.
-fn ping_if_idle(
-    conn: &mut sqlx::PgConnection,
-    meta: sqlx::pool::PoolConnectionMetadata,
-) -> std::pin::Pin<Box<dyn Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
-    Box::pin(async move {
-        if meta.idle_for >= PING_AFTER_IDLE {
-            sqlx::Connection::ping(conn).await?;
-        }
-        Ok(true)
-    })
 }
 
 /// A pool beside `pool` (same server, same session settings, at most `max_connections`,
@@ -268,8 +249,7 @@ pub fn plan_once_pool(pool: &PgPool, max_connections: u32) -> PgPool {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(pool.options().get_acquire_timeout())
-        .test_before_acquire(false)
-        .before_acquire(ping_if_idle)
+        .test_before_acquire(true)
         .connect_lazy_with(options)
 }
 

@@ -37,7 +37,7 @@ pub(super) async fn claim(
     let req: ClaimRequest = if body.iter().all(u8::is_ascii_whitespace) {
         ClaimRequest::default()
     } else {
-        crate::extract::parse_body(&body)?
+        crate::extract::parse_worker_body(&body)?
     };
     let key = delivery_key_for(&pool, &req.delivery_key_ids)?;
     let sandbox = match req.sandbox.as_deref() {

@@ -562,7 +562,7 @@ pub(super) async fn one_step(
             format!("{} is not a one-step apply in progress", run.id),
         ));
     }
-    let r: takosumi_steps::OneStepRecord = crate::extract::parse_body(&body)?;
+    let r: takosumi_steps::OneStepRecord = crate::extract::parse_worker_body(&body)?;
     let snapshot = takosumi_store::runs::apply_mode::OneStepSnapshot {
         commit: &r.commit,
         tree_digest: &r.tree_digest,

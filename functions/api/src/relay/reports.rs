@@ -44,7 +44,7 @@ pub(super) async fn progress(
     let req: ProgressReport = if body.iter().all(u8::is_ascii_whitespace) {
         ProgressReport::default()
     } else {
-        crate::extract::parse_body(&body)?
+        crate::extract::parse_worker_body(&body)?
     };
     let actor = format!("handler:{claim}");
     // Only progress a worker may report: what it decided or what the control node
@@ -230,7 +230,7 @@ pub(super) async fn planned(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: PlannedReport = crate::extract::parse_body(&body)?;
+    let req: PlannedReport = crate::extract::parse_worker_body(&body)?;
     drop(body);
     let run_id = run.id;
     let mut event_extra = json!({ "pool": caller.0.name });
@@ -339,7 +339,8 @@ pub(super) async fn scanned(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: ScanResult<takosumi_policy::scan::ScanReport> = crate::extract::parse_body(&body)?;
+    let req: ScanResult<takosumi_policy::scan::ScanReport> =
+        crate::extract::parse_worker_body(&body)?;
     takosumi_store::runs::plan_record::set_scan_report(
         &st.pool,
         run.id,
@@ -388,7 +389,7 @@ pub(super) async fn fail(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let (run, claim) = held_run(&st, &caller.0, &run, &headers).await?;
-    let req: FailReport = crate::extract::parse_body(&body)?;
+    let req: FailReport = crate::extract::parse_worker_body(&body)?;
     let Some(code) = WORKER_CODES.into_iter().find(|c| c.as_str() == req.code) else {
         let names: Vec<&str> = WORKER_CODES.iter().map(|c| c.as_str()).collect();
         return Err(ApiError::invalid(
@@ -417,7 +418,7 @@ pub(super) async fn applied(
             format!("{} is not applying", run.id),
         ));
     }
-    let req: AppliedReport = crate::extract::parse_body(&body)?;
+    let req: AppliedReport = crate::extract::parse_worker_body(&body)?;
     drop(body);
     let run_id = run.id;
     // A pinned apply moves the generation its plan saw; a one-step apply the one its
