@@ -242,8 +242,9 @@ fn leaf_texts(value: &Value) -> Vec<String> {
     out
 }
 
-/// Whether a string anywhere in `value` (an object's keys included) holds a NUL.
-fn holds_nul(value: &Value) -> bool {
+/// Whether a string anywhere in `value` (an object's keys included) holds a NUL character,
+/// which neither a tool's environment nor Postgres's text and `jsonb` can hold.
+pub fn holds_nul(value: &Value) -> bool {
     let mut stack = vec![value];
     while let Some(v) = stack.pop() {
         match v {

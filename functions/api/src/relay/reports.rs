@@ -53,7 +53,7 @@ pub(super) async fn progress(
     let mut reported = Vec::with_capacity(req.events.len());
     for e in &req.events {
         match e.kind.parse::<EventKind>() {
-            Ok(kind) if kind.reported_by_worker() && !holds_nul(&e.data) => {
+            Ok(kind) if kind.reported_by_worker() && !takosumi_runner::holds_nul(&e.data) => {
                 reported.push((kind, &e.data));
             }
             // Postgres's jsonb cannot hold a NUL character: refused here, as the worker's
@@ -114,25 +114,6 @@ pub(super) async fn progress(
         lease_renewed: renewed,
         cancel_requested: cancel,
     }))
-}
-
-/// Whether a string anywhere in `value` (a key or a value) holds a NUL character.
-fn holds_nul(value: &Value) -> bool {
-    let mut stack = vec![value];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::String(text) if text.contains('\0') => return true,
-            Value::Array(items) => stack.extend(items),
-            Value::Object(map) => {
-                if map.keys().any(|k| k.contains('\0')) {
-                    return true;
-                }
-                stack.extend(map.values());
-            }
-            _ => {}
-        }
-    }
-    false
 }
 
 pub(super) async fn plan_file(
