@@ -3,16 +3,18 @@
 
 /// Adds `n` Capsules to a Workspace with an hourly drift interval, each with an applied
 /// StateVersion (what the sweep checks drift against), so every one is due.
-pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::Result<uuid::Uuid> {
+pub async fn due_capsules(
+    pool: &takosumi_store::Pool,
+    name: &str,
+    n: usize,
+) -> anyhow::Result<uuid::Uuid> {
     let ws = uuid::Uuid::now_v7();
     let mut tx = pool.begin().await?;
-    sqlx::query("SET LOCAL statement_timeout = 0")
-        .execute(&mut *tx)
-        .await?;
+    tx.lift_statement_timeout().await?;
     sqlx::query("INSERT INTO workspaces (id, name, drift_interval_secs) VALUES ($1, $2, 3600)")
         .bind(ws)
         .bind(name)
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
     sqlx::query(
         "INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool, vars)
@@ -21,7 +23,7 @@ pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::
     )
     .bind(ws)
     .bind(i32::try_from(n)?)
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     evidence_on_insert(&mut tx, false).await?;
     sqlx::query(
@@ -30,7 +32,7 @@ pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::
            FROM capsules WHERE workspace_id = $1",
     )
     .bind(ws)
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     evidence_on_insert(&mut tx, true).await?;
     sqlx::query(
@@ -39,14 +41,14 @@ pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::
            FROM runs WHERE workspace_id = $1",
     )
     .bind(ws)
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     sqlx::query(
         "UPDATE capsules c SET current_state_version_id = sv.id, state_generation = 1
            FROM state_versions sv WHERE sv.capsule_id = c.id AND c.workspace_id = $1",
     )
     .bind(ws)
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     tx.commit().await?;
     vacuum(pool).await?;
@@ -55,7 +57,7 @@ pub async fn due_capsules(pool: &sqlx::PgPool, name: &str, n: usize) -> anyhow::
 
 /// One Workspace, one Capsule and one queued plan Run in it, written in SQL, for tests and
 /// figures about the tables themselves rather than the API; returns the Run's id.
-pub async fn one_queued_run(pool: &sqlx::PgPool, name: &str) -> anyhow::Result<uuid::Uuid> {
+pub async fn one_queued_run(pool: &takosumi_store::Pool, name: &str) -> anyhow::Result<uuid::Uuid> {
     let (ws, capsule, run) = (
         uuid::Uuid::now_v7(),
         uuid::Uuid::now_v7(),
@@ -80,8 +82,9 @@ pub async fn one_queued_run(pool: &sqlx::PgPool, name: &str) -> anyhow::Result<u
 
 /// `VACUUM ANALYZE` on a connection without the stack's statement timeout (a million
 /// rows take longer), as autovacuum would have done on an instance this size.
-pub async fn vacuum(pool: &sqlx::PgPool) -> anyhow::Result<()> {
-    let mut conn = pool.acquire().await?;
+pub async fn vacuum(pool: &takosumi_store::Pool) -> anyhow::Result<()> {
+    // The pool's own connection, without the answer bound.
+    let mut conn = (**pool).acquire().await?;
     sqlx::query("SET statement_timeout = 0")
         .execute(&mut *conn)
         .await?;
@@ -95,15 +98,12 @@ pub async fn vacuum(pool: &sqlx::PgPool) -> anyhow::Result<()> {
 /// Turns the evidence trigger on Run inserts off (`false`) or back on, inside `tx`, for
 /// Runs written as history: with it on, each ended Run inserted queues a statement for
 /// the evidence writer to sign.
-pub async fn evidence_on_insert(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    on: bool,
-) -> anyhow::Result<()> {
+pub async fn evidence_on_insert(tx: &mut takosumi_store::Tx, on: bool) -> anyhow::Result<()> {
     let sql = if on {
         "ALTER TABLE runs ENABLE TRIGGER runs_evidence_on_insert"
     } else {
         "ALTER TABLE runs DISABLE TRIGGER runs_evidence_on_insert"
     };
-    sqlx::query(sql).execute(&mut **tx).await?;
+    sqlx::query(sql).execute(tx.db()).await?;
     Ok(())
 }

@@ -295,7 +295,7 @@ async fn seed_applied(
     .bind(run)
     .bind(ws.as_uuid())
     .bind(capsule.as_uuid())
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     sqlx::query(
         "INSERT INTO state_versions (id, capsule_id, generation, run_id, object_key, digest, size_bytes)
@@ -304,14 +304,14 @@ async fn seed_applied(
     .bind(sv)
     .bind(capsule.as_uuid())
     .bind(run)
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     sqlx::query(
         "UPDATE capsules SET current_state_version_id = $2, state_generation = 1 WHERE id = $1",
     )
     .bind(capsule.as_uuid())
     .bind(sv)
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     tx.commit().await?;
     Ok(())

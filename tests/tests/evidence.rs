@@ -544,12 +544,12 @@ async fn delete_run(stack: &Stack, run: RunId) -> anyhow::Result<()> {
         };
         sqlx::query(&sql)
             .bind(run.as_uuid())
-            .execute(&mut *tx)
+            .execute(tx.db())
             .await?;
     }
     sqlx::query("DELETE FROM runs WHERE id = $1")
         .bind(run.as_uuid())
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
     tx.commit().await?;
     Ok(())

@@ -986,19 +986,19 @@ async fn history_listings_are_planned_once_per_session() -> anyhow::Result<()> {
     let history = takosumi_store::plan_once_pool(&stack.ctx.pool, 1);
     let mut conn = history.acquire().await?;
     let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
-        .fetch_one(&mut *conn)
+        .fetch_one(conn.db())
         .await?;
     assert_eq!(mode, "force_generic_plan");
     for _ in 0..7 {
-        let (page, next) = list_runs(&mut *conn, ws, &RunFilter::default(), None, 50).await?;
+        let (page, next) = list_runs(conn.db(), ws, &RunFilter::default(), None, 50).await?;
         assert!(page.is_empty() && next.is_none());
-        assert_eq!(count_unresolved_unknown(&mut *conn, ws).await?, 0);
+        assert_eq!(count_unresolved_unknown(conn.db(), ws).await?, 0);
     }
     let plans: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements
           WHERE statement LIKE '%FROM runs%' AND statement NOT LIKE '%pg_prepared_statements%'",
     )
-    .fetch_all(&mut *conn)
+    .fetch_all(conn.db())
     .await?;
     assert_eq!(plans.len(), 2, "{plans:?}");
     for (statement, generic, custom) in &plans {
@@ -1339,10 +1339,7 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
     .await?;
     let url = &stack.env_vars()["TAKOSUMI_DATABASE_URL"];
     // One connection: every statement below runs in the same session.
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(url)
-        .await?;
+    let pool = takosumi_store::connect(url, 1).await?;
     let run = RunId::from_uuid(takosumi_tests::seed::one_queued_run(&pool, "progress").await?);
     sqlx::raw_sql(
         "CREATE TABLE seen (n bigserial, what text, setting text);
@@ -1398,8 +1395,11 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
     stack.stop().await
 }
 
-/// The pool pings a connection before it hands it out: one the server dropped meanwhile is
-/// replaced at the acquire, and the statement runs (without the ping it fails: checked).
+/// The pool pings a connection idle for `PING_AFTER_IDLE` or more before it hands it out:
+/// one the server dropped meanwhile is replaced at the acquire and the statement runs. One
+/// used more recently goes out unpinged (a round trip saved on every busy acquire): when
+/// the server dropped it, that one statement fails with a retryable error, and the next
+/// one runs on a new connection.
 #[tokio::test]
 async fn an_idle_connection_the_server_dropped_is_replaced_at_the_acquire() -> anyhow::Result<()> {
     let stack = Stack::start_with(Options {
@@ -1410,15 +1410,34 @@ async fn an_idle_connection_the_server_dropped_is_replaced_at_the_acquire() -> a
     let url = &stack.env_vars()["TAKOSUMI_DATABASE_URL"];
     let pool = takosumi_store::connect(url, 1).await?;
     let pid = "SELECT pg_backend_pid()";
+    let admin = &stack.ctx.pool;
+    let drop_backend = |backend: i32| async move {
+        let dropped: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(backend)
+            .fetch_one(admin)
+            .await?;
+        anyhow::ensure!(dropped, "pg_terminate_backend({backend})");
+        anyhow::Ok(())
+    };
+
     let first: i32 = sqlx::query_scalar(pid).fetch_one(&pool).await?;
-    let dropped: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(first)
-        .fetch_one(&stack.ctx.pool)
-        .await?;
-    assert!(dropped);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop_backend(first).await?;
+    tokio::time::sleep(takosumi_store::PING_AFTER_IDLE + Duration::from_millis(100)).await;
     let second: i32 = sqlx::query_scalar(pid).fetch_one(&pool).await?;
-    assert_ne!(first, second, "the dropped connection was handed out");
+    assert_ne!(first, second, "the dropped idle connection was handed out");
+
+    drop_backend(second).await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let err = sqlx::query_scalar::<_, i32>(pid)
+        .fetch_one(&pool)
+        .await
+        .expect_err("a connection the server dropped 0.1 s after its use goes out unpinged");
+    assert!(
+        takosumi_store::StoreError::from(err).retryable(),
+        "the failure says try again"
+    );
+    let third: i32 = sqlx::query_scalar(pid).fetch_one(&pool).await?;
+    assert!(third != second && third != first, "a new connection");
     pool.close().await;
     stack.stop().await
 }
@@ -1439,7 +1458,7 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
 
     // Which constraint refused a statement (None: it passed).
     async fn refused_by(
-        pool: &sqlx::PgPool,
+        pool: &takosumi_store::Pool,
         sql: &str,
         run: uuid::Uuid,
         value: &str,

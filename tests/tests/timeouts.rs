@@ -4,7 +4,9 @@
 //!
 //! - Postgres: every session carries `statement_timeout` and `lock_timeout`; a slow
 //!   statement or a lock wait ends retryable (an API request answers 503), and a Postgres
-//!   whose processes are paused (SIGSTOP) fails new work within the pool's acquire timeout.
+//!   whose processes are paused (SIGSTOP) fails new work and work in flight within the
+//!   acquire timeout plus the answer bound (`takosumi_store::Pool`: the statement timeout
+//!   plus a margin, enforced by the client).
 //!   The paused-server test runs its own Postgres cluster (`takosumi_tests::services`):
 //!   pausing the shared one would stall every other test using it. It needs root.
 //! - The object store: a server that accepts connections and never answers fails an
@@ -86,7 +88,7 @@ async fn database_sessions_carry_statement_and_lock_timeouts() -> anyhow::Result
     let mut holder = pool.begin().await?;
     sqlx::query("SELECT id FROM workspaces WHERE id = $1 FOR UPDATE")
         .bind(ws.as_uuid())
-        .execute(&mut *holder)
+        .execute(holder.db())
         .await?;
     let t0 = Instant::now();
     let waited = sqlx::query("UPDATE workspaces SET name = name WHERE id = $1")
@@ -139,7 +141,7 @@ struct Paused {
 }
 
 impl Paused {
-    async fn database(admin: &sqlx::PgPool, db: &str) -> anyhow::Result<Self> {
+    async fn database(admin: &takosumi_store::Pool, db: &str) -> anyhow::Result<Self> {
         let backends: Vec<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
         )
@@ -217,26 +219,43 @@ fn parent_of(pid: i32) -> anyhow::Result<i32> {
 }
 
 /// Postgres stops answering mid-step (its postmaster and every backend of the test's
-/// database paused while a plan runs the tool): an API request answers 503 `unavailable`
-/// and a handler call fails with a retryable error, each within the pool's acquire timeout
-/// instead of hanging; once Postgres resumes, the Run that was mid-step completes and the
-/// same request succeeds.
+/// database paused while a plan runs the tool): a statement already running fails, an API
+/// request answers 503 `unavailable` and a handler call fails with a retryable error, each
+/// within the acquire timeout plus the answer bound instead of hanging (the server enforces
+/// no statement timeout while paused: the client's bound ends them); once Postgres resumes,
+/// the Run that was mid-step completes and the same request succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_postgres_fails_work_fast_and_the_run_completes_after() -> anyhow::Result<()> {
     let pg = tokio::task::spawn_blocking(PrivatePostgres::start).await??;
     let acquire = Duration::from_secs(2);
+    let statement = Duration::from_millis(1500);
     let stack = Stack::start_on(
         Options::default(),
         &Endpoints {
             pg_admin_url: Some(pg.admin_url()),
-            settings: vec![(
-                "TAKOSUMI_PG_ACQUIRE_TIMEOUT_MS".into(),
-                acquire.as_millis().to_string(),
-            )],
+            settings: vec![
+                (
+                    "TAKOSUMI_PG_ACQUIRE_TIMEOUT_MS".into(),
+                    acquire.as_millis().to_string(),
+                ),
+                (
+                    "TAKOSUMI_PG_STATEMENT_TIMEOUT_MS".into(),
+                    statement.as_millis().to_string(),
+                ),
+            ],
             ..Endpoints::default()
         },
     )
     .await?;
+    let answer = stack
+        .ctx
+        .pool
+        .answer_bound()
+        .ok_or_else(|| anyhow::anyhow!("the pool has no answer bound"))?;
+    assert_eq!(answer, statement + takosumi_store::ANSWER_MARGIN);
+    // The longest any of the work below may take while Postgres is paused, with room for a
+    // loaded machine.
+    let bound = acquire + answer + Duration::from_millis(1500);
     let repo = GitRepo::with_example("network")?;
     let ws = stack.client.create_workspace("paused").await?.id;
     let capsule = stack
@@ -282,7 +301,28 @@ async fn a_paused_postgres_fails_work_fast_and_the_run_completes_after() -> anyh
     assert_eq!(get_run().await?.0, 200);
     let admin = takosumi_store::connect(&pg.admin_url(), 1).await?;
     {
+        // A statement at the server when it stops: the server will not end it (its own
+        // statement timeout does not run while paused), the client's bound does.
+        let pool = stack.ctx.pool.clone();
+        let in_flight = tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = sqlx::query("SELECT pg_sleep(1.3)").execute(&pool).await;
+            (r, t0.elapsed())
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
         let _paused = Paused::database(&admin, &db).await?;
+        let (r, took) = in_flight.await?;
+        let err = r.expect_err("a statement in flight while Postgres is paused");
+        assert!(
+            matches!(&err, sqlx::Error::Io(e) if e.kind() == std::io::ErrorKind::TimedOut),
+            "not the client's bound (did the pause come after the statement ended?): {err}"
+        );
+        assert!(takosumi_store::StoreError::from(err).retryable());
+        assert!(
+            took < bound,
+            "the statement in flight failed after {took:?}"
+        );
+
         let t0 = Instant::now();
         let (s, b) = get_run().await?;
         let took = t0.elapsed();
@@ -292,8 +332,8 @@ async fn a_paused_postgres_fails_work_fast_and_the_run_completes_after() -> anyh
             "an API request while Postgres is paused: {b}"
         );
         assert!(
-            took < acquire + Duration::from_secs(3),
-            "the API answered after {took:?}, not within the acquire timeout"
+            took < bound,
+            "the API answered after {took:?}, not within the acquire timeout and the answer bound"
         );
 
         let t0 = Instant::now();
@@ -307,8 +347,8 @@ async fn a_paused_postgres_fails_work_fast_and_the_run_completes_after() -> anyh
         let err = handled.expect_err("a handler call while Postgres is paused");
         assert!(err.retryable(), "not retryable: {err}");
         assert!(
-            took < acquire + Duration::from_secs(3),
-            "the handler failed after {took:?}, not within the acquire timeout"
+            took < bound,
+            "the handler failed after {took:?}, not within the acquire timeout and the answer bound"
         );
     }
     // Resumed: the request succeeds and the Run that was mid-step completes.
@@ -335,8 +375,8 @@ async fn a_paused_postgres_fails_work_fast_and_the_run_completes_after() -> anyh
     );
     record(
         "timeouts",
-        "Postgres paused mid-step: API request and handler call failed in time, Run completed",
-        2,
+        "Postgres paused mid-step: statement in flight, API request and handler call failed in time, Run completed",
+        3,
     );
     admin.close().await;
     stack.stop().await?;

@@ -32,11 +32,11 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sqlx::PgPool;
 use sqlx::migrate::{Migration, Migrator};
 use takosumi_core::{CapsuleId, RunId, RunStatus, Secret, StateVersionId, TokenId, WorkspaceId};
 use takosumi_objects::{ObjectStore, ObjectStoreConfig};
 use takosumi_seal::{Purpose, Sealer};
+use takosumi_store::Pool;
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack};
 
 /// The version of the last migration the previous release shipped (release `a2068cd`:
@@ -59,7 +59,7 @@ fn replace_db(url: &str, db: &str) -> String {
 
 /// Inserts one row into `table`, setting only the columns `row` names (the others keep
 /// their defaults); Postgres converts each JSON value to its column's type.
-async fn insert(pool: &PgPool, table: &str, row: Value) -> anyhow::Result<()> {
+async fn insert(pool: &Pool, table: &str, row: Value) -> anyhow::Result<()> {
     let cols: Vec<String> = row
         .as_object()
         .ok_or_else(|| anyhow::anyhow!("a row is a JSON object"))?
@@ -78,7 +78,7 @@ async fn insert(pool: &PgPool, table: &str, row: Value) -> anyhow::Result<()> {
 }
 
 /// `now() - secs` as a timestamptz literal.
-async fn ago(pool: &PgPool, secs: i64) -> anyhow::Result<String> {
+async fn ago(pool: &Pool, secs: i64) -> anyhow::Result<String> {
     Ok(
         sqlx::query_scalar("SELECT (now() - make_interval(secs => $1::double precision))::text")
             .bind(secs as f64)
@@ -87,7 +87,7 @@ async fn ago(pool: &PgPool, secs: i64) -> anyhow::Result<String> {
     )
 }
 
-async fn applied_versions(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
+async fn applied_versions(pool: &Pool) -> anyhow::Result<Vec<i64>> {
     Ok(
         sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
             .fetch_all(pool)
@@ -132,7 +132,7 @@ fn old_state() -> Vec<u8> {
 /// Writes the previous release's rows (see the module comment).
 #[allow(clippy::too_many_lines)]
 async fn write_old_data(
-    pool: &PgPool,
+    pool: &Pool,
     repo: &GitRepo,
     commit: &str,
     state_digest: &str,
@@ -547,7 +547,7 @@ async fn previous_release_database_upgrades_and_the_pipeline_works_on_it() -> an
         .await?;
     let db_url = replace_db(&admin_url, &db_name);
     let pool = takosumi_store::connect(&db_url, 2).await?;
-    old_migrator.run(&pool).await?;
+    old_migrator.run(&*pool).await?;
     let before = applied_versions(&pool).await?;
     assert_eq!(
         before,

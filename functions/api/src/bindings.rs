@@ -347,7 +347,7 @@ async fn create_binding(
         Err(e) => return Err(e.into()),
     };
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws,
         "provider_binding_created",
         &id.to_string(),
@@ -414,7 +414,7 @@ async fn attach_binding(
     // One attach per Capsule at a time, so two conflicting bindings cannot both pass the
     // check below.
     lock_capsule(&mut tx, capsule.id).await?;
-    let attached = bindings::for_capsule(&mut *tx, capsule.id).await?;
+    let attached = bindings::for_capsule(tx.db(), capsule.id).await?;
     if !attached.iter().any(|b| b.id == binding.id) {
         for other in &attached {
             if let Some(name) = other
@@ -435,7 +435,7 @@ async fn attach_binding(
     let new = bindings::attach(&mut tx, capsule.id, binding.id, &actor).await?;
     if new {
         activity::append(
-            &mut *tx,
+            tx.db(),
             capsule.workspace_id,
             "provider_binding_attached",
             &capsule.id.to_string(),
@@ -444,7 +444,7 @@ async fn attach_binding(
         )
         .await?;
     }
-    let list = bindings::for_capsule(&mut *tx, capsule.id).await?;
+    let list = bindings::for_capsule(tx.db(), capsule.id).await?;
     tx.commit().await?;
     let status = if new {
         StatusCode::CREATED
@@ -459,7 +459,7 @@ async fn lock_capsule(tx: &mut Tx, id: CapsuleId) -> Result<(), ApiError> {
         "SELECT id FROM capsules WHERE id = $1 FOR UPDATE",
         id.as_uuid()
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     Ok(())
 }
@@ -492,7 +492,7 @@ async fn detach_binding(
         )));
     }
     activity::append(
-        &mut *tx,
+        tx.db(),
         capsule.workspace_id,
         "provider_binding_detached",
         &capsule.id.to_string(),
@@ -500,7 +500,7 @@ async fn detach_binding(
         json!({ "bindingId": binding_id }),
     )
     .await?;
-    let list = bindings::for_capsule(&mut *tx, capsule.id).await?;
+    let list = bindings::for_capsule(tx.db(), capsule.id).await?;
     tx.commit().await?;
     Ok(Json(attached_view(capsule.id, &list)))
 }

@@ -109,7 +109,7 @@ async fn store_rules(
     let version = rules::set_rules(&mut tx, ws, cap, &value, &caller.actor()).await?;
     let subject = cap.map_or_else(|| ws.to_string(), |c| c.to_string());
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws,
         "rules_set",
         &subject,
@@ -267,7 +267,7 @@ pub async fn approve_run(
     }
     let given = approvals::count_approvals(&mut tx, id, run.plan_digest.as_deref(), &roles).await?;
     events::append(
-        &mut *tx,
+        tx.db(),
         id,
         EventKind::Approved,
         &caller.actor(),
@@ -275,7 +275,7 @@ pub async fn approve_run(
     )
     .await?;
     activity::append(
-        &mut *tx,
+        tx.db(),
         run.workspace_id,
         "approval",
         &id.to_string(),
@@ -285,7 +285,7 @@ pub async fn approve_run(
     .await?;
     // The approve step counts the approvals bound to this plan digest and releases the Run.
     outbox::enqueue(&mut tx, Topic::Approve, id).await?;
-    let run = runs::get(&mut *tx, id)
+    let run = runs::get(tx.db(), id)
         .await?
         .ok_or_else(|| ApiError::not_found("the Run"))?;
     tx.commit().await?;
@@ -320,7 +320,7 @@ pub async fn hold_agent_plan(
     let roles = ["approver".to_owned(), "admin".to_owned()];
     runs::hold::hold(tx, id, HoldReason::AgentRun, &details, 1, &roles).await?;
     events::append(
-        &mut **tx,
+        tx.db(),
         id,
         EventKind::Held,
         &caller.actor(),

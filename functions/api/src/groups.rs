@@ -81,7 +81,7 @@ pub(crate) async fn start_group(
     let mut created = Vec::new();
     let mut skipped = Vec::new();
     for id in ids {
-        let Some(capsule) = capsules::get(&mut *tx, id).await? else {
+        let Some(capsule) = capsules::get(tx.db(), id).await? else {
             continue;
         };
         if kind == RunKind::DriftCheck && !crate::drift::has_baseline(st, capsule.id).await? {

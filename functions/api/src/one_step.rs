@@ -132,7 +132,7 @@ async fn apply_capsule(
         },
     };
     let mut tx = st.pool.begin().await?;
-    let run_id = match runs::start(&mut *tx, &new, start).await {
+    let run_id = match runs::start(tx.db(), &new, start).await {
         Ok(id) => id,
         Err(e) if e.is_unique_violation() && key.is_some() => {
             drop(tx);

@@ -167,7 +167,7 @@ async fn create_pool(
         Err(e) => return Err(e.into()),
     };
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws,
         "pool_created",
         &pool.name,
@@ -218,7 +218,7 @@ async fn rotate_key(
             Err(e) => return Err(e.into()),
         };
     activity::append(
-        &mut *tx,
+        tx.db(),
         pool.workspace_id,
         "pool_delivery_key_rotated",
         &pool.name,
@@ -266,7 +266,7 @@ async fn set_capsule_pool(
         ));
     }
     activity::append(
-        &mut *tx,
+        tx.db(),
         capsule.workspace_id,
         "capsule_pool_set",
         &capsule.id.to_string(),

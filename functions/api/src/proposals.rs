@@ -116,7 +116,7 @@ pub(crate) async fn submit_plan(
     let started = if hold_agent || inputs.has_sensitive_vars() {
         // The hold and the sealed values commit with the Run or not at all.
         let mut tx = st.pool.begin().await?;
-        match runs::start(&mut *tx, &new, start).await {
+        match runs::start(tx.db(), &new, start).await {
             Ok(id) => {
                 inputs.store_sensitive(&st, &mut tx, id).await?;
                 if hold_agent {
@@ -131,10 +131,10 @@ pub(crate) async fn submit_plan(
         // costs two round trips after the connection's, not four (BEGIN, the start, the
         // read, COMMIT).
         let mut conn = st.pool.acquire().await?;
-        match runs::start(&mut *conn, &new, start).await {
+        match runs::start(conn.db(), &new, start).await {
             Ok(id) => {
                 st.relay_wake.notify_one();
-                Ok(runs::get(&mut *conn, id)
+                Ok(runs::get(conn.db(), id)
                     .await?
                     .ok_or_else(|| ApiError::not_found("the new Run"))?)
             }
@@ -335,7 +335,7 @@ pub(crate) async fn start_run(tx: &mut Tx, s: &RunStart<'_>) -> Result<RunId, Ap
             Some(topic)
         },
     };
-    let id = runs::start(&mut **tx, &new, start).await?;
+    let id = runs::start(tx.db(), &new, start).await?;
     if let Some(agent) = s.hold_for {
         crate::gates::hold_agent_plan(tx, id, agent).await?;
     }
@@ -365,7 +365,7 @@ pub(crate) async fn commit_started(
     mut tx: Tx,
     id: RunId,
 ) -> Result<runs::Run, ApiError> {
-    let run = runs::get(&mut *tx, id)
+    let run = runs::get(tx.db(), id)
         .await?
         .ok_or_else(|| ApiError::not_found("the new Run"))?;
     tx.commit().await?;

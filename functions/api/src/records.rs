@@ -176,7 +176,7 @@ async fn cancel_run(
         let mut tx = st.pool.begin().await?;
         if let Some(from) = runs::cancel::cancel_waiting(&mut tx, run.id, &actor).await? {
             events::append(
-                &mut *tx,
+                tx.db(),
                 run.id,
                 EventKind::Canceled,
                 &actor,
@@ -184,7 +184,7 @@ async fn cancel_run(
             )
             .await?;
             activity::append(
-                &mut *tx,
+                tx.db(),
                 run.workspace_id,
                 "run_canceled",
                 &run.id.to_string(),
@@ -192,7 +192,7 @@ async fn cancel_run(
                 json!({ "kind": run.kind, "capsuleId": run.capsule_id, "from": from }),
             )
             .await?;
-            let now = runs::get(&mut *tx, run.id)
+            let now = runs::get(tx.db(), run.id)
                 .await?
                 .ok_or_else(|| ApiError::not_found("the Run"))?;
             tx.commit().await?;
@@ -200,14 +200,14 @@ async fn cancel_run(
         }
         if runs::cancel::request_cancel(&mut tx, run.id, &actor).await? {
             events::append(
-                &mut *tx,
+                tx.db(),
                 run.id,
                 EventKind::CancelRequested,
                 &actor,
                 json!({ "reason": reason }),
             )
             .await?;
-            let now = runs::get(&mut *tx, run.id)
+            let now = runs::get(tx.db(), run.id)
                 .await?
                 .ok_or_else(|| ApiError::not_found("the Run"))?;
             tx.commit().await?;
@@ -393,7 +393,7 @@ async fn resolve_run(
         ));
     }
     events::append(
-        &mut *tx,
+        tx.db(),
         run.id,
         EventKind::Resolved,
         &actor,
@@ -401,7 +401,7 @@ async fn resolve_run(
     )
     .await?;
     activity::append(
-        &mut *tx,
+        tx.db(),
         run.workspace_id,
         "run_resolved",
         &run.id.to_string(),
@@ -536,8 +536,8 @@ async fn list_runs(
     let after = q.cursor.as_deref().map(parse_run_cursor).transpose()?;
     // One connection for the page's two statements: one acquire (and its liveness ping).
     let mut conn = st.history.acquire().await?;
-    let (runs, next) = runs::list::list_runs(&mut *conn, ws, &filter, after, limit).await?;
-    let unknown = runs::list::count_unresolved_unknown(&mut *conn, ws).await?;
+    let (runs, next) = runs::list::list_runs(conn.db(), ws, &filter, after, limit).await?;
+    let unknown = runs::list::count_unresolved_unknown(conn.db(), ws).await?;
     drop(conn);
     Ok(Json(RunPage {
         workspace_id: ws,

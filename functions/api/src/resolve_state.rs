@@ -193,7 +193,7 @@ async fn commit(
                 facts["stateVersionId"] = json!(w.sv.id);
                 facts["generation"] = json!(w.sv.generation);
                 events::append(
-                    &mut *tx,
+                    tx.db(),
                     run.id,
                     EventKind::StateVersionWritten,
                     actor,
@@ -201,7 +201,7 @@ async fn commit(
                 )
                 .await?;
                 activity::append(
-                    &mut *tx,
+                    tx.db(),
                     run.workspace_id,
                     "state_version_written",
                     &w.sv.id.to_string(),
@@ -212,10 +212,10 @@ async fn commit(
                 let mut event = facts.clone();
                 event["action"] = json!(w.action);
                 event["note"] = json!(w.note);
-                events::append(&mut *tx, run.id, EventKind::Resolved, actor, event.clone()).await?;
+                events::append(tx.db(), run.id, EventKind::Resolved, actor, event.clone()).await?;
                 event["capsuleId"] = json!(run.capsule_id);
                 activity::append(
-                    &mut *tx,
+                    tx.db(),
                     run.workspace_id,
                     "run_resolved",
                     &run.id.to_string(),

@@ -189,7 +189,7 @@ async fn create_workspace(
         Err(e) => return Err(e.into()),
     };
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws.id,
         "workspace_created",
         &ws.id.to_string(),
@@ -299,7 +299,7 @@ async fn create_capsule(
         Err(e) => return Err(e.into()),
     };
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws,
         "capsule_registered",
         &id.to_string(),
@@ -307,7 +307,7 @@ async fn create_capsule(
         json!({ "name": req.name, "repo": repo, "branch": branch, "dir": req.dir }),
     )
     .await?;
-    let capsule = capsules::get(&mut *tx, id)
+    let capsule = capsules::get(tx.db(), id)
         .await?
         .ok_or_else(|| ApiError::not_found("the new Capsule"))?;
     tx.commit().await?;

@@ -93,7 +93,7 @@ async fn capsule_settings(
         drift::set_capsule_drift_interval(&mut tx, capsule.id, secs).await?;
     }
     activity::append(
-        &mut *tx,
+        tx.db(),
         capsule.workspace_id,
         "capsule_settings",
         &capsule.id.to_string(),
@@ -101,7 +101,7 @@ async fn capsule_settings(
         json!({ "autoUpdate": req.auto_update, "driftIntervalSecs": req.drift_interval_secs }),
     )
     .await?;
-    let capsule = capsules::get(&mut *tx, capsule.id)
+    let capsule = capsules::get(tx.db(), capsule.id)
         .await?
         .ok_or_else(|| ApiError::not_found("the Capsule"))?;
     tx.commit().await?;
@@ -134,7 +134,7 @@ async fn workspace_settings(
         drift::set_workspace_drift_interval(&mut tx, ws, secs).await?;
     }
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws,
         "workspace_settings",
         &ws.to_string(),

@@ -144,8 +144,8 @@ async fn record(
     let data = json!({ "name": t.name, "role": t.role, "expiresAt": t.expires_at });
     let subject = t.id.to_string();
     match t.workspace_id {
-        Some(ws) => activity::append(&mut **tx, ws, kind, &subject, actor, data).await?,
-        None => activity::append_instance(&mut **tx, kind, &subject, actor, data).await?,
+        Some(ws) => activity::append(tx.db(), ws, kind, &subject, actor, data).await?,
+        None => activity::append_instance(tx.db(), kind, &subject, actor, data).await?,
     }
     Ok(())
 }

@@ -80,7 +80,7 @@ async fn create_webhook_secret(
     let mut tx = st.pool.begin().await?;
     webhooks::set_webhook_secret(&mut tx, ws, &sealed).await?;
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws,
         "webhook_secret_set",
         &ws.to_string(),
@@ -314,7 +314,7 @@ async fn push(
     }
     capsules::mark_stale(&mut tx, &ids, commit).await?;
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws,
         "webhook_push",
         branch,
@@ -325,7 +325,7 @@ async fn push(
     // Automatic update is the one exception: a plan that continues to apply only if clean.
     let mut started = Vec::new();
     for t in targets.iter().filter(|t| t.auto_update) {
-        let Some(capsule) = capsules::get(&mut *tx, t.id).await? else {
+        let Some(capsule) = capsules::get(tx.db(), t.id).await? else {
             continue;
         };
         let on_behalf = t.auto_update_by.clone().unwrap_or_default();
@@ -406,7 +406,7 @@ async fn pull_request(
     }
     let mut started = Vec::new();
     for t in &targets {
-        let Some(capsule) = capsules::get(&mut *tx, t.id).await? else {
+        let Some(capsule) = capsules::get(tx.db(), t.id).await? else {
             continue;
         };
         let id = proposals::start_run(
@@ -427,7 +427,7 @@ async fn pull_request(
         started.push(id);
     }
     activity::append(
-        &mut *tx,
+        tx.db(),
         ws,
         "webhook_pull_request",
         head_ref,

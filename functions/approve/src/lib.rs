@@ -41,7 +41,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     outbox::enqueue(&mut tx, topic, run_id).await?;
     let actor = format!("handler:{}", ctx.owner);
     events::append(
-        &mut *tx,
+        tx.db(),
         run_id,
         EventKind::Released,
         &actor,

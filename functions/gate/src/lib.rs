@@ -48,7 +48,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             return Ok(Outcome::Skipped("decided by another handler"));
         }
         events::append(
-            &mut *tx,
+            tx.db(),
             run_id,
             EventKind::GateDecision,
             &actor,
@@ -57,7 +57,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         .await?;
         // autoApplyRequested: the plan continues to an Apply Run, which this gate then
         // decides on like any other (deletions and rules stop it for review).
-        let speculative = takosumi_store::runs::source::speculative(&mut *tx, run_id).await?;
+        let speculative = takosumi_store::runs::source::speculative(tx.db(), run_id).await?;
         if run.auto_apply_requested
             && run.kind == RunKind::Plan
             && !speculative
@@ -166,7 +166,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 return Ok(Outcome::Skipped("decided by another handler"));
             }
             events::append(
-                &mut *tx,
+                tx.db(),
                 run_id,
                 EventKind::GateDecision,
                 &actor,
@@ -188,7 +188,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 return Ok(Outcome::Skipped("decided by another handler"));
             }
             events::append(
-                &mut *tx,
+                tx.db(),
                 run_id,
                 EventKind::GateDecision,
                 &actor,
@@ -196,7 +196,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             )
             .await?;
             activity::append(
-                &mut *tx,
+                tx.db(),
                 run.workspace_id,
                 "run_held",
                 &run_id.to_string(),

@@ -56,7 +56,7 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
             return Ok(Outcome::Skipped("decided by another handler"));
         }
         events::append(
-            &mut *tx,
+            tx.db(),
             run_id,
             EventKind::GateDecision,
             actor,
@@ -78,7 +78,7 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
             return Ok(Outcome::Skipped("decided by another handler"));
         }
         events::append(
-            &mut *tx,
+            tx.db(),
             run_id,
             EventKind::GateDecision,
             actor,
@@ -115,7 +115,7 @@ pub(crate) async fn propose_apply(
         runs::hold::record_gate_release(&mut tx, run_id).await?;
     }
     events::append(
-        &mut *tx,
+        tx.db(),
         run_id,
         EventKind::GateDecision,
         actor,

@@ -69,7 +69,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         );
         if runs::fail(&mut tx, run_id, None, FailureCode::AttemptsExhausted, &msg).await? {
             events::append(
-                &mut *tx,
+                tx.db(),
                 run_id,
                 EventKind::Failed,
                 "system:plan",

@@ -98,7 +98,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             }
             let generation = c.generation + 1;
             events::append(
-                &mut *tx,
+                tx.db(),
                 run_id,
                 EventKind::StateVersionWritten,
                 &actor,
@@ -106,7 +106,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             )
             .await?;
             takosumi_store::activity::append(
-                &mut *tx,
+                tx.db(),
                 c.run.workspace_id,
                 "state_version_written",
                 &sv.id.to_string(),
@@ -124,7 +124,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
     if let Some(plan_run_id) = c.plan_run_id {
         runs::clear_plan_object(&mut tx, plan_run_id).await?;
         // The plan's sealed sensitive variables go with its plan file.
-        takosumi_store::bindings::forget_sensitive_vars(&mut *tx, plan_run_id).await?;
+        takosumi_store::bindings::forget_sensitive_vars(tx.db(), plan_run_id).await?;
     }
     match &c.end {
         ToolEnd::Applied { outputs } => {
@@ -136,7 +136,7 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
             if let (Some(d), Some(extra)) = (data.as_object_mut(), c.event_extra.as_object()) {
                 d.extend(extra.clone());
             }
-            events::append(&mut *tx, run_id, EventKind::Applied, &actor, data).await?;
+            events::append(tx.db(), run_id, EventKind::Applied, &actor, data).await?;
         }
         ToolEnd::Canceled { detail } => {
             // Canceled mid-tool: the state the interrupted tool wrote is recorded above.
@@ -195,7 +195,7 @@ async fn fail_after_tool(
     }
     record_state_version(tx, run_id, sv).await?;
     events::append(
-        &mut **tx,
+        tx.db(),
         run_id,
         EventKind::Failed,
         &format!("handler:{owner}"),

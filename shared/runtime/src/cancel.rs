@@ -75,7 +75,7 @@ pub async fn cancel_claimed_in(
     if let (Some(map), serde_json::Value::Object(extra)) = (data.as_object_mut(), detail) {
         map.extend(extra);
     }
-    events::append(&mut **tx, run_id, EventKind::Canceled, &actor, data).await?;
+    events::append(tx.db(), run_id, EventKind::Canceled, &actor, data).await?;
     record_activity(tx, canceled.workspace_id, run_id, &canceled.by).await?;
     Ok(true)
 }
@@ -87,7 +87,7 @@ async fn record_activity(
     by: &str,
 ) -> Result<(), StepError> {
     activity::append(
-        &mut **tx,
+        tx.db(),
         workspace_id,
         "run_canceled",
         &run_id.to_string(),

@@ -136,7 +136,7 @@ pub async fn check(
     }
     let actor = format!("handler:{owner}");
     events::append(
-        &mut *tx,
+        tx.db(),
         run.id,
         EventKind::Held,
         &actor,
@@ -144,7 +144,7 @@ pub async fn check(
     )
     .await?;
     activity::append(
-        &mut *tx,
+        tx.db(),
         run.workspace_id,
         "run_held",
         &run.id.to_string(),

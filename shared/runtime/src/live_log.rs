@@ -67,7 +67,7 @@ impl LogTap for LiveLog {
 impl LiveLog {
     /// A live log for `run_id` whose writer task appends to `pool` until the log is
     /// dropped (it writes what it holds first).
-    fn spawn(pool: sqlx::PgPool, run_id: RunId) -> Arc<Self> {
+    fn spawn(pool: takosumi_store::Pool, run_id: RunId) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(writer(pool, run_id, rx));
         Arc::new(Self {
@@ -100,7 +100,7 @@ impl LiveLog {
 }
 
 /// Appends buffered chunks, one row per run of the same step.
-async fn write(pool: &sqlx::PgPool, run_id: RunId, rows: &mut Vec<(String, String)>) {
+async fn write(pool: &takosumi_store::Pool, run_id: RunId, rows: &mut Vec<(String, String)>) {
     // Progress: committed without waiting for the disk ([`takosumi_store::progress`]).
     if let Err(e) = takosumi_store::logs::append_progress(pool, run_id, rows).await {
         tracing::warn!(%run_id, rows = rows.len(), error = %e, "could not store live log");
@@ -108,7 +108,7 @@ async fn write(pool: &sqlx::PgPool, run_id: RunId, rows: &mut Vec<(String, Strin
     rows.clear();
 }
 
-async fn writer(pool: sqlx::PgPool, run_id: RunId, mut rx: mpsc::UnboundedReceiver<Msg>) {
+async fn writer(pool: takosumi_store::Pool, run_id: RunId, mut rx: mpsc::UnboundedReceiver<Msg>) {
     let mut rows: Vec<(String, String)> = Vec::new();
     let mut bytes = 0usize;
     let mut deadline: Option<tokio::time::Instant> = None;

@@ -421,7 +421,7 @@ pub async fn commit_plan(
             d.extend(extra.clone());
         }
         events::append(
-            &mut *tx,
+            tx.db(),
             run_id,
             EventKind::Planned,
             &format!("handler:{owner}"),

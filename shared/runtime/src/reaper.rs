@@ -41,7 +41,7 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
         };
         actions.push(kind.as_str());
         events::append(
-            &mut *tx,
+            tx.db(),
             r.id,
             kind,
             "system:reaper",
@@ -53,7 +53,7 @@ pub async fn reap_once(ctx: &Ctx, stuck_queued_secs: i64) -> Result<usize, Runti
     for s in &stuck {
         outbox::enqueue(&mut tx, topic_for(s.kind, s.gate_decision), s.id).await?;
         events::append(
-            &mut *tx,
+            tx.db(),
             s.id,
             EventKind::WakeUpResent,
             "system:reaper",

@@ -103,7 +103,7 @@ pub async fn claim_apply_recorded(
         runs::ApplyClaim::CapsuleBusy | runs::ApplyClaim::NotClaimable => None,
     };
     if let Some(failed) = failed {
-        events::append(&mut **tx, run_id, EventKind::Failed, &actor, failed).await?;
+        events::append(tx.db(), run_id, EventKind::Failed, &actor, failed).await?;
     }
     Ok(claim)
 }
@@ -130,7 +130,7 @@ impl Ctx {
         }
         let actor = format!("handler:{}", self.owner);
         events::append(
-            &mut *tx,
+            tx.db(),
             run_id,
             EventKind::Failed,
             &actor,

@@ -164,13 +164,13 @@ pub async fn end_unknown_outcome(
         if !runs::unknown::mark_unknown_outcome(&mut tx, run_id, owner, message).await? {
             return Ok(false);
         }
-        let held: Vec<String> = states::held::held_ids_for_run(&mut *tx, run_id)
+        let held: Vec<String> = states::held::held_ids_for_run(tx.db(), run_id)
             .await?
             .into_iter()
             .map(|id| id.to_string())
             .collect();
         events::append(
-            &mut *tx,
+            tx.db(),
             run_id,
             EventKind::UnknownOutcome,
             &format!("handler:{owner}"),

@@ -67,7 +67,7 @@ pub struct ActivityEntry {
 
 /// One page of a Workspace's activity, newest first, starting below `before_id`.
 pub async fn list(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     workspace_id: WorkspaceId,
     kind: Option<&str>,
     before_id: Option<i64>,

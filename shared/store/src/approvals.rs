@@ -23,7 +23,7 @@ pub async fn add_approval(
         approver_role,
         note
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -43,7 +43,7 @@ pub async fn count_approvals(
         plan_digest,
         roles
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(tx.db())
     .await?;
     Ok(row.n)
 }

@@ -80,7 +80,7 @@ pub async fn create(tx: &mut Tx, new: &NewBinding<'_>) -> Result<Binding, StoreE
         new.sealed,
         new.created_by
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(tx.db())
     .await?;
     Ok(Binding {
         id: new.id,
@@ -200,7 +200,7 @@ pub async fn attach(
         binding_id.as_uuid(),
         attached_by
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -216,7 +216,7 @@ pub async fn detach(
         capsule_id.as_uuid(),
         binding_id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -269,7 +269,7 @@ pub async fn put_sensitive_vars(
         names,
         sealed
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }

@@ -75,7 +75,7 @@ pub async fn create(tx: &mut Tx, new: &NewCapsule<'_>) -> Result<CapsuleId, Stor
         new.tool as Tool,
         new.vars
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(id)
 }
@@ -124,7 +124,7 @@ where
 }
 
 /// The Capsules of a Workspace.
-pub async fn list(pool: &sqlx::PgPool, ws: WorkspaceId) -> Result<Vec<Capsule>, StoreError> {
+pub async fn list(pool: &crate::Pool, ws: WorkspaceId) -> Result<Vec<Capsule>, StoreError> {
     Ok(sqlx::query_as!(
         Capsule,
         r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
@@ -141,7 +141,7 @@ pub async fn list(pool: &sqlx::PgPool, ws: WorkspaceId) -> Result<Vec<Capsule>, 
 
 /// The Capsules of a Workspace (only the stale ones when asked).
 pub async fn workspace_capsules(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     ws: WorkspaceId,
     only_stale: bool,
 ) -> Result<Vec<CapsuleId>, StoreError> {
@@ -178,7 +178,7 @@ pub async fn add_sensitive_var_names(
         id.as_uuid(),
         names
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }
@@ -191,7 +191,7 @@ pub async fn mark_stale(tx: &mut Tx, ids: &[CapsuleId], commit: &str) -> Result<
         &ids,
         commit
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected())
 }
@@ -209,7 +209,7 @@ pub async fn set_auto_update(
         on,
         by
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -228,7 +228,7 @@ pub async fn take_for_apply(
         id.as_uuid(),
         run_id.as_uuid()
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     Ok(row.map(|r| r.state_generation))
 }
@@ -240,7 +240,7 @@ pub async fn release_apply(tx: &mut Tx, id: CapsuleId, run_id: RunId) -> Result<
         id.as_uuid(),
         run_id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -265,7 +265,7 @@ pub async fn advance_generation(
         expected,
         state_version_id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -288,7 +288,7 @@ pub async fn advance_generation_unheld(
         expected,
         sv.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }

@@ -84,7 +84,7 @@ pub async fn insert<'e, E: sqlx::PgExecutor<'e>>(
 }
 
 /// How many dead letters each queue has.
-pub async fn counts(pool: &sqlx::PgPool) -> Result<Vec<(String, i64)>, StoreError> {
+pub async fn counts(pool: &crate::Pool) -> Result<Vec<(String, i64)>, StoreError> {
     let rows = sqlx::query!(
         r#"SELECT queue, count(*) AS "n!" FROM dead_letters GROUP BY queue ORDER BY queue"#
     )
@@ -95,7 +95,7 @@ pub async fn counts(pool: &sqlx::PgPool) -> Result<Vec<(String, i64)>, StoreErro
 
 /// The oldest `limit` dead letters of `queue`.
 pub async fn oldest(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     queue: &str,
     limit: i64,
 ) -> Result<Vec<DeadLetter>, StoreError> {
@@ -167,7 +167,7 @@ pub async fn requeue(
         &step_queues,
         limit
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.db())
     .await?;
     let mut out = RequeueResult::default();
     for r in rows {
@@ -177,7 +177,7 @@ pub async fn requeue(
         let run_id = RunId::from_uuid(r.run_id);
         outbox::enqueue(tx, topic, run_id).await?;
         sqlx::query!("DELETE FROM dead_letters WHERE id = $1", r.id)
-            .execute(&mut **tx)
+            .execute(tx.db())
             .await?;
         out.requeued.push(Requeued {
             id: r.id,
@@ -194,7 +194,7 @@ pub async fn requeue(
         selection.ids.as_deref(),
         &step_queues
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.db())
     .await?;
     out.skipped = skipped.into_iter().map(|r| (r.id, r.queue)).collect();
     Ok(out)
@@ -209,7 +209,7 @@ pub async fn purge(tx: &mut Tx, selection: &Selection) -> Result<Vec<i64>, Store
         selection.queue,
         selection.ids.as_deref()
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.db())
     .await?;
     Ok(ids)
 }

@@ -17,7 +17,7 @@ pub async fn set_capsule_drift_interval(
         id.as_uuid(),
         secs
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }
@@ -33,7 +33,7 @@ pub async fn set_workspace_drift_interval(
         id.as_uuid(),
         secs
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }
@@ -116,7 +116,7 @@ pub async fn sweep_due(
         limit,
         until.map(|c| c.as_uuid())
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(tx.db())
     .await?;
     Ok((row.n, row.last))
 }
@@ -125,7 +125,7 @@ pub async fn sweep_due(
 /// sweeps that walk them side by side: the `parts - 1` ids that end all but the last range
 /// (each range is `(previous end, end]`). Fewer when there are fewer Capsules than parts.
 /// Reads the primary key only (an index-only scan), not the Capsules.
-pub async fn sweep_bounds(pool: &sqlx::PgPool, parts: i64) -> Result<Vec<CapsuleId>, StoreError> {
+pub async fn sweep_bounds(pool: &crate::Pool, parts: i64) -> Result<Vec<CapsuleId>, StoreError> {
     let rows = sqlx::query!(
         r#"WITH total AS (SELECT count(*) AS n FROM capsules)
            SELECT (SELECT id FROM capsules ORDER BY id OFFSET (total.n * g / $1::bigint) - 1 LIMIT 1) AS "id: CapsuleId"
@@ -158,7 +158,7 @@ pub struct DriftedCapsule {
 /// The latest finished drift check of each Capsule of a Workspace that found drift,
 /// oldest Capsule first.
 pub async fn drifted_capsules(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     ws: WorkspaceId,
 ) -> Result<Vec<DriftedCapsule>, StoreError> {
     let rows = sqlx::query!(
@@ -213,7 +213,7 @@ pub async fn drop_kept_drift_plans(
         capsule_id.as_uuid(),
         except.as_uuid()
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.db())
     .await?;
     Ok(rows.into_iter().filter_map(|r| r.key).collect())
 }

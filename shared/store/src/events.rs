@@ -43,7 +43,7 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
 /// Appends an event as progress: one statement that commits without waiting for the disk
 /// ([`crate::progress`]). Only on a pool (the statement is its own transaction).
 pub async fn append_progress(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     run_id: RunId,
     kind: EventKind,
     actor: &str,
@@ -64,13 +64,13 @@ pub async fn append_progress(
 }
 
 /// A Run's events in order.
-pub async fn list(pool: &sqlx::PgPool, run_id: RunId) -> Result<Vec<Event>, StoreError> {
+pub async fn list(pool: &crate::Pool, run_id: RunId) -> Result<Vec<Event>, StoreError> {
     list_after(pool, run_id, 0).await
 }
 
 /// A Run's events after the one with id `after`, in order (what a watcher has not seen).
 pub async fn list_after(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     run_id: RunId,
     after: i64,
 ) -> Result<Vec<Event>, StoreError> {

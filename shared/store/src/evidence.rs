@@ -146,7 +146,7 @@ pub async fn head<'e, E: sqlx::PgExecutor<'e>>(
 /// Writes the statement of every ended Run still waiting for one, Workspace by Workspace;
 /// returns how many were written. Safe to run from many processes at once: a Workspace's
 /// chain another writer holds is left to it.
-pub async fn write_pending(pool: &sqlx::PgPool, signer: &Signer) -> Result<usize, StoreError> {
+pub async fn write_pending(pool: &crate::Pool, signer: &Signer) -> Result<usize, StoreError> {
     let workspaces = sqlx::query_scalar!(
         r#"SELECT DISTINCT workspace_id as "workspace_id: WorkspaceId" FROM evidence_pending"#
     )
@@ -181,7 +181,7 @@ pub async fn write_pending(pool: &sqlx::PgPool, signer: &Signer) -> Result<usize
 /// One transaction: locks the Workspace's head, appends up to [`BATCH`] statements in the
 /// order their Runs ended, advances the head.
 async fn append(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     workspace_id: WorkspaceId,
     signer: &Signer,
 ) -> Result<usize, StoreError> {
@@ -201,7 +201,7 @@ async fn append(
         workspace_id.as_uuid(),
         BATCH
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(tx.db())
     .await?;
     let mut written = 0;
     for row in &pending {
@@ -235,7 +235,7 @@ async fn append(
             signer.key_id(),
             envelope.signatures[0].sig
         )
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
         sequence += 1;
         previous = Some(digest);
@@ -243,7 +243,7 @@ async fn append(
     }
     let done: Vec<uuid::Uuid> = pending.iter().map(|row| row.run_id.as_uuid()).collect();
     sqlx::query!("DELETE FROM evidence_pending WHERE run_id = ANY($1)", &done)
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
     sqlx::query!(
         "UPDATE evidence_heads SET sequence = $2, digest = $3 WHERE workspace_id = $1",
@@ -251,7 +251,7 @@ async fn append(
         sequence,
         previous
     )
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     tx.commit().await?;
     Ok(written)
@@ -269,7 +269,7 @@ async fn lock_head(
             "SELECT sequence, digest FROM evidence_heads WHERE workspace_id = $1 FOR UPDATE SKIP LOCKED",
             workspace_id.as_uuid()
         )
-        .fetch_optional(&mut **tx)
+        .fetch_optional(tx.db())
         .await?;
         match head {
             Some(head) => return Ok(Some((head.sequence, head.digest))),
@@ -278,7 +278,7 @@ async fn lock_head(
                     "INSERT INTO evidence_heads (workspace_id) VALUES ($1) ON CONFLICT DO NOTHING",
                     workspace_id.as_uuid()
                 )
-                .execute(&mut **tx)
+                .execute(tx.db())
                 .await?;
             }
             None => {}
@@ -313,7 +313,7 @@ async fn predicate(
     run_id: RunId,
     chain: ChainLink,
 ) -> Result<RunEvidence, StoreError> {
-    let run = crate::runs::get(&mut **tx, run_id)
+    let run = crate::runs::get(tx.db(), run_id)
         .await?
         .ok_or(StoreError::NotFound("an ended Run"))?;
     // Everything else of one row in one read: the Capsule's tool; the plan an apply carried
@@ -341,7 +341,7 @@ async fn predicate(
             WHERE r.id = $1"#,
         run_id.as_uuid()
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(tx.db())
     .await?;
     // The plan this Run made or carried out: its scan report is the dry-run evidence.
     let plan_run = match (run.kind, run.plan_run_id) {
@@ -392,7 +392,7 @@ async fn predicate(
         }),
         _ => None,
     };
-    let approvals = crate::approvals::approvals(&mut **tx, run_id)
+    let approvals = crate::approvals::approvals(tx.db(), run_id)
         .await?
         .into_iter()
         .map(|a| Approval {
@@ -409,7 +409,7 @@ async fn predicate(
             WHERE run_id = $1 AND kind IN ('gate_decision', 'held', 'released') ORDER BY id"#,
         run_id.as_uuid()
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.db())
     .await?
     .into_iter()
     .filter_map(|e| {

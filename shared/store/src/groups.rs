@@ -21,7 +21,7 @@ pub async fn create_group(
         kind,
         by
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(id)
 }
@@ -42,7 +42,7 @@ pub struct RunGroup {
 }
 
 /// Reads a RunGroup.
-pub async fn group(pool: &sqlx::PgPool, id: RunGroupId) -> Result<Option<RunGroup>, StoreError> {
+pub async fn group(pool: &crate::Pool, id: RunGroupId) -> Result<Option<RunGroup>, StoreError> {
     let row = sqlx::query!(
         "SELECT id, workspace_id, kind, created_by, created_at FROM run_groups WHERE id = $1",
         id.as_uuid()
@@ -59,7 +59,7 @@ pub async fn group(pool: &sqlx::PgPool, id: RunGroupId) -> Result<Option<RunGrou
 }
 
 /// The Runs of a group, oldest first.
-pub async fn group_runs(pool: &sqlx::PgPool, id: RunGroupId) -> Result<Vec<RunId>, StoreError> {
+pub async fn group_runs(pool: &crate::Pool, id: RunGroupId) -> Result<Vec<RunId>, StoreError> {
     let rows = sqlx::query!(
         "SELECT id FROM runs WHERE run_group_id = $1 ORDER BY created_at, id",
         id.as_uuid()

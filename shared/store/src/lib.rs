@@ -15,6 +15,7 @@
 pub mod activity;
 pub mod approvals;
 pub mod bindings;
+mod bounded;
 pub mod capsules;
 pub mod dead_letters;
 pub mod drift;
@@ -36,13 +37,11 @@ pub mod workspaces;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use takosumi_core::RunStatus;
 
-pub use sqlx::{PgPool as Pool, Postgres};
-
-/// A database transaction.
-pub type Tx = sqlx::Transaction<'static, Postgres>;
+pub use bounded::{ANSWER_MARGIN, Bounded, Conn, PING_AFTER_IDLE, Pool, Tx};
+pub use sqlx::Postgres;
 
 /// How a Run's progress (its events, its log, the dry-run scan report) is written: one
 /// autocommit statement whose commit returns without waiting for the WAL to reach the disk.
@@ -174,12 +173,12 @@ impl StoreError {
 /// How long the database may keep a caller waiting. Every connection of a pool starts with
 /// `statement_timeout` and `lock_timeout` set (Postgres enforces them: a slow statement or a
 /// lock wait ends with SQLSTATE 57014 / 55P03, which [`StoreError::retryable`] counts as
-/// transient), and taking a connection from the pool — which pings an idle one first, or
-/// opens a new one — gives up after `acquire` (`PoolTimedOut`, transient too). A server
-/// that stops answering altogether (a paused process, a dead host whose TCP connections
-/// stay open) cannot enforce its own timeouts: a statement already sent to it waits until it
-/// answers again, but every new piece of work fails within `acquire`, because the ping of
-/// the idle connection or the opening of a new one does not finish.
+/// transient), and taking a connection from the pool — which pings one idle for
+/// [`PING_AFTER_IDLE`] first, or opens a new one — gives up after `acquire` (`PoolTimedOut`,
+/// transient too). A server that stops answering altogether (a paused process, a dead host
+/// whose TCP connections stay open) cannot enforce its own timeouts: the client does, with
+/// the answer bound of [`Pool`] (`statement` plus [`ANSWER_MARGIN`]), so new work and work
+/// in flight both fail (transient) within `acquire` plus that bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PgTimeouts {
     /// `statement_timeout` of every session (`TAKOSUMI_PG_STATEMENT_TIMEOUT_MS`).
@@ -204,37 +203,55 @@ impl Default for PgTimeouts {
 }
 
 /// Connects a pool with the default [`PgTimeouts`].
-pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+pub async fn connect(url: &str, max_connections: u32) -> Result<Pool, StoreError> {
     connect_with(url, max_connections, PgTimeouts::default()).await
 }
 
-/// Connects a pool whose sessions start with `timeouts` (see [`PgTimeouts`]). A timeout of
-/// zero turns that one off, as in Postgres.
+/// Connects a pool whose sessions start with `timeouts` (see [`PgTimeouts`]) and whose
+/// statements carry the answer bound ([`Pool`]). A timeout of zero turns that one off, as
+/// in Postgres.
 pub async fn connect_with(
     url: &str,
     max_connections: u32,
     timeouts: PgTimeouts,
-) -> Result<PgPool, StoreError> {
+) -> Result<Pool, StoreError> {
     let options = PgConnectOptions::from_str(url)?.options([
         ("statement_timeout", millis(timeouts.statement)),
         ("lock_timeout", millis(timeouts.lock)),
     ]);
-    Ok(PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(timeouts.acquire)
-        // The default, said aloud: an idle connection is pinged before it is handed out, so
-        // a server that stopped answering fails the acquire (bounded) rather than the
-        // statement after it (unbounded: a paused server answers no statement timeout).
-        // Session 25 measured pinging only after a second idle (10-20 % more admissions and
-        // Run reads) and kept the ping: `timeouts.rs::a_paused_postgres_fails_work_fast_…`.
-        .test_before_acquire(true)
+    let inner = pool_options(max_connections, timeouts.acquire, timeouts.statement)
         .connect_with(options)
-        .await?)
+        .await?;
+    Ok(Pool::new(inner, timeouts.statement))
 }
 
-/// A pool beside `pool` (same server, same session settings, at most `max_connections`,
-/// connected on first use) whose sessions keep one generic plan per prepared statement
-/// (`plan_cache_mode = force_generic_plan`).
+/// How every pool hands out connections. One idle for [`PING_AFTER_IDLE`] or more is pinged
+/// first, so a server that went away while it was idle fails the acquire (bounded by
+/// `acquire`); one used more recently goes out at once and its statement carries the
+/// answer bound. Without a statement timeout there is no bound, so every connection is
+/// pinged, as sqlx does by default.
+fn pool_options(max_connections: u32, acquire: Duration, statement: Duration) -> PgPoolOptions {
+    let options = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire);
+    if statement.is_zero() {
+        return options.test_before_acquire(true);
+    }
+    options
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
+/// A pool beside `pool` (same server, same session settings and answer bound, at most
+/// `max_connections`, connected on first use) whose sessions keep one generic plan per
+/// prepared statement (`plan_cache_mode = force_generic_plan`).
 ///
 /// Only for statements whose every parameter value is served by the same index scan, as
 /// the history listings are (one statement per filter shape, `list::list_runs`). Postgres
@@ -242,15 +259,20 @@ pub async fn connect_with(
 /// keeps winning, and that planning was the largest part of a history page's time in
 /// Postgres (BENCHMARKS.md, session 15). Statements with optional filters written as
 /// `$n IS NULL OR …` need their custom plans and stay on the main pool.
-pub fn plan_once_pool(pool: &PgPool, max_connections: u32) -> PgPool {
+pub fn plan_once_pool(pool: &Pool, max_connections: u32) -> Pool {
     let options = (*pool.connect_options())
         .clone()
         .options([("plan_cache_mode", "force_generic_plan")]);
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(pool.options().get_acquire_timeout())
-        .test_before_acquire(true)
-        .connect_lazy_with(options)
+    let statement = pool
+        .answer_bound()
+        .map_or(Duration::ZERO, |a| a - ANSWER_MARGIN);
+    let inner = pool_options(
+        max_connections,
+        pool.options().get_acquire_timeout(),
+        statement,
+    )
+    .connect_lazy_with(options);
+    pool.sibling(inner)
 }
 
 fn millis(d: Duration) -> String {
@@ -261,7 +283,7 @@ fn millis(d: Duration) -> String {
 /// pool's statement and lock timeouts: a migration may rewrite a large table, and waits
 /// for another process's migration lock (`pg_advisory_lock`) for as long as that one
 /// migrates.
-pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+pub async fn migrate(pool: &Pool) -> Result<(), StoreError> {
     // Later `-c` options override earlier ones: this pool's sessions have no timeouts.
     let options = (*pool.connect_options())
         .clone()
@@ -278,7 +300,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
 }
 
 /// A round trip to Postgres (the readiness check).
-pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+pub async fn ping(pool: &Pool) -> Result<(), StoreError> {
     sqlx::query_scalar!("select 1 as \"one!\"")
         .fetch_one(pool)
         .await?;

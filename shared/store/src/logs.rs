@@ -26,7 +26,7 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
 /// Appends chunks (step, already masked text) in order as progress: one statement that
 /// commits without waiting for the disk ([`crate::progress`]).
 pub async fn append_progress<S: AsRef<str>, T: AsRef<str>>(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     run_id: RunId,
     chunks: &[(S, T)],
 ) -> Result<(), StoreError> {
@@ -66,7 +66,7 @@ fn without_nul(chunk: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// The whole log of a Run, in order.
-pub async fn read(pool: &sqlx::PgPool, run_id: RunId) -> Result<Vec<LogChunk>, StoreError> {
+pub async fn read(pool: &crate::Pool, run_id: RunId) -> Result<Vec<LogChunk>, StoreError> {
     read_after(pool, run_id, 0).await
 }
 
@@ -83,7 +83,7 @@ pub struct LogChunk {
 
 /// The chunks of a Run's log after the one with id `after`, in order.
 pub async fn read_after(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     run_id: RunId,
     after: i64,
 ) -> Result<Vec<LogChunk>, StoreError> {

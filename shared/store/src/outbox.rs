@@ -50,7 +50,7 @@ pub async fn enqueue_after(
         delay_ms,
         run_id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }
@@ -67,14 +67,14 @@ pub async fn lock_due(tx: &mut Tx, limit: i64) -> Result<Vec<Pending>, StoreErro
             FOR UPDATE SKIP LOCKED"#,
         limit
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.db())
     .await?;
     Ok(rows)
 }
 
 /// Whether any row is due (one autocommit statement: the relay's poll asks this before it
 /// opens a transaction to lock them).
-pub async fn any_due(pool: &sqlx::PgPool) -> Result<bool, StoreError> {
+pub async fn any_due(pool: &crate::Pool) -> Result<bool, StoreError> {
     let due = sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM outbox WHERE sent_at IS NULL AND available_at <= now())
                   AS "due!""#
@@ -87,13 +87,13 @@ pub async fn any_due(pool: &sqlx::PgPool) -> Result<bool, StoreError> {
 /// Marks rows as published (the broker confirmed them).
 pub async fn mark_sent(tx: &mut Tx, ids: &[i64]) -> Result<(), StoreError> {
     sqlx::query!("UPDATE outbox SET sent_at = now() WHERE id = ANY($1)", ids)
-        .execute(&mut **tx)
+        .execute(tx.db())
         .await?;
     Ok(())
 }
 
 /// Counts a failed publish so operators can see a stuck row.
-pub async fn mark_failed(pool: &sqlx::PgPool, ids: &[i64]) -> Result<(), StoreError> {
+pub async fn mark_failed(pool: &crate::Pool, ids: &[i64]) -> Result<(), StoreError> {
     sqlx::query!(
         "UPDATE outbox SET publish_attempts = publish_attempts + 1 WHERE id = ANY($1)",
         ids
@@ -104,7 +104,7 @@ pub async fn mark_failed(pool: &sqlx::PgPool, ids: &[i64]) -> Result<(), StoreEr
 }
 
 /// Rows not yet published.
-pub async fn pending_count(pool: &sqlx::PgPool) -> Result<i64, StoreError> {
+pub async fn pending_count(pool: &crate::Pool) -> Result<i64, StoreError> {
     let row = sqlx::query!(r#"SELECT count(*) as "n!" FROM outbox WHERE sent_at IS NULL"#)
         .fetch_one(pool)
         .await?;

@@ -82,14 +82,14 @@ pub async fn create(
         delivery_key.map(|k| k.0),
         delivery_key.map(|k| k.1)
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(tx.db())
     .await?;
     Ok(row.into())
 }
 
 /// The pool a presented pool token belongs to.
 pub async fn find_by_token(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     token: &str,
 ) -> Result<Option<WorkerPool>, StoreError> {
     let row = sqlx::query_as!(
@@ -177,7 +177,7 @@ pub async fn rotate_delivery_key(
         public,
         grace_secs
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     match row {
         Some(r) => Ok(r.into()),
@@ -204,7 +204,7 @@ pub async fn set_capsule_pool(
         capsule_id.as_uuid(),
         pool_id
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }

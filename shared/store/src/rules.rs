@@ -33,7 +33,7 @@ pub async fn set_rules(
         rules,
         created_by
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(tx.db())
     .await?;
     Ok(row.version)
 }
@@ -50,7 +50,7 @@ pub struct RulesInForce {
 /// The rules in force for a Capsule, each scope's latest version, in one statement (the
 /// view `rules_in_force`, migration `20261205020000_rules_in_force.sql`).
 pub async fn rules_in_force(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     workspace_id: WorkspaceId,
     capsule_id: CapsuleId,
 ) -> Result<RulesInForce, StoreError> {

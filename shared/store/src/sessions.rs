@@ -9,14 +9,14 @@ use crate::tokens::{GrantRow, TokenGrant, hash_token};
 
 /// Stores a new session for `token_id` that ends after `ttl_secs`, and drops expired ones.
 pub async fn create(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     session_secret: &str,
     token_id: TokenId,
     ttl_secs: i64,
 ) -> Result<(), StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query!("DELETE FROM dashboard_sessions WHERE expires_at < now()")
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
     sqlx::query!(
         r#"INSERT INTO dashboard_sessions (id_hash, token_id, expires_at)
@@ -25,7 +25,7 @@ pub async fn create(
         token_id.as_uuid(),
         ttl_secs as f64
     )
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     tx.commit().await?;
     Ok(())
@@ -33,7 +33,7 @@ pub async fn create(
 
 /// The grant of a live session: not expired, and its token not revoked.
 pub async fn find(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     session_secret: &str,
 ) -> Result<Option<TokenGrant>, StoreError> {
     let row = sqlx::query_as!(
@@ -50,7 +50,7 @@ pub async fn find(
 }
 
 /// Ends a session (sign-out); `false` if there was none.
-pub async fn delete(pool: &sqlx::PgPool, session_secret: &str) -> Result<bool, StoreError> {
+pub async fn delete(pool: &crate::Pool, session_secret: &str) -> Result<bool, StoreError> {
     let done = sqlx::query!(
         "DELETE FROM dashboard_sessions WHERE id_hash = $1",
         hash_token(session_secret)

@@ -7,7 +7,7 @@ use takosumi_telemetry::metrics::DbFigures;
 use crate::StoreError;
 
 /// The figures of one scrape.
-pub async fn figures(pool: &sqlx::PgPool) -> Result<DbFigures, StoreError> {
+pub async fn figures(pool: &crate::Pool) -> Result<DbFigures, StoreError> {
     let runs = sqlx::query!(
         r#"SELECT kind::text AS "kind!", status::text AS "status!", count(*) AS "n!"
              FROM runs GROUP BY kind, status ORDER BY 1, 2"#

@@ -28,7 +28,7 @@ pub fn hash_token(token: &str) -> Vec<u8> {
 /// Stores a token's hash with its grant; an existing hash keeps its row (bootstrap is
 /// idempotent).
 pub async fn upsert(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     token: &str,
     name: &str,
     role: &str,
@@ -53,7 +53,7 @@ pub async fn upsert(
 }
 
 /// Finds the live grant for a presented token.
-pub async fn find(pool: &sqlx::PgPool, token: &str) -> Result<Option<TokenGrant>, StoreError> {
+pub async fn find(pool: &crate::Pool, token: &str) -> Result<Option<TokenGrant>, StoreError> {
     Ok(find_by_hash(pool, &hash_token(token))
         .await?
         .map(|live| live.grant))
@@ -70,7 +70,7 @@ pub struct LiveGrant {
 
 /// Finds the live grant of a token by its hash ([`hash_token`]).
 pub async fn find_by_hash(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     hash: &[u8],
 ) -> Result<Option<LiveGrant>, StoreError> {
     let row = sqlx::query!(
@@ -180,14 +180,14 @@ pub async fn create(tx: &mut crate::Tx, t: &NewToken<'_>) -> Result<TokenInfo, S
         t.expires_at,
         t.created_by
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(tx.db())
     .await?;
     Ok(row.into())
 }
 
 /// Every token, or those limited to `workspace`, newest first.
 pub async fn list(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     workspace: Option<WorkspaceId>,
 ) -> Result<Vec<TokenInfo>, StoreError> {
     let rows = sqlx::query_as!(
@@ -203,7 +203,7 @@ pub async fn list(
 }
 
 /// The token `id`, revoked or not.
-pub async fn get(pool: &sqlx::PgPool, id: TokenId) -> Result<Option<TokenInfo>, StoreError> {
+pub async fn get(pool: &crate::Pool, id: TokenId) -> Result<Option<TokenInfo>, StoreError> {
     let row = sqlx::query_as!(
         TokenRow,
         r#"SELECT id, name, role, workspace_id, created_at, created_by, expires_at, revoked_at, revoked_by
@@ -230,12 +230,12 @@ pub async fn revoke(
         id.as_uuid(),
         by
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     if row.is_some() {
         // Sent when the revocation commits, never before; not at all if it rolls back.
         sqlx::query!("SELECT pg_notify($1, $2)", REVOKED_CHANNEL, id.to_string())
-            .execute(&mut **tx)
+            .execute(tx.db())
             .await?;
     }
     Ok(row.map(Into::into))

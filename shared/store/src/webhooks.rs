@@ -17,14 +17,14 @@ pub async fn set_webhook_secret(
         ws.as_uuid(),
         sealed
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// A Workspace's sealed webhook secret.
 pub async fn webhook_secret(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     ws: WorkspaceId,
 ) -> Result<Option<Vec<u8>>, StoreError> {
     let row = sqlx::query!(
@@ -59,7 +59,7 @@ pub async fn record_delivery(
         ws.as_uuid(),
         delivery_id
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     if done.rows_affected() == 0 {
         return Ok(false);
@@ -71,7 +71,7 @@ pub async fn record_delivery(
               ORDER BY received_at LIMIT 100 FOR UPDATE SKIP LOCKED)",
         DELIVERY_RETENTION_DAYS
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(true)
 }
@@ -91,7 +91,7 @@ pub struct PushTarget {
 
 /// Capsules of a Workspace on `branch` (the caller matches repository URLs).
 pub async fn capsules_on_branch(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     ws: WorkspaceId,
     branch: &str,
 ) -> Result<Vec<PushTarget>, StoreError> {

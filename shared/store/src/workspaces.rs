@@ -26,7 +26,7 @@ pub async fn create(tx: &mut Tx, name: &str) -> Result<Workspace, StoreError> {
         id.as_uuid(),
         name
     )
-    .fetch_one(&mut **tx)
+    .fetch_one(tx.db())
     .await?;
     Ok(Workspace {
         id,
@@ -36,7 +36,7 @@ pub async fn create(tx: &mut Tx, name: &str) -> Result<Workspace, StoreError> {
 }
 
 /// Reads a Workspace.
-pub async fn get(pool: &sqlx::PgPool, id: WorkspaceId) -> Result<Option<Workspace>, StoreError> {
+pub async fn get(pool: &crate::Pool, id: WorkspaceId) -> Result<Option<Workspace>, StoreError> {
     let row = sqlx::query!(
         "SELECT id, name, created_at FROM workspaces WHERE id = $1",
         id.as_uuid()
@@ -52,7 +52,7 @@ pub async fn get(pool: &sqlx::PgPool, id: WorkspaceId) -> Result<Option<Workspac
 
 /// Every Workspace, or only `scope` (a token limited to one Workspace sees only it).
 pub async fn list(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     scope: Option<WorkspaceId>,
 ) -> Result<Vec<Workspace>, StoreError> {
     let rows = sqlx::query!(
@@ -84,7 +84,7 @@ pub enum Owned<'a> {
 
 /// The Workspace `what` belongs to; `None` when it does not exist.
 pub async fn owner_of(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     what: Owned<'_>,
 ) -> Result<Option<WorkspaceId>, StoreError> {
     let id = match what {

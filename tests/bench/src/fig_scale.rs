@@ -45,14 +45,12 @@ async fn measure_list(
     let wss: Vec<uuid::Uuid> = (0..WORKSPACES).map(|_| uuid::Uuid::now_v7()).collect();
     let mut tx = pool.begin().await?;
     // Generating a million rows takes longer than the stack's statement timeout.
-    sqlx::query("SET LOCAL statement_timeout = 0")
-        .execute(&mut *tx)
-        .await?;
+    tx.lift_statement_timeout().await?;
     sqlx::query(
         "INSERT INTO workspaces (id, name) SELECT w, 'list-' || ord FROM UNNEST($1::uuid[]) WITH ORDINALITY AS t(w, ord)",
     )
     .bind(&wss)
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     sqlx::query(
         "INSERT INTO capsules (id, workspace_id, name, repo, branch, dir, tool, vars)
@@ -61,7 +59,7 @@ async fn measure_list(
     )
     .bind(&wss)
     .bind(CAPSULES_PER_WS)
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     // Ended Runs only, written as history: the evidence trigger would queue a statement
     // per Run for the API's evidence writer to sign during the measurement.
@@ -92,7 +90,7 @@ async fn measure_list(
     .bind(i64::try_from(runs)?)
     .bind(i64::from(WORKSPACES))
     .bind(i64::from(CAPSULES_PER_WS))
-    .execute(&mut *tx)
+    .execute(tx.db())
     .await?;
     takosumi_tests::seed::evidence_on_insert(&mut tx, true).await?;
     tx.commit().await?;
@@ -216,7 +214,7 @@ pub(crate) async fn seed_due(stack: &Stack, name: &str, n: usize) -> anyhow::Res
     takosumi_tests::seed::due_capsules(&stack.ctx.pool, name, n).await
 }
 
-async fn vacuum(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+async fn vacuum(pool: &takosumi_store::Pool) -> anyhow::Result<()> {
     takosumi_tests::seed::vacuum(pool).await
 }
 

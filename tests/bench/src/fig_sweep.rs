@@ -72,20 +72,20 @@ async fn measure(
         .bind(&run_ids)
         .bind(&wss)
         .bind(&caps)
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
         sqlx::query(
             "INSERT INTO run_events (run_id, kind, actor, data)
              SELECT r, 'queued', 'system:sweep', '{\"kind\":\"drift_check\"}'::jsonb FROM UNNEST($1::uuid[]) AS t(r)",
         )
         .bind(&run_ids)
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
         sqlx::query(
             "INSERT INTO outbox (topic, payload) SELECT 'run.drift', p FROM UNNEST($1::jsonb[]) AS t(p)",
         )
         .bind(&payloads)
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
         tx.commit().await?;
         batch_ms.push(b.elapsed().as_secs_f64() * 1000.0);

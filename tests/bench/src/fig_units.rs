@@ -292,7 +292,7 @@ const SERVER_CALLS: usize = 7;
 /// Microseconds per write of a Run's row and of a Run event inside Postgres: `SERVER_WRITES`
 /// of each in one function call, so neither the client's round trip nor a commit is in it,
 /// only the statement's own work (its constraints, triggers, indexes).
-async fn server_write_costs(pool: &sqlx::PgPool) -> anyhow::Result<(Summary, Summary)> {
+async fn server_write_costs(pool: &takosumi_store::Pool) -> anyhow::Result<(Summary, Summary)> {
     let run = takosumi_tests::seed::one_queued_run(pool, "bench-units").await?;
     sqlx::query(
         r#"CREATE FUNCTION bench_server_writes(run uuid, n int) RETURNS float8[]

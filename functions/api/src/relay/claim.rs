@@ -89,7 +89,7 @@ pub(super) async fn fail_unclaimed(
     let mut tx = st.pool.begin().await?;
     if runs::fail(&mut tx, run_id, None, code, message).await? {
         events::append(
-            &mut *tx,
+            tx.db(),
             run_id,
             EventKind::Failed,
             &format!("relay:{}", pool.name),

@@ -233,7 +233,7 @@ pub(super) async fn end_failed(
             runs::release_capsule_and_wake_next(&mut tx, run.capsule_id, run_id).await?;
         }
         events::append(
-            &mut *tx,
+            tx.db(),
             run_id,
             EventKind::Failed,
             &format!("handler:{owner}"),

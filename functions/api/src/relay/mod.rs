@@ -289,7 +289,7 @@ pub(crate) async fn fail_if_pool_has_no_key(
     run_id: RunId,
     capsule_id: CapsuleId,
 ) -> Result<bool, ApiError> {
-    let Some(pool) = pools::of_capsule(&mut **tx, capsule_id).await? else {
+    let Some(pool) = pools::of_capsule(tx.db(), capsule_id).await? else {
         return Ok(false);
     };
     if pool.delivery_key_id.is_some() {
@@ -302,7 +302,7 @@ pub(crate) async fn fail_if_pool_has_no_key(
     let code = FailureCode::PoolHasNoDeliveryKey;
     runs::fail(tx, run_id, None, code, &message).await?;
     events::append(
-        &mut **tx,
+        tx.db(),
         run_id,
         EventKind::Failed,
         "system:relay",

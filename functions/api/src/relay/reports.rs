@@ -523,7 +523,7 @@ pub(super) async fn canceled(
     }
     let actor = format!("handler:{claim}");
     events::append(
-        &mut *tx,
+        tx.db(),
         run.id,
         EventKind::Canceled,
         &actor,
@@ -531,7 +531,7 @@ pub(super) async fn canceled(
     )
     .await?;
     takosumi_store::activity::append(
-        &mut *tx,
+        tx.db(),
         done.workspace_id,
         "run_canceled",
         &run.id.to_string(),

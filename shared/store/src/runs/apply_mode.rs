@@ -15,7 +15,7 @@ pub async fn set(tx: &mut Tx, id: RunId, mode: ApplyMode) -> Result<bool, StoreE
         id.as_uuid(),
         mode as ApplyMode
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -46,7 +46,7 @@ pub async fn pin_current_generation(tx: &mut Tx, id: RunId) -> Result<bool, Stor
               AND r.apply_mode = 'one_step' AND r.plan_run_id IS NULL"#,
         id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -102,7 +102,7 @@ pub async fn mark_proposed(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
             WHERE id = $1 AND apply_mode = 'proposes_apply' AND status = 'planned'"#,
         id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }

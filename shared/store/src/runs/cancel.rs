@@ -25,7 +25,7 @@ pub async fn cancel_waiting(
         id.as_uuid(),
         by
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     debug_assert!(
         row.as_ref()
@@ -45,7 +45,7 @@ pub async fn request_cancel(tx: &mut Tx, id: RunId, by: &str) -> Result<bool, St
         id.as_uuid(),
         by
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -53,7 +53,7 @@ pub async fn request_cancel(tx: &mut Tx, id: RunId, by: &str) -> Result<bool, St
 /// Whether a cancel was requested for a Run this `owner` still holds. Polled by the lease
 /// keeper: cheap (primary key).
 pub async fn cancel_requested(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     id: RunId,
     owner: &str,
 ) -> Result<bool, StoreError> {
@@ -95,7 +95,7 @@ pub async fn cancel_claimed(
         id.as_uuid(),
         owner
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     Ok(row.map(|r| Canceled {
         by: r.canceled_by.unwrap_or_default(),

@@ -29,7 +29,7 @@ pub async fn hold(
         approvals_required,
         approver_roles
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -60,7 +60,7 @@ pub async fn hold_claimed(
         approvals_required,
         approver_roles
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -73,7 +73,7 @@ pub async fn release(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
             WHERE id = $1 AND status = 'held'"#,
         id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -85,7 +85,7 @@ pub async fn record_gate_release(tx: &mut Tx, id: RunId) -> Result<bool, StoreEr
             WHERE id = $1 AND gate_decision IS NULL AND status IN ('queued', 'planned')"#,
         id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -96,7 +96,7 @@ pub async fn set_require_approval(tx: &mut Tx, id: RunId) -> Result<(), StoreErr
         "UPDATE runs SET require_approval = true WHERE id = $1",
         id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }

@@ -453,13 +453,13 @@ pub async fn hand_back(
         id.as_uuid(),
         owner
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     if done.rows_affected() != 1 {
         return Ok(false);
     }
     crate::events::append(
-        &mut **tx,
+        tx.db(),
         id,
         EventKind::Requeued,
         &format!("handler:{owner}"),
@@ -472,7 +472,7 @@ pub async fn hand_back(
 /// Extends the lease while the step still holds it. `false`: the lease was lost (the
 /// reaper took the Run back, or it was canceled); the step must stop.
 pub async fn renew_lease(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     id: RunId,
     owner: &str,
     lease_secs: i64,
@@ -562,7 +562,7 @@ pub async fn record_plan(
         rec.plan_diff,
         rec.plan_json_object_key
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -589,7 +589,7 @@ pub async fn fail(
         code.as_str(),
         message
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -636,7 +636,7 @@ pub async fn claim_apply(
             FOR UPDATE OF runs"#,
         id.as_uuid()
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     let Some(row) = row else {
         return Ok(ApplyClaim::NotClaimable);
@@ -644,7 +644,7 @@ pub async fn claim_apply(
     let capsule_id = CapsuleId::from_uuid(row.capsule_id);
     // An unresolved unknown_outcome apply keeps the Capsule from any other apply until a
     // person has inspected it: this apply is refused, the tool never starts.
-    if let Some(blocking) = unknown::unresolved_unknown_apply(&mut **tx, capsule_id).await? {
+    if let Some(blocking) = unknown::unresolved_unknown_apply(tx.db(), capsule_id).await? {
         let message = unknown::needs_inspection_message(blocking);
         fail(tx, id, None, FailureCode::CapsuleNeedsInspection, &message).await?;
         return Ok(ApplyClaim::NeedsInspection { blocking });
@@ -666,7 +666,7 @@ pub async fn claim_apply(
         return Ok(ApplyClaim::GenerationChanged { planned, current });
     }
     if !claim(
-        &mut **tx,
+        tx.db(),
         id,
         &[RunKind::Apply],
         (RunStatus::Queued, RunStatus::Applying),
@@ -700,7 +700,7 @@ pub async fn record_apply(
         state_version_id.map(|s| s.as_uuid()),
         generation
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -711,7 +711,7 @@ pub async fn clear_plan_object(tx: &mut Tx, id: RunId) -> Result<(), StoreError>
         "UPDATE runs SET plan_object_key = NULL, updated_at = now() WHERE id = $1",
         id.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }
@@ -748,7 +748,7 @@ async fn next_waiting_apply(
             ORDER BY created_at LIMIT 1"#,
         capsule_id.as_uuid()
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     Ok(row.map(|r| RunId::from_uuid(r.id)))
 }
@@ -786,7 +786,7 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
             LIMIT 100
             FOR UPDATE SKIP LOCKED"#
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.db())
     .await?;
     let mut reaped = Vec::with_capacity(rows.len());
     for r in rows {
@@ -838,7 +838,7 @@ pub async fn reap_expired(tx: &mut Tx, max_attempts: i32) -> Result<Vec<Reaped>,
             message,
             r.status as RunStatus
         )
-        .execute(&mut **tx)
+        .execute(tx.db())
         .await?;
         if done.rows_affected() == 0 {
             continue;
@@ -880,7 +880,7 @@ pub async fn stuck_queued(tx: &mut Tx, idle_secs: i64) -> Result<Vec<StuckRun>, 
             FOR UPDATE OF r SKIP LOCKED"#,
         idle_secs
     )
-    .fetch_all(&mut **tx)
+    .fetch_all(tx.db())
     .await?;
     let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
     // Nearly every pass finds none: no statement for nothing.
@@ -889,7 +889,7 @@ pub async fn stuck_queued(tx: &mut Tx, idle_secs: i64) -> Result<Vec<StuckRun>, 
             "UPDATE runs SET updated_at = now() WHERE id = ANY($1)",
             &ids
         )
-        .execute(&mut **tx)
+        .execute(tx.db())
         .await?;
     }
     Ok(rows
@@ -913,7 +913,7 @@ pub async fn set_state_version(
         id.as_uuid(),
         sv.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }

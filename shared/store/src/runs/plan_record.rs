@@ -8,7 +8,7 @@ use crate::StoreError;
 
 /// A plan's resource-change summary, if the plan step recorded one.
 pub async fn resource_changes(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     id: RunId,
 ) -> Result<Option<serde_json::Value>, StoreError> {
     let row = sqlx::query!(
@@ -22,7 +22,7 @@ pub async fn resource_changes(
 
 /// A plan's masked diff, if its plan step recorded one.
 pub async fn plan_diff(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     id: RunId,
 ) -> Result<Option<serde_json::Value>, StoreError> {
     let row = sqlx::query!("SELECT plan_diff FROM runs WHERE id = $1", id.as_uuid())
@@ -50,7 +50,7 @@ pub async fn set_scan_report<'e, E: sqlx::PgExecutor<'e>>(
 /// [`set_scan_report`] as progress: one statement that commits without waiting for the
 /// disk ([`crate::progress`]); whatever the Run does next (hold, plan, fail) commits it.
 pub async fn set_scan_report_progress(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     id: RunId,
     report: &serde_json::Value,
 ) -> Result<(), StoreError> {

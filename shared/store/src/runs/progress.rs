@@ -54,17 +54,17 @@ pub async fn record(
             claim,
             seq
         )
-        .execute(&mut *tx)
+        .execute(tx.db())
         .await?;
         if taken.rows_affected() == 0 {
             return Ok(Recorded::Repeat);
         }
     }
     for (kind, data) in report.events {
-        crate::events::append(&mut *tx, run, *kind, actor, (*data).clone()).await?;
+        crate::events::append(tx.db(), run, *kind, actor, (*data).clone()).await?;
     }
     for (step, text) in report.logs {
-        crate::logs::append(&mut *tx, run, step, text).await?;
+        crate::logs::append(tx.db(), run, step, text).await?;
     }
     tx.commit().await?;
     Ok(Recorded::Stored)

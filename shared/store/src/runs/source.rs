@@ -21,7 +21,7 @@ pub async fn set_run_source(
         commit,
         speculative
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }
@@ -90,7 +90,7 @@ pub async fn applied_baseline<'e, E: sqlx::PgExecutor<'e>>(
 /// outside Takosumi, and the plan it keeps brings reality back to what was applied.
 /// `None`: no such Run.
 pub async fn run_source(
-    executor: &sqlx::PgPool,
+    executor: &crate::Pool,
     id: RunId,
 ) -> Result<Option<RunSource>, StoreError> {
     // One round trip: the Run's own pins and, for a drift check, the applied baseline

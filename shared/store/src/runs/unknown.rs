@@ -33,7 +33,7 @@ pub async fn mark_unknown_outcome(
         owner,
         message
     )
-    .fetch_optional(&mut **tx)
+    .fetch_optional(tx.db())
     .await?;
     let Some(capsule) = row else {
         return Ok(false);
@@ -85,7 +85,7 @@ pub async fn resolve_unknown(
         by,
         note
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -105,7 +105,7 @@ pub async fn set_run_state_version(
         sv.as_uuid(),
         generation
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(done.rows_affected() == 1)
 }

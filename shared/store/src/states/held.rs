@@ -32,7 +32,7 @@ pub struct HeldState {
 /// Keeps `sealed` (already sealed under `held.state_version_id`) in the database. Safe to
 /// call twice for the same StateVersion id.
 pub async fn hold_state(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     held: &HeldState,
     sealed: &[u8],
 ) -> Result<(), StoreError> {
@@ -71,7 +71,7 @@ pub struct HeldSealed {
 
 /// The states held for an apply Run, oldest first.
 pub async fn held_for_run(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     run_id: RunId,
 ) -> Result<Vec<HeldSealed>, StoreError> {
     let rows = sqlx::query!(
@@ -125,7 +125,7 @@ pub struct Held {
 }
 
 /// The newest state held for `run_id`, if any.
-pub async fn latest_held(pool: &sqlx::PgPool, run_id: RunId) -> Result<Option<Held>, StoreError> {
+pub async fn latest_held(pool: &crate::Pool, run_id: RunId) -> Result<Option<Held>, StoreError> {
     let row = sqlx::query!(
         r#"SELECT state_version_id, generation, object_key, digest, size_bytes, sealed,
                   count(*) OVER () AS "n!"
@@ -153,7 +153,7 @@ pub async fn mark_held_stored(tx: &mut Tx, sv: StateVersionId) -> Result<(), Sto
         "UPDATE held_states SET stored_at = now() WHERE state_version_id = $1 AND stored_at IS NULL",
         sv.as_uuid()
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }

@@ -34,7 +34,7 @@ pub async fn insert(tx: &mut Tx, sv: &StateVersion, size: i64) -> Result<(), Sto
         sv.digest,
         size
     )
-    .execute(&mut **tx)
+    .execute(tx.db())
     .await?;
     Ok(())
 }
@@ -62,7 +62,7 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
 
 /// How many StateVersions a Capsule has.
 pub async fn count_for_capsule(
-    pool: &sqlx::PgPool,
+    pool: &crate::Pool,
     capsule_id: CapsuleId,
 ) -> Result<i64, StoreError> {
     let row = sqlx::query!(
