@@ -1397,9 +1397,9 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
 
 /// The pool pings a connection idle for `PING_AFTER_IDLE` or more before it hands it out:
 /// one the server dropped meanwhile is replaced at the acquire and the statement runs. One
-/// used more recently goes out unpinged (a round trip saved on every busy acquire): when
-/// the server dropped it, that one statement fails with a retryable error, and the next
-/// one runs on a new connection.
+/// used more recently goes out unpinged (a round trip saved on every busy acquire), so a
+/// statement can meet a connection the server dropped: it fails with a retryable error,
+/// and the next one runs on a new connection.
 #[tokio::test]
 async fn an_idle_connection_the_server_dropped_is_replaced_at_the_acquire() -> anyhow::Result<()> {
     let stack = Stack::start_with(Options {
@@ -1421,21 +1421,32 @@ async fn an_idle_connection_the_server_dropped_is_replaced_at_the_acquire() -> a
     };
 
     let first: i32 = sqlx::query_scalar(pid).fetch_one(&pool).await?;
+    // Back in the pool (sqlx pings a connection it takes back) before the server drops it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while pool.num_idle() < 1 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the connection never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     drop_backend(first).await?;
     tokio::time::sleep(takosumi_store::PING_AFTER_IDLE + Duration::from_millis(100)).await;
     let second: i32 = sqlx::query_scalar(pid).fetch_one(&pool).await?;
     assert_ne!(first, second, "the dropped idle connection was handed out");
 
+    let mut held = pool.acquire().await?;
     drop_backend(second).await?;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let err = sqlx::query_scalar::<_, i32>(pid)
-        .fetch_one(&pool)
+        .fetch_one(held.db())
         .await
-        .expect_err("a connection the server dropped 0.1 s after its use goes out unpinged");
+        .expect_err("a statement on a connection the server dropped");
     assert!(
         takosumi_store::StoreError::from(err).retryable(),
         "the failure says try again"
     );
+    drop(held);
     let third: i32 = sqlx::query_scalar(pid).fetch_one(&pool).await?;
     assert!(third != second && third != first, "a new connection");
     pool.close().await;

@@ -391,6 +391,47 @@ async fn a_failure_after_the_apply_records_the_applied_state_first() -> anyhow::
     stack.stop().await
 }
 
+/// A Capsule's own values may hold a NUL (HCL writes it `"\u0000"`), which `show -json`
+/// and the outputs carry as the escape, and which Postgres cannot keep in `jsonb`. The
+/// Run still plans and applies: what the record keeps (the reviewer's diff, the outputs)
+/// shows each NUL as U+FFFD, as a log does; the sealed plan keeps the tool's exact bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nul_in_the_capsules_values_is_recorded_as_u_fffd() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let tf = r#"
+resource "null_resource" "n" {
+  triggers = { odd = "x\u0000y" }
+}
+output "odd" { value = "a\u0000b" }
+"#;
+    let repo = GitRepo::new(&[("infra/main.tf", tf)])?;
+    let cap = null_capsule(&stack, &repo).await?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let (status, diff) = stack
+        .call(
+            "GET",
+            &format!("/api/v1/runs/{}/plan", plan.id),
+            Value::Null,
+        )
+        .await?;
+    assert_eq!(status, 200, "{diff}");
+    let shown = diff.to_string();
+    assert!(
+        shown.contains("x\u{FFFD}y"),
+        "the diff shows the NUL as U+FFFD: {shown}"
+    );
+    assert!(!shown.contains("\\u0000"), "{shown}");
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+    assert_eq!(apply.outputs.clone().unwrap()["odd"], json!("a\u{FFFD}b"));
+    stack.stop().await
+}
+
 async fn null_capsule(stack: &Stack, repo: &GitRepo) -> anyhow::Result<takosumi_client::Capsule> {
     let ws = stack
         .client

@@ -10,6 +10,7 @@ pub mod error;
 pub mod event;
 pub mod ids;
 pub mod lock_state;
+pub mod nul;
 pub mod role;
 pub mod run;
 pub mod secret;
@@ -25,6 +26,7 @@ pub use ids::{
     TokenId, WorkspaceId,
 };
 pub use lock_state::ProviderLockState;
+pub use nul::{holds_nul, json_without_nul, without_nul};
 pub use role::{Role, UnknownRole};
 pub use run::{ActorKind, Changes, RunKind, RunMessage, RunStatus, Topic, stale_plan_advice};
 pub use secret::{Secret, read_secret};

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde_json::Value;
-use takosumi_core::Secret;
+use takosumi_core::{Secret, holds_nul};
 
 use crate::{Masker, RunnerError};
 
@@ -240,26 +240,6 @@ fn leaf_texts(value: &Value) -> Vec<String> {
         }
     }
     out
-}
-
-/// Whether a string anywhere in `value` (an object's keys included) holds a NUL character,
-/// which neither a tool's environment nor Postgres's text and `jsonb` can hold.
-pub fn holds_nul(value: &Value) -> bool {
-    let mut stack = vec![value];
-    while let Some(v) = stack.pop() {
-        match v {
-            Value::String(s) if s.contains('\0') => return true,
-            Value::Array(items) => stack.extend(items),
-            Value::Object(map) => {
-                if map.keys().any(|k| k.contains('\0')) {
-                    return true;
-                }
-                stack.extend(map.values());
-            }
-            _ => {}
-        }
-    }
-    false
 }
 
 /// `[A-Za-z_][A-Za-z0-9_-]*`

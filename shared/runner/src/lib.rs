@@ -46,7 +46,7 @@ mod workdir;
 
 pub use checkout::{DEFAULT_CACHE_TTL, GitCache};
 pub use credential::CREDENTIAL_COMMAND_TIMEOUT;
-pub use env::{Tool, ToolEnv, ToolOutput, check_env_name, holds_nul};
+pub use env::{Tool, ToolEnv, ToolOutput, check_env_name};
 pub use error::RunnerError;
 pub use live::LogTap;
 pub use mask::{MASK, MaskStream, Masker};

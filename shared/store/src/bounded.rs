@@ -5,10 +5,11 @@
 //! that stops answering altogether (a paused process, a host gone while its TCP connections
 //! stay open) enforces nothing, and its kernel keeps acknowledging the socket, so no TCP
 //! timeout fires either: a statement sent to it would wait for as long as it stays silent.
-//! [`Pool`] and [`Tx`] run every statement under a client-side deadline, its *answer
-//! bound*: the session's `statement_timeout` plus [`ANSWER_MARGIN`] (the time a
+//! [`Pool`], [`Tx`] and [`Conn`] run every statement under a client-side deadline, its
+//! *answer bound*: the session's `statement_timeout` plus [`ANSWER_MARGIN`] (the time a
 //! cancellation's error takes to arrive), after which the statement fails with a retryable
-//! I/O error (`TimedOut`) and its connection is dropped from the pool once it answers again.
+//! I/O error (`TimedOut`). Its connection goes back to the pool only once the server answers
+//! again (sqlx pings every connection it takes back).
 //! A statement taken straight from the pool may first wait for a connection, so its first
 //! answer may take the acquire timeout longer. A stream of rows gets the bound between rows,
 //! not over the whole stream. With `statement_timeout` off there is no bound either.

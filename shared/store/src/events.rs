@@ -28,12 +28,14 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     actor: &str,
     data: serde_json::Value,
 ) -> Result<(), StoreError> {
+    // An event may quote what a tool printed or planned (see takosumi_core::nul).
+    let data = takosumi_core::json_without_nul(&data);
     sqlx::query!(
         "INSERT INTO run_events (run_id, kind, actor, data) VALUES ($1, $2, $3, $4)",
         run_id.as_uuid(),
         kind as EventKind,
         actor,
-        data
+        data.as_ref()
     )
     .execute(executor)
     .await?;
@@ -49,6 +51,8 @@ pub async fn append_progress(
     actor: &str,
     data: serde_json::Value,
 ) -> Result<(), StoreError> {
+    // An event may quote what a tool printed or planned (see takosumi_core::nul).
+    let data = takosumi_core::json_without_nul(&data);
     sqlx::query!(
         "INSERT INTO run_events (run_id, kind, actor, data)
          SELECT $1, $2, $3, $4
@@ -56,7 +60,7 @@ pub async fn append_progress(
         run_id.as_uuid(),
         kind as EventKind,
         actor,
-        data
+        data.as_ref()
     )
     .execute(pool)
     .await?;

@@ -11,7 +11,7 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     step: &str,
     chunk: &str,
 ) -> Result<(), StoreError> {
-    let chunk = without_nul(chunk);
+    let chunk = takosumi_core::without_nul(chunk);
     sqlx::query!(
         "INSERT INTO run_logs (run_id, step, chunk) VALUES ($1, $2, $3)",
         run_id.as_uuid(),
@@ -36,7 +36,7 @@ pub async fn append_progress<S: AsRef<str>, T: AsRef<str>>(
     let steps: Vec<&str> = chunks.iter().map(|(step, _)| step.as_ref()).collect();
     let texts: Vec<String> = chunks
         .iter()
-        .map(|(_, chunk)| without_nul(chunk.as_ref()).into_owned())
+        .map(|(_, chunk)| takosumi_core::without_nul(chunk.as_ref()).into_owned())
         .collect();
     // `ORDER BY` the position: the ids (the log's order) are taken in the order rows arrive.
     sqlx::query!(
@@ -52,17 +52,6 @@ pub async fn append_progress<S: AsRef<str>, T: AsRef<str>>(
     .execute(pool)
     .await?;
     Ok(())
-}
-
-/// Postgres text cannot hold NUL, and a tool prints what the Capsule's code makes it print:
-/// a chunk is stored with each NUL shown as U+FFFD rather than refused (which would lose the
-/// whole chunk, and fail a relay worker's report).
-fn without_nul(chunk: &str) -> std::borrow::Cow<'_, str> {
-    if chunk.contains('\0') {
-        std::borrow::Cow::Owned(chunk.replace('\0', "\u{FFFD}"))
-    } else {
-        std::borrow::Cow::Borrowed(chunk)
-    }
 }
 
 /// The whole log of a Run, in order.

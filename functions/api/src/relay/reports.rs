@@ -53,19 +53,9 @@ pub(super) async fn progress(
     let mut reported = Vec::with_capacity(req.events.len());
     for e in &req.events {
         match e.kind.parse::<EventKind>() {
-            Ok(kind) if kind.reported_by_worker() && !takosumi_runner::holds_nul(&e.data) => {
-                reported.push((kind, &e.data));
-            }
-            // Postgres's jsonb cannot hold a NUL character: refused here, as the worker's
-            // mistake, rather than failing the report's statement.
-            Ok(kind) if kind.reported_by_worker() => {
-                return Err(ApiError::invalid(
-                    ErrorCode::InvalidEvent,
-                    format!(
-                        "the {kind} event's data holds a NUL character, which cannot be stored"
-                    ),
-                ));
-            }
+            // A NUL in the data (a tool's output quoted) is stored as U+FFFD, as the control
+            // node's events are (takosumi_core::nul).
+            Ok(kind) if kind.reported_by_worker() => reported.push((kind, &e.data)),
             _ => {
                 return Err(ApiError::invalid(
                     ErrorCode::InvalidEvent,

@@ -534,6 +534,10 @@ pub async fn record_plan(
 ) -> Result<bool, StoreError> {
     crate::transitions!(Planning => Planned);
     let changes = serde_json::to_value(rec.changes).unwrap_or_default();
+    // Read from the tool's `show -json`, which carries the Capsule's values as they are.
+    let tool_version = takosumi_core::json_without_nul(&rec.tool_version);
+    let resource_changes = takosumi_core::json_without_nul(&rec.resource_changes);
+    let plan_diff = takosumi_core::json_without_nul(&rec.plan_diff);
     let lock_state = ProviderLockState::of_digest(rec.provider_lock_digest.as_deref());
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'planned', source_commit = $3, tree_digest = $4, tool_version = $5,
@@ -547,7 +551,7 @@ pub async fn record_plan(
         owner,
         rec.source_commit,
         rec.tree_digest,
-        rec.tool_version,
+        tool_version.as_ref(),
         rec.plan_digest,
         rec.plan_object_key,
         rec.lockfile_object_key,
@@ -558,8 +562,8 @@ pub async fn record_plan(
         changes,
         rec.drift,
         &rec.injected_env_names,
-        rec.resource_changes,
-        rec.plan_diff,
+        resource_changes.as_ref(),
+        plan_diff.as_ref(),
         rec.plan_json_object_key
     )
     .execute(tx.db())
@@ -578,6 +582,8 @@ pub async fn fail(
 ) -> Result<bool, StoreError> {
     // Without an owner: a Run no step holds; with one: the lease holder's running Run.
     crate::transitions!(Queued => Failed, Held => Failed, Planning => Failed, Applying => Failed);
+    // A message may quote the tool (masked), which prints what the Capsule makes it print.
+    let message = takosumi_core::without_nul(message);
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'failed', error_code = $3, error_message = $4,
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
@@ -587,7 +593,7 @@ pub async fn fail(
         id.as_uuid(),
         owner,
         code.as_str(),
-        message
+        message.as_ref()
     )
     .execute(tx.db())
     .await?;
@@ -690,13 +696,14 @@ pub async fn record_apply(
     generation: i64,
 ) -> Result<bool, StoreError> {
     crate::transitions!(Applying => Applied);
+    let outputs = takosumi_core::json_without_nul(outputs);
     let done = sqlx::query!(
         r#"UPDATE runs SET status = 'applied', outputs = $3, state_version_id = $4, state_generation = $5,
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
             WHERE id = $1 AND status = 'applying' AND lease_owner = $2"#,
         id.as_uuid(),
         owner,
-        outputs,
+        outputs.as_ref(),
         state_version_id.map(|s| s.as_uuid()),
         generation
     )

@@ -37,10 +37,12 @@ pub async fn set_scan_report<'e, E: sqlx::PgExecutor<'e>>(
     id: RunId,
     report: &serde_json::Value,
 ) -> Result<(), StoreError> {
+    // A finding may quote the Capsule's files.
+    let report = takosumi_core::json_without_nul(report);
     sqlx::query!(
         "UPDATE runs SET scan_report = $2 WHERE id = $1",
         id.as_uuid(),
-        report
+        report.as_ref()
     )
     .execute(executor)
     .await?;
@@ -54,11 +56,13 @@ pub async fn set_scan_report_progress(
     id: RunId,
     report: &serde_json::Value,
 ) -> Result<(), StoreError> {
+    // A finding may quote the Capsule's files.
+    let report = takosumi_core::json_without_nul(report);
     sqlx::query!(
         "UPDATE runs SET scan_report = $2
           WHERE id = $1 AND set_config('synchronous_commit', 'off', true) IS NOT NULL",
         id.as_uuid(),
-        report
+        report.as_ref()
     )
     .execute(pool)
     .await?;

@@ -24,6 +24,7 @@ pub async fn mark_unknown_outcome(
     message: &str,
 ) -> Result<bool, StoreError> {
     crate::transitions!(Applying => UnknownOutcome);
+    let message = takosumi_core::without_nul(message);
     let row = sqlx::query_scalar!(
         r#"UPDATE runs SET status = 'unknown_outcome', error_code = 'unknown_outcome', error_message = $3,
                   lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
@@ -31,7 +32,7 @@ pub async fn mark_unknown_outcome(
         RETURNING capsule_id"#,
         run_id.as_uuid(),
         owner,
-        message
+        message.as_ref()
     )
     .fetch_optional(tx.db())
     .await?;
