@@ -49,15 +49,15 @@ pub const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct Pool {
     inner: PgPool,
-    /// `statement_timeout + ANSWER_MARGIN`; `None` when the sessions have no statement timeout.
-    answer: Option<Duration>,
+    /// The sessions' `statement_timeout` (zero: none).
+    statement: Duration,
 }
 
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pool")
             .field("size", &self.inner.size())
-            .field("answer", &self.answer)
+            .field("statement", &self.statement)
             .finish()
     }
 }
@@ -73,30 +73,23 @@ impl Pool {
     /// `inner`'s statements bounded for sessions whose `statement_timeout` is `statement`
     /// (zero: no bound).
     pub fn new(inner: PgPool, statement: Duration) -> Self {
-        Self {
-            inner,
-            answer: (!statement.is_zero()).then(|| statement + ANSWER_MARGIN),
-        }
+        Self { inner, statement }
     }
 
-    /// A pool beside this one (`inner` reaches the same server with the same session
-    /// settings), with the same bound.
-    pub(crate) fn sibling(&self, inner: PgPool) -> Self {
-        Self {
-            inner,
-            answer: self.answer,
-        }
+    /// The `statement_timeout` this pool's sessions start with (zero: none).
+    pub fn statement_timeout(&self) -> Duration {
+        self.statement
     }
 
     /// The answer bound of this pool's statements, if any.
     pub fn answer_bound(&self) -> Option<Duration> {
-        self.answer
+        (!self.statement.is_zero()).then(|| self.statement + ANSWER_MARGIN)
     }
 
     /// The longest a statement taken straight from the pool may wait for its first answer:
     /// the acquire timeout, then the answer bound.
     fn first_answer(&self) -> Option<Duration> {
-        self.answer
+        self.answer_bound()
             .map(|a| a + self.inner.options().get_acquire_timeout())
     }
 
@@ -105,7 +98,7 @@ impl Pool {
     pub async fn acquire(&self) -> Result<Conn, sqlx::Error> {
         Ok(Conn {
             inner: self.inner.acquire().await?,
-            answer: self.answer,
+            answer: self.answer_bound(),
         })
     }
 
@@ -114,7 +107,7 @@ impl Pool {
         let inner = within(self.first_answer(), self.inner.begin()).await?;
         Ok(Tx {
             inner,
-            answer: self.answer,
+            answer: self.answer_bound(),
         })
     }
 }
@@ -303,7 +296,7 @@ impl<'p> Executor<'p> for &'_ Pool {
     {
         bounded_stream(
             self.first_answer(),
-            self.answer,
+            self.answer_bound(),
             (&self.inner).fetch_many(query),
         )
     }

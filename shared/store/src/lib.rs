@@ -263,16 +263,14 @@ pub fn plan_once_pool(pool: &Pool, max_connections: u32) -> Pool {
     let options = (*pool.connect_options())
         .clone()
         .options([("plan_cache_mode", "force_generic_plan")]);
-    let statement = pool
-        .answer_bound()
-        .map_or(Duration::ZERO, |a| a - ANSWER_MARGIN);
+    let statement = pool.statement_timeout();
     let inner = pool_options(
         max_connections,
         pool.options().get_acquire_timeout(),
         statement,
     )
     .connect_lazy_with(options);
-    pool.sibling(inner)
+    Pool::new(inner, statement)
 }
 
 fn millis(d: Duration) -> String {
