@@ -339,6 +339,33 @@ async fn concurrent_handlers_claim_once() -> anyhow::Result<()> {
         .filter(|o| **o == takosumi_core::Outcome::Done)
         .count();
     assert_eq!(done, 1, "{outcomes:?}");
+    // The other found the Run taken: before its reads, or (its checkout already on its way
+    // beside the claim) at the claim. Either way it wrote nothing and left nothing behind.
+    assert!(
+        outcomes.iter().any(|o| matches!(
+            o,
+            takosumi_core::Outcome::Skipped(
+                "claimed by another handler" | "not queued: claimed elsewhere or already planned"
+            )
+        )),
+        "{outcomes:?}"
+    );
+    let events = stack.client.events(plan.id).await?;
+    for kind in [
+        "claimed",
+        "checkout_started",
+        "environment_prepared",
+        "checked_out",
+        "planned",
+    ] {
+        assert_eq!(
+            events.iter().filter(|e| e.kind == kind).count(),
+            1,
+            "{kind}: {events:?}"
+        );
+    }
+    let left = takosumi_tests::leftover_run_dirs(&stack.settings.work_dir);
+    assert!(left.is_empty(), "run directories left behind: {left:?}");
     let plan_files: Vec<String> = stack
         .ctx
         .objects
@@ -378,6 +405,62 @@ async fn concurrent_handlers_claim_once() -> anyhow::Result<()> {
     );
     assert_eq!(stack.tool_count("apply"), 1);
     assert_eq!(state_version_count(&stack, &capsule).await, 1);
+    stack.stop().await
+}
+
+/// A drift check queued while its Capsule had something applied, and reached by the plan
+/// step only after a destroy removed it, fails `not_applied` before anything runs. The
+/// step finds that before the checkout, where the claim is otherwise taken (beside git):
+/// it claims the Run first, so the failure is recorded, and never checks out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drift_check_whose_baseline_a_destroy_removed_fails_not_applied() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let capsule = register(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let through = |plan: takosumi_core::RunId| {
+        let stack = &stack;
+        async move {
+            let msg = RunMessage { run_id: plan };
+            takosumi_plan::handle(&stack.ctx, msg).await?;
+            takosumi_gate::handle(&stack.ctx, msg).await?;
+            let apply = stack.client.apply(plan, None).await?;
+            let msg = RunMessage { run_id: apply.id };
+            takosumi_gate::handle(&stack.ctx, msg).await?;
+            takosumi_apply::handle(&stack.ctx, msg).await?;
+            let applied = stack.client.get_run(apply.id).await?;
+            anyhow::ensure!(applied.status == RunStatus::Applied, "{applied:?}");
+            Ok::<_, anyhow::Error>(())
+        }
+    };
+    let plan = stack.client.plan(capsule.id, None).await?;
+    through(plan.id).await?;
+    let check = stack.client.drift_check(capsule.id).await?;
+    let destroy = stack.client.destroy(capsule.id, None).await?;
+    through(destroy.id).await?;
+    let checkouts_before = stack.tool_count("init");
+
+    let outcome = takosumi_plan::handle(&stack.ctx, RunMessage { run_id: check.id }).await?;
+    assert_eq!(
+        outcome,
+        takosumi_core::Outcome::Failed(takosumi_core::FailureCode::NotApplied)
+    );
+    let failed = stack.client.get_run(check.id).await?;
+    assert_eq!(failed.status, RunStatus::Failed, "{failed:?}");
+    let kinds: Vec<String> = stack
+        .client
+        .events(check.id)
+        .await?
+        .into_iter()
+        .map(|e| e.kind.as_str().to_owned())
+        .collect();
+    assert_eq!(kinds, ["queued", "claimed", "failed"], "{kinds:?}");
+    assert_eq!(stack.tool_count("init"), checkouts_before, "a tool ran");
+    let left = takosumi_tests::leftover_run_dirs(&stack.settings.work_dir);
+    assert!(left.is_empty(), "run directories left behind: {left:?}");
     stack.stop().await
 }
 

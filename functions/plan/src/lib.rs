@@ -6,7 +6,9 @@
 //! (module tree digest plus lock digest), and commits the record together with the
 //! gate's wake-up. It never applies anything.
 
-use takosumi_core::{EventKind, FailureCode, Outcome, RunKind, RunMessage, RunStatus, StepError};
+use takosumi_core::{
+    EventKind, FailureCode, Outcome, RunId, RunKind, RunMessage, RunStatus, StepError,
+};
 use takosumi_policy::scan::ScanReport;
 use takosumi_runner::{Masker, Runner, ToolEnv, Workdir};
 use takosumi_runtime::Ctx;
@@ -22,11 +24,15 @@ use takosumi_store::capsules::CapsuleOf;
 use takosumi_store::runs::source::RunSource;
 use takosumi_store::{capsules, events, runs};
 
+/// Why a handler that lost the claim (to another handler, or to a cancel) did nothing.
+const NOT_CLAIMED: &str = "claimed by another handler";
+
 /// The kinds of Run this step plans.
 const PLAN_KINDS: &[RunKind] = &[RunKind::Plan, RunKind::Destroy, RunKind::DriftCheck];
 
 /// Handles one `run.plan` wake-up. Safe to run twice: a second delivery finds the Run
-/// claimed or planned and does nothing.
+/// claimed or planned and does nothing; one that arrives at the same moment may check the
+/// source out beside the first, loses the claim and writes nothing.
 pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     let run_id = msg.run_id;
     // Everything the claim and the checkout need, read at once (each read stands alone):
@@ -81,25 +87,9 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         return Ok(Outcome::Failed(FailureCode::AttemptsExhausted));
     }
 
-    let data = serde_json::json!({ "step": "plan", "attempt": run.attempts + 1 });
-    let record = runs::ClaimRecord {
-        data: &data,
-        sandbox: Some(ctx.runner.sandbox_mode().as_str()),
-    };
-    if !runs::claim(
-        &ctx.pool,
-        run_id,
-        PLAN_KINDS,
-        (RunStatus::Queued, RunStatus::Planning),
-        (&ctx.owner, ctx.lease_secs),
-        record,
-    )
-    .await?
-    {
-        return Ok(Outcome::Skipped("claimed by another handler"));
-    }
-    let attempt = run.attempts + 1;
-
+    let claim = Claim::start(ctx, run_id, run.attempts + 1);
+    // Kept from before the claim is taken: the keeper first acts a second later, and is
+    // stopped at once when the Run is not this handler's.
     let lease = ctx.keep_lease(run_id);
     let cancel = lease.cancel_requested();
     let result = plan(
@@ -108,11 +98,24 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         &run,
         capsule,
         source,
-        attempt,
+        &claim,
         &lease.lost(),
     )
     .await;
     drop(lease);
+    // Planning that stopped before the pipeline waited for the claim (a source that cannot
+    // be planned, a run directory that could not be made) waits for it now: its failure is
+    // this handler's to record only on a Run it holds, as when the claim came first.
+    let result = match result {
+        Err(e) if !matches!(e, PlanError::NotClaimed) => match claim.held().await {
+            Ok(false) => Err(PlanError::NotClaimed),
+            _ => Err(e),
+        },
+        other => other,
+    };
+    if matches!(result, Err(PlanError::NotClaimed)) {
+        return Ok(Outcome::Skipped(NOT_CLAIMED));
+    }
     // A cancel request interrupted the tool (or came before the commit): end `canceled`.
     if cancel.is_cancelled() && !matches!(result, Ok(Outcome::Done)) {
         let detail = serde_json::json!({ "step": "plan" });
@@ -121,6 +124,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     match result {
         Ok(outcome) => Ok(outcome),
         Err(PlanError::Fail(code, message)) => ctx.fail_claimed(run_id, None, code, &message).await,
+        Err(PlanError::NotClaimed) => Ok(Outcome::Skipped(NOT_CLAIMED)),
         Err(PlanError::Step(e)) => {
             if e.retryable() {
                 ctx.release_claim(run_id).await;
@@ -137,6 +141,84 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
 enum PlanError {
     Fail(FailureCode, String),
     Step(StepError),
+    /// Another handler claimed the Run (or it left `queued`) while this one checked it out.
+    NotClaimed,
+}
+
+/// The plan's claim, made beside the checkout rather than before it: its round trip and
+/// commit overlap git's sandbox start. It runs on a task of its own from the moment the
+/// handler decides to plan (a process start holds the thread that makes it, which must
+/// not hold the claim up); the pipeline waits for it before it reports or prepares
+/// anything ([`takosumi_steps::Host::claimed`]). A checkout made for a Run another handler
+/// claimed goes with its run directory, and nothing else of it is written.
+struct Claim {
+    /// The claim's attempt (object keys are per claim).
+    attempt: i32,
+    state: tokio::sync::Mutex<ClaimState>,
+}
+
+enum ClaimState {
+    Running(tokio::task::JoinHandle<Result<bool, StoreError>>),
+    Answered(bool),
+    Failed,
+}
+
+impl Claim {
+    /// Starts claiming the Run: `queued` → `planning`, with the lease and the `claimed`
+    /// event (see [`runs::claim`]).
+    fn start(ctx: &Ctx, run_id: RunId, attempt: i32) -> Self {
+        let (pool, owner, lease_secs) = (ctx.pool.clone(), ctx.owner.clone(), ctx.lease_secs);
+        let sandbox = ctx.runner.sandbox_mode().as_str();
+        let task = tokio::spawn(async move {
+            let data = serde_json::json!({ "step": "plan", "attempt": attempt });
+            let record = runs::ClaimRecord {
+                data: &data,
+                sandbox: Some(sandbox),
+            };
+            runs::claim(
+                &pool,
+                run_id,
+                PLAN_KINDS,
+                (RunStatus::Queued, RunStatus::Planning),
+                (&owner, lease_secs),
+                record,
+            )
+            .await
+        });
+        Self {
+            attempt,
+            state: tokio::sync::Mutex::new(ClaimState::Running(task)),
+        }
+    }
+
+    /// Waits for the claim's answer: `false` when another handler has the Run or it is no
+    /// longer queued. A claim that failed is an error once, and unknown afterwards.
+    async fn held(&self) -> Result<bool, StepError> {
+        let mut state = self.state.lock().await;
+        let answer = match &mut *state {
+            ClaimState::Answered(held) => return Ok(*held),
+            ClaimState::Failed => {
+                return Err(StepError::Transient(
+                    "the plan's claim failed; see the error before".into(),
+                ));
+            }
+            ClaimState::Running(task) => task.await,
+        };
+        match answer {
+            Ok(Ok(held)) => {
+                *state = ClaimState::Answered(held);
+                Ok(held)
+            }
+            Ok(Err(e)) => {
+                *state = ClaimState::Failed;
+                Err(e.into())
+            }
+            Err(e) => {
+                *state = ClaimState::Failed;
+                Err(StepError::internal(e))
+            }
+        }
+    }
 }
 
 impl From<takosumi_runtime::inputs::EnvError> for PlanError {
@@ -182,8 +264,8 @@ struct NodeHost<'a> {
     capsule: &'a capsules::Capsule,
     /// What the Run checks out (its variables are settled from it).
     source: &'a RunSource,
-    /// The claim's attempt (object keys are per claim).
-    attempt: i32,
+    /// The claim, made beside the checkout.
+    claim: &'a Claim,
     /// Set when the dry-run check held the Run (or found the lease lost).
     stopped: std::sync::Mutex<Option<Outcome>>,
     /// The lockfile as stored and read back, before the plan ran.
@@ -235,6 +317,14 @@ impl takosumi_steps::Host for NodeHost<'_> {
         Ok(self.ctx.restore_state(wd, self.capsule).await?)
     }
 
+    async fn claimed(&self) -> Result<(), PlanError> {
+        if self.claim.held().await? {
+            Ok(())
+        } else {
+            Err(PlanError::NotClaimed)
+        }
+    }
+
     async fn tool_env(&self, wd: &Workdir) -> Result<ToolEnv, PlanError> {
         // Settled here, beside the checkout: nothing before the environment reads them.
         self.ctx
@@ -263,7 +353,8 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
     async fn keep_lockfile(&self, lockfile: Option<&[u8]>) -> Result<(), PlanError> {
         if let Some(bytes) = lockfile {
             let stored =
-                plan_commit::store_lockfile(self.ctx, self.run.id, self.attempt, bytes).await?;
+                plan_commit::store_lockfile(self.ctx, self.run.id, self.claim.attempt, bytes)
+                    .await?;
             *self
                 .lockfile
                 .lock()
@@ -288,14 +379,18 @@ impl takosumi_steps::PlanHost for NodeHost<'_> {
             StepError::Internal("the plan pipeline stored a plan file it did not keep".into())
         })?;
         let stored =
-            plan_commit::put_sealed_plan(self.ctx, self.run.id, self.attempt, sealed).await?;
+            plan_commit::put_sealed_plan(self.ctx, self.run.id, self.claim.attempt, sealed).await?;
         let plan = match stored {
             PlanPut::Stored(plan) => plan,
             // Most often this put's own earlier try, whose answer was lost when the storage
             // server went away mid-request: never trusted, retried under a new claim and key.
             PlanPut::AlreadyThere => {
                 return Err(PlanError::Step(StepError::Transient(
-                    format!("sealed plan for attempt {} already exists", self.attempt).into(),
+                    format!(
+                        "sealed plan for attempt {} already exists",
+                        self.claim.attempt
+                    )
+                    .into(),
                 )));
             }
         };
@@ -333,7 +428,7 @@ async fn plan(
     run: &runs::Run,
     capsule: Option<capsules::Capsule>,
     source: RunSource,
-    attempt: i32,
+    claim: &Claim,
     lost: &tokio_util::sync::CancellationToken,
 ) -> Result<Outcome, PlanError> {
     let run_id = run.id;
@@ -365,7 +460,7 @@ async fn plan(
         run,
         capsule: &capsule,
         source: &source,
-        attempt,
+        claim,
         stopped: std::sync::Mutex::new(None),
         lockfile: std::sync::Mutex::new(None),
         sealed: std::sync::Mutex::new(None),
@@ -401,7 +496,7 @@ async fn plan(
         ctx,
         run,
         &ctx.owner,
-        attempt,
+        claim.attempt,
         PlanToCommit {
             source: out.source,
             tool_version: out.tool_version,

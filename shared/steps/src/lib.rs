@@ -77,6 +77,16 @@ pub trait Host: Sync {
     /// in its masker. Asked while a plan's checkout runs (it must not read the checkout), before
     /// any tool starts.
     fn tool_env(&self, wd: &Workdir) -> impl Future<Output = Result<ToolEnv, Self::Error>> + Send;
+
+    /// Waits for the host's hold on the Run, for a host that takes it beside the checkout
+    /// rather than before the pipeline starts (the control node's plan claim: its round
+    /// trip and commit then overlap git's sandbox start). Nothing is reported, restored or
+    /// resolved before it answers; an error (the Run is not this host's) stops the pipeline
+    /// once the checkout has ended, with nothing reported. The default: the Run is held
+    /// already.
+    fn claimed(&self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
 }
 
 /// What a plan pipeline needs of its host besides [`Host`].
@@ -241,7 +251,8 @@ async fn log_result<H: Host>(
 /// before any module or provider is installed.
 ///
 /// Reports `checkout_started` (with `started`), then `environment_prepared` (the host's),
-/// then `checked_out`: in this order on every host, however the two overlap.
+/// then `checked_out`: in this order on every host, however the two overlap, and all after
+/// [`Host::claimed`] answered (the checkout does not wait for it).
 async fn checkout_and_prepare<H: Host>(
     host: &H,
     runner: &Runner,
@@ -258,7 +269,9 @@ async fn checkout_and_prepare<H: Host>(
     };
     // `checkout_started` is written while git already works; it still precedes the
     // `environment_prepared` this future reports.
+    // Outer error: the Run is not the host's. Inner: preparing it failed.
     let beside = async {
+        host.claimed().await?;
         host.event(EventKind::CheckoutStarted, started).await;
         // The step's tool sandbox starts beside the checkout's, not after it, and not
         // before it either: a process start holds the thread that makes it, so started
@@ -266,17 +279,22 @@ async fn checkout_and_prepare<H: Host>(
         // event is written git's sandbox is on its way; this one is ready long before
         // `init` needs it.
         runner.start_step_sandbox(wd);
-        let restored = host
-            .restore_state(runner, wd)
-            .await
-            .map_err(PlanError::Host)?;
-        let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
-        Ok((restored, env))
+        let prepared = async {
+            let restored = host
+                .restore_state(runner, wd)
+                .await
+                .map_err(PlanError::Host)?;
+            let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
+            Ok((restored, env))
+        };
+        Ok(prepared.await)
     };
     // Boxed: the two futures inline make a step's future type too deep for the compiler.
     // Both run to their end (a failed checkout does not cut `checkout_started` short);
-    // the checkout's error is the one reported.
+    // a Run the host does not hold ends here whatever else happened, and otherwise the
+    // checkout's error is the one reported.
     let (source, beside) = tokio::join!(Box::pin(fetch), Box::pin(beside));
+    let beside = beside.map_err(PlanError::Host)?;
     let (source, (restored, env)) = (source?, beside?);
     host.event(
         EventKind::CheckedOut,
