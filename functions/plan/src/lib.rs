@@ -192,7 +192,8 @@ impl Claim {
     }
 
     /// Waits for the claim's answer: `false` when another handler has the Run or it is no
-    /// longer queued. A claim that failed is an error once, and unknown afterwards.
+    /// longer queued. A claim that failed answers its own error the first time and a
+    /// retryable one after.
     async fn held(&self) -> Result<bool, StepError> {
         let mut state = self.state.lock().await;
         let answer = match &mut *state {
