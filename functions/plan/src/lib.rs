@@ -24,9 +24,6 @@ use takosumi_store::capsules::CapsuleOf;
 use takosumi_store::runs::source::RunSource;
 use takosumi_store::{capsules, events, runs};
 
-/// Why a handler that lost the claim (to another handler, or to a cancel) did nothing.
-const NOT_CLAIMED: &str = "claimed by another handler";
-
 /// The kinds of Run this step plans.
 const PLAN_KINDS: &[RunKind] = &[RunKind::Plan, RunKind::Destroy, RunKind::DriftCheck];
 
@@ -113,18 +110,15 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         },
         other => other,
     };
-    if matches!(result, Err(PlanError::NotClaimed)) {
-        return Ok(Outcome::Skipped(NOT_CLAIMED));
-    }
     // A cancel request interrupted the tool (or came before the commit): end `canceled`.
-    if cancel.is_cancelled() && !matches!(result, Ok(Outcome::Done)) {
+    if cancel.is_cancelled() && !matches!(result, Ok(Outcome::Done) | Err(PlanError::NotClaimed)) {
         let detail = serde_json::json!({ "step": "plan" });
         return ctx.cancel_claimed(run_id, None, detail).await;
     }
     match result {
         Ok(outcome) => Ok(outcome),
         Err(PlanError::Fail(code, message)) => ctx.fail_claimed(run_id, None, code, &message).await,
-        Err(PlanError::NotClaimed) => Ok(Outcome::Skipped(NOT_CLAIMED)),
+        Err(PlanError::NotClaimed) => Ok(Outcome::Skipped("claimed by another handler")),
         Err(PlanError::Step(e)) => {
             if e.retryable() {
                 ctx.release_claim(run_id).await;
