@@ -1350,6 +1350,8 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
          CREATE TRIGGER note BEFORE INSERT ON run_events FOR EACH ROW EXECUTE FUNCTION note_setting();
          CREATE TRIGGER note BEFORE INSERT ON run_logs FOR EACH ROW EXECUTE FUNCTION note_setting();
          CREATE TRIGGER note BEFORE UPDATE OF scan_report ON runs
+             FOR EACH ROW EXECUTE FUNCTION note_setting();
+         CREATE TRIGGER note BEFORE UPDATE OF sent_at ON outbox
              FOR EACH ROW EXECUTE FUNCTION note_setting();",
     )
     .execute(&pool)
@@ -1360,6 +1362,25 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
     plan_record::set_scan_report_progress(&pool, run, &json!({"findings": []})).await?;
     // A state change's event, written the ordinary way.
     events::append(&pool, run, EventKind::Planned, actor, json!({})).await?;
+    // A wake-up marked sent: a mark a crash loses is one more publish, so it does not wait.
+    let mut tx = pool.begin().await?;
+    takosumi_store::outbox::enqueue(&mut tx, takosumi_core::Topic::Gate, run).await?;
+    tx.commit().await?;
+    // Relayed here or, if its poll came first, by the API's relay: the same code either way.
+    let broker = stack.ctx.bus.get().await?;
+    takosumi_queue::relay_once(&pool, &broker).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+        .fetch_one(&pool)
+        .await?
+        > 0
+    {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the wake-up was not sent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let session: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
         .fetch_one(&pool)
         .await?;
@@ -1375,6 +1396,7 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
             ("run_logs", "off"),
             ("runs", "off"),
             ("run_events", "on"),
+            ("outbox", "off"),
         ]
     );
     assert_eq!(session, "on", "the setting outlived its statement");
@@ -1613,5 +1635,84 @@ async fn plan_submissions_racing_with_one_key_start_one_run() -> anyhow::Result<
     .fetch_one(pool)
     .await?;
     assert_eq!((runs, queued, wakes), (1, 1, 1));
+    stack.stop().await
+}
+
+/// A sent wake-up is deleted once it is older than the relay's retention
+/// (`takosumi_queue::KEEP_SENT`), the longest-sent first and in bounded batches; every
+/// process's relay prunes when it starts. Rows sent inside the retention and one not sent
+/// yet (held back, however old) stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_wake_ups_are_pruned_after_the_retention() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    // The API's relay prunes first thing when it starts, then not for a minute: the rows
+    // below are written after that first prune.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pool = &stack.ctx.pool;
+    let keep = i64::try_from(takosumi_queue::KEEP_SENT.as_secs())?;
+    // (seconds ago it was sent (None: not yet), seconds until it is due)
+    let rows: [(Option<i64>, i64); 8] = [
+        (Some(50 * 60), 0),
+        (Some(40 * 60), 0),
+        (Some(30 * 60), 0),
+        (Some(keep + 300), 0),
+        (Some(keep + 200), 0),
+        (Some(keep + 100), 0),
+        (Some(keep - 60), 0),
+        (None, 3600),
+    ];
+    let mut ids = Vec::new();
+    for (sent, due_in) in rows {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO outbox (topic, payload, created_at, sent_at, available_at)
+             VALUES ('run.gate', '{}', now() - interval '1 day',
+                     now() - make_interval(secs => $1::bigint::double precision),
+                     now() + make_interval(secs => $2::bigint::double precision))
+             RETURNING id",
+        )
+        .bind(sent)
+        .bind(due_in)
+        .fetch_one(pool)
+        .await?;
+        ids.push(id);
+    }
+    let left = || async {
+        let left: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM outbox WHERE id = ANY($1) ORDER BY id")
+                .bind(&ids)
+                .fetch_all(pool)
+                .await?;
+        anyhow::Ok(left)
+    };
+    // With a 35-minute retention, six rows are expired; a batch of two takes the two sent
+    // longest ago (written after the others, so not the lowest ids).
+    assert_eq!(
+        takosumi_store::outbox::prune_sent(pool, 35 * 60, 2).await?,
+        2
+    );
+    let expect: Vec<i64> = [0, 1, 2, 5, 6, 7].iter().map(|&i| ids[i]).collect();
+    assert_eq!(left().await?, expect);
+    // A process that starts prunes, with the real retention: the last row sent more than
+    // an hour ago goes; those sent 50, 40, 30 and 59 minutes ago and the pending one stay.
+    let mut gate = stack.spawn_process("gate")?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while left().await?.contains(&ids[5]) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = gate.kill().await;
+    let expect: Vec<i64> = [0, 1, 2, 6, 7].iter().map(|&i| ids[i]).collect();
+    assert_eq!(
+        left().await?,
+        expect,
+        "the gate's relay did not prune the expired row, or pruned one it must keep"
+    );
+    assert_eq!(
+        takosumi_store::outbox::prune_sent(pool, keep, 100).await?,
+        0
+    );
     stack.stop().await
 }

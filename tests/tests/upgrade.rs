@@ -745,6 +745,18 @@ async fn check_pipeline(
             .await?;
     }
     assert_eq!(unsent, 0, "the outbox drains");
+    // The relays pruned the old release's wake-ups sent more than an hour before
+    // (`KEEP_SENT`) when they started; the one sent 52 minutes before is kept.
+    let old_sent: Vec<String> = sqlx::query_scalar(
+        "SELECT topic FROM outbox WHERE sent_at < now() - interval '30 minutes' ORDER BY id",
+    )
+    .fetch_all(pool)
+    .await?;
+    assert_eq!(
+        old_sent,
+        ["run.plan"],
+        "old sent wake-ups pruned, a recent one kept"
+    );
 
     // The old Capsule plans and applies again, on a new commit (one more output): the
     // generation moves 1 → 2 and the new state continues the old one.

@@ -1,7 +1,8 @@
 //! The outbox relay: publishes committed wake-ups with publisher confirms and marks them
 //! sent in the same transaction that locked them. Rows locked by another relay are
 //! skipped, so any number of relays can run; a crash before the commit leaves the rows
-//! pending and they are published again (handlers are safe to run twice).
+//! pending and they are published again (handlers are safe to run twice). Sent rows are
+//! deleted once they are older than [`KEEP_SENT`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +19,17 @@ const POLL: Duration = Duration::from_millis(250);
 
 /// The most rows one pass locks and publishes.
 pub const BATCH: usize = 200;
+
+/// How long a sent row is kept before a relay deletes it: long enough to tell when a
+/// recent wake-up left (an operator's question, the benchmark's relay/broker split), not
+/// so long that the table grows with every Run ever made.
+pub const KEEP_SENT: Duration = Duration::from_secs(60 * 60);
+/// How often a relay prunes, starting when it starts.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// Rows one prune statement deletes at most, and statements one prune makes at most: a
+/// backlog (the first start after an upgrade) goes over a few minutes, in short statements.
+const PRUNE_BATCH: i64 = 5_000;
+const PRUNE_STATEMENTS: usize = 4;
 
 /// Publishes up to one batch ([`BATCH`]) of due rows; returns how many were sent.
 pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usize, QueueError> {
@@ -107,6 +119,7 @@ pub async fn run_relay<F, Fut>(
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<Broker, QueueError>>,
 {
+    let pruner = tokio::spawn(prune_until(pool.clone(), shutdown.clone()));
     let mut failures: u32 = 0;
     let mut polled = false;
     while !shutdown.is_cancelled() {
@@ -143,6 +156,37 @@ pub async fn run_relay<F, Fut>(
                     _ = tokio::time::sleep(delay) => {}
                 }
             }
+        }
+    }
+    let _ = pruner.await;
+}
+
+/// Deletes sent rows older than [`KEEP_SENT`] now and every [`PRUNE_EVERY`] until
+/// `shutdown`. Every process's relay does it; they skip each other's rows.
+async fn prune_until(pool: sqlx_pool::PgPool, shutdown: CancellationToken) {
+    let keep = i64::try_from(KEEP_SENT.as_secs()).unwrap_or(i64::MAX);
+    while !shutdown.is_cancelled() {
+        let mut removed = 0;
+        for _ in 0..PRUNE_STATEMENTS {
+            match outbox::prune_sent(&pool, keep, PRUNE_BATCH).await {
+                Ok(n) => {
+                    removed += n;
+                    if n < PRUNE_BATCH as u64 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning sent outbox rows failed; trying again later");
+                    break;
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::debug!(removed, "pruned sent outbox rows");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(PRUNE_EVERY) => {}
         }
     }
 }

@@ -84,12 +84,40 @@ pub async fn any_due(pool: &crate::Pool) -> Result<bool, StoreError> {
     Ok(due)
 }
 
-/// Marks rows as published (the broker confirmed them).
+/// Marks rows as published (the broker confirmed them). The relay's transaction then
+/// commits without waiting for the disk: a mark a crash loses leaves the row pending, and it
+/// is published once more (handlers are safe to run twice), so the flush buys nothing.
 pub async fn mark_sent(tx: &mut Tx, ids: &[i64]) -> Result<(), StoreError> {
-    sqlx::query!("UPDATE outbox SET sent_at = now() WHERE id = ANY($1)", ids)
-        .execute(tx.db())
-        .await?;
+    sqlx::query!(
+        "UPDATE outbox SET sent_at = now()
+          WHERE id = ANY($1) AND set_config('synchronous_commit', 'off', true) IS NOT NULL",
+        ids
+    )
+    .execute(tx.db())
+    .await?;
     Ok(())
+}
+
+/// Deletes up to `limit` rows sent more than `keep_secs` seconds ago, oldest first; returns
+/// how many. A sent row is kept a while only to say when its wake-up left (the queue's
+/// relay/broker split); after that it is dead weight in a table every Run writes to.
+/// Rows another relay is deleting are skipped, so any number of relays may prune at once.
+pub async fn prune_sent(pool: &crate::Pool, keep_secs: i64, limit: i64) -> Result<u64, StoreError> {
+    // The expired rows through `outbox_sent`, then each by its key: with `IN (SELECT …)`
+    // Postgres joins the ids against a scan of the whole table (54 against 12 ms for 5,000
+    // of 200,000 rows).
+    let done = sqlx::query!(
+        "DELETE FROM outbox WHERE id = ANY(ARRAY(
+             SELECT id FROM outbox
+              WHERE sent_at < now() - make_interval(secs => $1::bigint::double precision)
+              ORDER BY sent_at LIMIT $2
+                FOR UPDATE SKIP LOCKED))",
+        keep_secs,
+        limit
+    )
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// Counts a failed publish so operators can see a stuck row.
