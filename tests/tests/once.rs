@@ -21,11 +21,45 @@ async fn once(stack: &Stack, step: &str, args: &[&str]) -> anyhow::Result<(i32, 
     let started = Instant::now();
     let mut argv = vec!["--once"];
     argv.extend_from_slice(args);
-    let mut child = stack.spawn_step(step, &argv, &[], None)?;
+    // A Job handles one Run: a pool of three connections is enough (the pipeline test checks
+    // none holds more).
+    let mut child = stack.spawn_step(step, &argv, &[("TAKOSUMI_PG_MAX_CONNECTIONS", "3")], None)?;
     let status = tokio::time::timeout(Duration::from_secs(180), child.wait())
         .await
         .map_err(|_| anyhow::anyhow!("takosumi-{step} --once did not exit within 180 s"))??;
     Ok((status.code().unwrap_or(-1), started.elapsed()))
+}
+
+/// Samples `pg_stat_activity` every 10 ms until the returned flag is set; the task's result
+/// is the most sessions each Takosumi process (by its `application_name`) held at once.
+fn watch_connections(
+    stack: &Stack,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<anyhow::Result<std::collections::HashMap<String, i64>>>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pool = stack.ctx.pool.clone();
+    let done = stop.clone();
+    let task = tokio::spawn(async move {
+        let mut most = std::collections::HashMap::<String, i64>::new();
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            let now: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT application_name, count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name LIKE 'takosumi-%'
+                  GROUP BY 1",
+            )
+            .fetch_all(&pool)
+            .await?;
+            for (name, n) in now {
+                let seen = most.entry(name).or_default();
+                *seen = (*seen).max(n);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(most)
+    });
+    (stop, task)
 }
 
 async fn status_of(stack: &Stack, run: takosumi_core::RunId) -> anyhow::Result<RunStatus> {
@@ -45,6 +79,7 @@ async fn once_processes_take_a_run_through_the_pipeline_and_exit() -> anyhow::Re
 
     let plan = stack.client.plan(capsule.id, None).await?;
     assert_eq!(status_of(&stack, plan.id).await?, RunStatus::Queued);
+    let (stop_watching, watched) = watch_connections(&stack);
     let (code, _) = once(&stack, "plan", &["--idle-secs", "20"]).await?;
     assert_eq!(code, 0, "the plan Job's exit code");
     assert_eq!(
@@ -82,6 +117,17 @@ async fn once_processes_take_a_run_through_the_pipeline_and_exit() -> anyhow::Re
     );
     let after = stack.client.get_capsule(capsule.id).await?;
     assert_eq!(after.state_generation, 1, "the apply Job moved the state");
+    // Each Job's sessions carry its name, and none held more than its
+    // TAKOSUMI_PG_MAX_CONNECTIONS.
+    stop_watching.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = watched.await??;
+    for job in ["takosumi-plan", "takosumi-gate", "takosumi-apply"] {
+        let held = most.get(job).copied().unwrap_or_default();
+        assert!(
+            (1..=3).contains(&held),
+            "{job} held {held} connections at once: {most:?}"
+        );
+    }
 
     // Nothing queued: the Job waits its idle limit and exits 0 without running the tool.
     let (code, took) = once(&stack, "apply", &["--idle-secs", "1"]).await?;

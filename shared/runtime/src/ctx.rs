@@ -55,9 +55,13 @@ impl Ctx {
     /// Connects everything the settings name. Migrations run here so that any process can
     /// start first on a new database.
     pub async fn connect(settings: &Settings, name: &str) -> Result<Self, RuntimeError> {
-        let pool =
-            takosumi_store::connect_with(settings.database_url.expose(), 10, settings.pg_timeouts)
-                .await?;
+        let pool = takosumi_store::connect_with(
+            settings.database_url.expose(),
+            &format!("takosumi-{name}"),
+            settings.pg_max_connections,
+            settings.pg_timeouts,
+        )
+        .await?;
         takosumi_store::migrate(&pool).await?;
         let bus = Arc::new(Bus::new(
             settings.amqp_url.expose().clone(),

@@ -81,6 +81,11 @@ pub struct Settings {
     /// database may keep a caller waiting (see [`takosumi_store::PgTimeouts`]; 0 turns the
     /// statement or lock timeout off).
     pub pg_timeouts: takosumi_store::PgTimeouts,
+    /// `TAKOSUMI_PG_MAX_CONNECTIONS` (default 10, at least 2): the most connections the
+    /// process's pool opens. Every process has one pool (the API two more listening
+    /// connections and a 4-connection pool for the history page), so the fleet's largest
+    /// size times this must stay under the server's `max_connections`.
+    pub pg_max_connections: u32,
     /// `TAKOSUMI_S3_CONNECT_TIMEOUT_MS` (default 5000), `TAKOSUMI_S3_ATTEMPT_TIMEOUT_MS`
     /// (default 120000) and `TAKOSUMI_S3_OPERATION_TIMEOUT_MS` (default 150000): how long
     /// one storage request may take (see [`takosumi_objects::ObjectTimeouts`]).
@@ -154,6 +159,10 @@ impl Settings {
             .unwrap_or(2000)
             .max(50);
         let stuck_queued_secs = number("TAKOSUMI_STUCK_QUEUED_SECS", 60).max(1);
+        // Fewer than two: a step holding its claim's connection could not also keep its lease.
+        let pg_max_connections = u32::try_from(number("TAKOSUMI_PG_MAX_CONNECTIONS", 10))
+            .unwrap_or(10)
+            .clamp(2, 1000);
         let mut millis = |k: &str, default: std::time::Duration, min_ms: u64| {
             let ms = u64::try_from(number(k, i64::try_from(default.as_millis()).unwrap_or(0)))
                 .unwrap_or(0);
@@ -237,6 +246,7 @@ impl Settings {
             evidence_key_id,
             evidence_previous_keys,
             pg_timeouts,
+            pg_max_connections,
             s3_timeouts,
         })
     }
@@ -354,6 +364,23 @@ mod tests {
         );
         assert_eq!(s.pg_timeouts.acquire, std::time::Duration::from_secs(2));
         assert_eq!(s.s3_timeouts.attempt, std::time::Duration::from_millis(700));
+        assert_eq!(Settings::from_map(&full()).unwrap().pg_max_connections, 10);
+        for (given, used) in [("4", 4), ("1", 2), ("0", 2), ("5000", 1000)] {
+            m.insert("TAKOSUMI_PG_MAX_CONNECTIONS".into(), given.into());
+            assert_eq!(
+                Settings::from_map(&m).unwrap().pg_max_connections,
+                used,
+                "{given}"
+            );
+        }
+        m.insert("TAKOSUMI_PG_MAX_CONNECTIONS".into(), "many".into());
+        assert!(
+            Settings::from_map(&m)
+                .unwrap_err()
+                .to_string()
+                .contains("TAKOSUMI_PG_MAX_CONNECTIONS")
+        );
+        m.remove("TAKOSUMI_PG_MAX_CONNECTIONS");
         m.insert("TAKOSUMI_PG_LOCK_TIMEOUT_MS".into(), "soon".into());
         assert!(
             Settings::from_map(&m)

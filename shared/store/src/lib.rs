@@ -202,23 +202,28 @@ impl Default for PgTimeouts {
     }
 }
 
-/// Connects a pool with the default [`PgTimeouts`].
+/// Connects a pool with the default [`PgTimeouts`], its sessions named `takosumi`.
 pub async fn connect(url: &str, max_connections: u32) -> Result<Pool, StoreError> {
-    connect_with(url, max_connections, PgTimeouts::default()).await
+    connect_with(url, "takosumi", max_connections, PgTimeouts::default()).await
 }
 
 /// Connects a pool whose sessions start with `timeouts` (see [`PgTimeouts`]) and whose
 /// statements carry the answer bound ([`Pool`]). A timeout of zero turns that one off, as
-/// in Postgres.
+/// in Postgres. The sessions carry `application_name` (`pg_stat_activity` then says which
+/// process holds which connections) unless the URL names one itself.
 pub async fn connect_with(
     url: &str,
+    application_name: &str,
     max_connections: u32,
     timeouts: PgTimeouts,
 ) -> Result<Pool, StoreError> {
-    let options = PgConnectOptions::from_str(url)?.options([
+    let mut options = PgConnectOptions::from_str(url)?.options([
         ("statement_timeout", millis(timeouts.statement)),
         ("lock_timeout", millis(timeouts.lock)),
     ]);
+    if options.get_application_name().is_none() {
+        options = options.application_name(application_name);
+    }
     let inner = pool_options(max_connections, timeouts.acquire, timeouts.statement)
         .connect_with(options)
         .await?;
