@@ -410,8 +410,9 @@ async fn concurrent_handlers_claim_once() -> anyhow::Result<()> {
 
 /// A drift check queued while its Capsule had something applied, and reached by the plan
 /// step only after a destroy removed it, fails `not_applied` before anything runs. The
-/// step finds that before the checkout, where the claim is otherwise taken (beside git):
-/// it claims the Run first, so the failure is recorded, and never checks out.
+/// step finds that before the checkout, while its claim (made beside git) may still be on
+/// its way: it waits for the claim, so the failure is recorded on a Run it holds, and never
+/// checks out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drift_check_whose_baseline_a_destroy_removed_fails_not_applied() -> anyhow::Result<()> {
     let stack = Stack::start_with(Options {
