@@ -123,6 +123,13 @@ async fn assert_workspace_verifies(
 /// An agent's plan is held before it plans; canceling it ends it: a statement of a Run
 /// that pinned nothing, without running the tool.
 async fn canceled_run(stack: &Stack, capsule: &Capsule, reason: &str) -> anyhow::Result<RunId> {
+    let run = held_run(stack, capsule).await?;
+    cancel(stack, run, reason).await?;
+    Ok(run)
+}
+
+/// An agent's plan, held before it plans: it has not ended, so it has no statement.
+async fn held_run(stack: &Stack, capsule: &Capsule) -> anyhow::Result<RunId> {
     let (agent, _) = stack.token("ev-agent", "agent").await?;
     let (s, held) = stack
         .call_as(
@@ -143,6 +150,10 @@ async fn canceled_run(stack: &Stack, capsule: &Capsule, reason: &str) -> anyhow:
         (409, Some("run_not_ended")),
         "{body}"
     );
+    Ok(run)
+}
+
+async fn cancel(stack: &Stack, run: RunId, reason: &str) -> anyhow::Result<()> {
     let (s, body) = stack
         .call(
             "POST",
@@ -151,7 +162,7 @@ async fn canceled_run(stack: &Stack, capsule: &Capsule, reason: &str) -> anyhow:
         )
         .await?;
     assert_eq!(s, 200, "{body}");
-    Ok(run)
+    Ok(())
 }
 
 /// The promise: plan → approve → apply leaves two signed statements that verify and link:
@@ -929,5 +940,51 @@ async fn concurrent_writers_append_each_statement_once() -> anyhow::Result<()> {
     assert!(per_run.iter().all(|n| *n == 1), "{per_run:?}");
     assert!(by_racers <= ended.len());
     assert_workspace_verifies(&stack, ws, ended.len()).await?;
+    stack.stop().await
+}
+
+/// The promise: Runs that end in a burst are signed together, in one transaction (the
+/// writer gathers the notifications that arrive within a moment of the first), not in a
+/// pass each; every one still gets its statement and the chain verifies. Six Runs end 15 ms
+/// apart: passes of their own would sign them at six different times (a statement's
+/// `signed_at` is its transaction's start), checked by setting the gathering to nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runs_ending_in_a_burst_are_signed_in_one_pass() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let cap = capsule(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let ws = cap.workspace_id;
+    let mut runs = Vec::new();
+    for _ in 0..6 {
+        runs.push(held_run(&stack, &cap).await?);
+    }
+    // Whatever the writer's start or its poll signed before the burst is not in it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (i, run) in runs.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+        cancel(&stack, *run, "burst").await?;
+    }
+    for run in &runs {
+        evidence_of(&stack, *run).await?;
+    }
+    let (statements, passes): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT signed_at) FROM evidence_statements WHERE workspace_id = $1",
+    )
+    .bind(ws.as_uuid())
+    .fetch_one(&stack.ctx.pool)
+    .await?;
+    assert_eq!(statements, 6, "one statement per ended Run");
+    // One pass, or two when the writer's two-second poll fell inside the burst.
+    assert!(
+        passes <= 2,
+        "six Runs ended 15 ms apart were signed in {passes} passes"
+    );
+    assert_workspace_verifies(&stack, ws, runs.len()).await?;
     stack.stop().await
 }
