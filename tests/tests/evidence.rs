@@ -40,6 +40,20 @@ async fn capsule(stack: &Stack, repo: &GitRepo, dir: &str, vars: Value) -> anyho
         .await?)
 }
 
+/// A stack whose only process is the API (its evidence writer among it), and a Capsule of
+/// the network example (the repository lives as long as the value) in a Workspace of its
+/// own: for Runs that end without a step.
+async fn api_only_with_capsule() -> anyhow::Result<(Stack, GitRepo, Capsule)> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let cap = capsule(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    Ok((stack, repo, cap))
+}
+
 /// The Run's signed statement, once the writer has signed it (polled: it is written just
 /// after the Run ends). Only `evidence_pending` is waited out.
 async fn evidence_of(stack: &Stack, run: RunId) -> anyhow::Result<SignedStatement> {
@@ -895,13 +909,7 @@ async fn key_rotation_keeps_old_statements_verifiable() -> anyhow::Result<()> {
 /// writers race the API's own while Runs end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writers_append_each_statement_once() -> anyhow::Result<()> {
-    let stack = Stack::start_with(Options {
-        steps: Steps::API_ONLY,
-        ..Options::default()
-    })
-    .await?;
-    let repo = GitRepo::with_example("network")?;
-    let cap = capsule(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let (stack, _repo, cap) = api_only_with_capsule().await?;
     let ws = cap.workspace_id;
     let key = Signer::from_seed_base64(KEY_ID, &stack.env_vars()["TAKOSUMI_EVIDENCE_KEY"])?;
     let stop = tokio_util::sync::CancellationToken::new();
@@ -950,13 +958,7 @@ async fn concurrent_writers_append_each_statement_once() -> anyhow::Result<()> {
 /// `signed_at` is its transaction's start), checked by setting the gathering to nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runs_ending_in_a_burst_are_signed_in_one_pass() -> anyhow::Result<()> {
-    let stack = Stack::start_with(Options {
-        steps: Steps::API_ONLY,
-        ..Options::default()
-    })
-    .await?;
-    let repo = GitRepo::with_example("network")?;
-    let cap = capsule(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let (stack, _repo, cap) = api_only_with_capsule().await?;
     let ws = cap.workspace_id;
     let mut runs = Vec::new();
     for _ in 0..6 {
