@@ -221,7 +221,10 @@ pub async fn run_writer(pool: Pool, signer: Signer, shutdown: CancellationToken)
         }
         let woken = async {
             match listener.as_mut() {
-                Some(l) => l.recv().await.map(|_| ()),
+                Some(l) => {
+                    l.recv().await?;
+                    gather(l, GATHER).await
+                }
                 None => std::future::pending().await,
             }
         };
@@ -229,16 +232,7 @@ pub async fn run_writer(pool: Pool, signer: Signer, shutdown: CancellationToken)
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(POLL) => {}
             got = woken => {
-                let gathered = match (got, listener.as_mut()) {
-                    (Ok(()), Some(l)) => {
-                        tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            gathered = gather(l, GATHER) => gathered,
-                        }
-                    }
-                    _ => Err(()),
-                };
-                if gathered.is_err() {
+                if got.is_err() {
                     // Listen again on the next round; the poll covers the gap.
                     listener = None;
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -249,17 +243,14 @@ pub async fn run_writer(pool: Pool, signer: Signer, shutdown: CancellationToken)
 }
 
 /// Takes every notification that arrives within `window`, so that the pass after it signs
-/// them together and none of them starts a pass of its own; `Err` when the listening
+/// them together and none of them starts a pass of its own; fails when the listening
 /// connection broke.
-async fn gather(listener: &mut PgListener, window: Duration) -> Result<(), ()> {
+async fn gather(listener: &mut PgListener, window: Duration) -> Result<(), sqlx::Error> {
     let until = tokio::time::Instant::now() + window;
-    loop {
-        match tokio::time::timeout_at(until, listener.recv()).await {
-            Err(_) => return Ok(()),
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return Err(()),
-        }
+    while let Ok(got) = tokio::time::timeout_at(until, listener.recv()).await {
+        got?;
     }
+    Ok(())
 }
 
 async fn listen(pool: &Pool) -> Option<PgListener> {
