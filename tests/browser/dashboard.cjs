@@ -161,6 +161,9 @@ async function main() {
     check((await status()) === "applied", `the install applied (${await status()})`);
     const outputs = await page.textContent("[data-testid=outputs]");
     check(outputs.includes("vpc") && outputs.includes("vpc-eu"), `outputs show vpc = vpc-eu: ${outputs}`);
+    // The statement is signed just after the Run ends: if the page came first, its
+    // evidence line fetches itself until the statement is there (no reload here).
+    out.evidenceAwaited = (await page.textContent("#evidence")).includes("Being signed");
     await page.waitForSelector("[data-testid=evidence]");
     const ev = await page.textContent("[data-testid=evidence]");
     check(ev.includes("Verified"), `the evidence verifies: ${ev}`);

@@ -66,6 +66,9 @@ struct Seen {
     held_run: RunId,
     viewer_forged_status: u16,
     approved_digest_prefix: String,
+    /// Whether the install apply's page came before its statement and its evidence line
+    /// fetched itself until the statement was there.
+    evidence_awaited: bool,
     seen: Sweeps,
 }
 
@@ -205,6 +208,9 @@ async fn the_dashboard_installs_reviews_and_approves_in_a_browser() -> anyhow::R
     let seen: Seen = serde_json::from_str(line.trim())
         .map_err(|e| anyhow::anyhow!("the browser test's report {line:?}: {e}"))?;
     eprintln!("dashboard: {seen:?}; screenshots in {}", shots.display());
+    if seen.evidence_awaited {
+        eprintln!("dashboard: the apply's page came before its statement and waited for it");
+    }
     assert!(seen.seen.pages >= 10 && seen.seen.streams == 3, "{seen:?}");
     assert_eq!(seen.seen.steps.len(), 9, "{seen:?}");
     assert_eq!(seen.viewer_forged_status, 403);

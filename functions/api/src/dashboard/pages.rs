@@ -11,7 +11,7 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
-use takosumi_core::{RunKind, RunStatus, WorkspaceId};
+use takosumi_core::{RunId, RunKind, RunStatus, WorkspaceId};
 use takosumi_cost::CostEstimate;
 use takosumi_evidence::{ChainHead, SignedStatement, StatementPage, verify_run_in_chain};
 use takosumi_wire::{
@@ -587,7 +587,7 @@ async fn evidence_result(st: &AppState, s: &Session, run: &Run) -> Result<Markup
         get_optional::<SignedStatement>(st, s, &format!("/api/v1/runs/{}/evidence", run.id))
             .await?
     else {
-        return Ok(html! { p.muted { "Being signed: reload in a moment." } });
+        return Ok(evidence_pending(run.id));
     };
     let ws = run.workspace_id;
     let mut envelopes = Vec::new();
@@ -619,16 +619,26 @@ async fn evidence_result(st: &AppState, s: &Session, run: &Run) -> Result<Markup
     });
     Ok(match outcome {
         Ok((report, Some(v))) => html! {
-            p.verified data-testid="evidence" {
+            p.verified #evidence data-testid="evidence" {
                 "✓ Verified: statement " (v.position) " of " (report.statements.len())
                 " in the Workspace's chain, signed by key " code { (v.key_id) } ", digest " code { (short(&v.digest)) }
             }
         },
-        Ok((_, None)) => html! { p.muted { "Not in the chain." } },
+        Ok((_, None)) => html! { p.muted #evidence { "Not in the chain." } },
         Err(e) => {
-            html! { p.banner.danger data-testid="evidence" { "✗ Verification failed: " (e) } }
+            html! { p.banner.danger #evidence data-testid="evidence" { "✗ Verification failed: " (e) } }
         }
     })
+}
+
+/// The writer signs ended Runs in bursts, so a page rendered as its Run settles can come
+/// before the Run's statement: this line fetches the page again each second and swaps in
+/// its own replacement (`#evidence`) until the statement is there.
+fn evidence_pending(run: RunId) -> Markup {
+    html! {
+        p.muted #evidence hx-get={ "/runs/" (run) } hx-trigger="load delay:1s"
+            hx-select="#evidence" hx-swap="outerHTML" { "Being signed…" }
+    }
 }
 
 fn urlencode(s: &str) -> String {
@@ -864,5 +874,27 @@ fn page_head(run: &Run) -> Markup {
         }
         h1 { (run.kind.as_str()) " " code { (run.id) } " " (status_badge(run.status)) " " (changes(run)) }
         @if let Some(a) = &run.actor { p.muted { "by " (a.kind) ":" (a.id) " · " (when(run.created_at)) } }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statement_being_signed_fetches_itself_until_it_is_there() {
+        let run: RunId = "run_0000000000000000000000000000000a"
+            .parse()
+            .expect("a run id");
+        let html = evidence_pending(run).into_string();
+        for part in [
+            r#"id="evidence""#,
+            &format!(r#"hx-get="/runs/{run}""#),
+            r##"hx-select="#evidence""##,
+            r#"hx-swap="outerHTML""#,
+            r#"hx-trigger="load delay:1s""#,
+        ] {
+            assert!(html.contains(part), "{part} missing from {html}");
+        }
     }
 }
