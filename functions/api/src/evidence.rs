@@ -32,12 +32,13 @@ const MAX_LIMIT: i64 = 200;
 /// How often the writer looks for ended Runs when no notification woke it (a notification
 /// can be lost while the listening connection is re-established).
 const POLL: Duration = Duration::from_secs(2);
-/// How long the writer gathers notifications after the first one before it signs: Runs
-/// end in bursts (a pipeline's plan then its apply, a sweep's drift checks, many pipelines
-/// at once), and one pass signs a Workspace's batch in one transaction whose fixed cost
-/// (the head's lock, the pending rows, the head's update, a commit that waits for the disk)
-/// is then paid once for the burst instead of once per Run. A statement is at most this
-/// much later, which no reader of an ended Run's evidence notices.
+/// The least time between two passes the notifications start: Runs end in bursts (a
+/// pipeline's plan then its apply, a sweep's drift checks, many pipelines at once), and
+/// one pass signs a Workspace's batch in one transaction whose fixed cost (the head's lock,
+/// the pending rows, the head's update, a commit that waits for the disk) is then paid once
+/// for the burst instead of once per Run. A Run that ends after a quiet spell is signed at
+/// once; one that ends within this time of the last pass waits for the rest of it, with
+/// every other Run that ends meanwhile.
 const GATHER: Duration = Duration::from_millis(200);
 
 /// The evidence endpoints; merged into the API's router.
@@ -214,6 +215,7 @@ pub async fn run_writer(pool: Pool, signer: Signer, shutdown: CancellationToken)
         if listener.is_none() {
             listener = listen(&pool).await;
         }
+        let passed = tokio::time::Instant::now();
         match evidence::write_pending(&pool, &signer).await {
             Ok(0) => {}
             Ok(n) => tracing::debug!(statements = n, "evidence statements signed"),
@@ -223,7 +225,7 @@ pub async fn run_writer(pool: Pool, signer: Signer, shutdown: CancellationToken)
             match listener.as_mut() {
                 Some(l) => {
                     l.recv().await?;
-                    gather(l, GATHER).await
+                    gather(l, passed + GATHER).await
                 }
                 None => std::future::pending().await,
             }
@@ -242,11 +244,10 @@ pub async fn run_writer(pool: Pool, signer: Signer, shutdown: CancellationToken)
     }
 }
 
-/// Takes every notification that arrives within `window`, so that the pass after it signs
-/// them together and none of them starts a pass of its own; fails when the listening
-/// connection broke.
-async fn gather(listener: &mut PgListener, window: Duration) -> Result<(), sqlx::Error> {
-    let until = tokio::time::Instant::now() + window;
+/// Takes every notification already received and every one that arrives before `until`
+/// (none more when it has passed), so that the pass after it signs them together and none
+/// of them starts a pass of its own; fails when the listening connection broke.
+async fn gather(listener: &mut PgListener, until: tokio::time::Instant) -> Result<(), sqlx::Error> {
     while let Ok(got) = tokio::time::timeout_at(until, listener.recv()).await {
         got?;
     }
