@@ -68,21 +68,36 @@ pub async fn approvals<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     run_id: RunId,
 ) -> Result<Vec<GivenApproval>, StoreError> {
+    Ok(approvals_of(executor, &[run_id])
+        .await?
+        .remove(&run_id)
+        .unwrap_or_default())
+}
+
+/// The approvals given on each of `runs`, oldest first, in one read (the evidence writer
+/// reads a batch of ended Runs at once); a Run with none has no entry.
+pub async fn approvals_of<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    runs: &[RunId],
+) -> Result<std::collections::HashMap<RunId, Vec<GivenApproval>>, StoreError> {
+    let ids: Vec<uuid::Uuid> = runs.iter().map(RunId::as_uuid).collect();
     let rows = sqlx::query!(
-        r#"SELECT approver_id, approver_role, plan_digest, note, created_at FROM approvals
-            WHERE run_id = $1 ORDER BY id"#,
-        run_id.as_uuid()
+        r#"SELECT run_id as "run_id: RunId", approver_id, approver_role, plan_digest, note,
+                  created_at
+             FROM approvals WHERE run_id = ANY($1) ORDER BY id"#,
+        &ids
     )
     .fetch_all(executor)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|a| GivenApproval {
+    let mut given = std::collections::HashMap::<RunId, Vec<GivenApproval>>::new();
+    for a in rows {
+        given.entry(a.run_id).or_default().push(GivenApproval {
             approver_id: a.approver_id,
             approver_role: a.approver_role,
             plan_digest: a.plan_digest,
             note: a.note,
             at: a.created_at,
-        })
-        .collect())
+        });
+    }
+    Ok(given)
 }

@@ -8,6 +8,8 @@
 //! Workspace's head: many writers at once append each statement exactly once, in the order
 //! the Runs ended, each naming the digest of the one before.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
 use takosumi_core::{RunId, RunKind, WorkspaceId};
@@ -179,7 +181,9 @@ pub async fn write_pending(pool: &crate::Pool, signer: &Signer) -> Result<usize,
 }
 
 /// One transaction: locks the Workspace's head, appends up to [`BATCH`] statements in the
-/// order their Runs ended, advances the head.
+/// order their Runs ended, advances the head. What the statements say is read for the whole
+/// batch at once ([`Facts::read`]) and they are inserted in one statement, so a batch costs
+/// the same few statements however many Runs it signs.
 async fn append(
     pool: &crate::Pool,
     workspace_id: WorkspaceId,
@@ -203,18 +207,20 @@ async fn append(
     )
     .fetch_all(tx.db())
     .await?;
-    let mut written = 0;
-    for row in &pending {
-        if row.written {
-            continue;
-        }
-        let run_id = row.run_id;
+    let todo: Vec<RunId> = pending
+        .iter()
+        .filter(|row| !row.written)
+        .map(|row| row.run_id)
+        .collect();
+    let mut facts = Facts::read(&mut tx, &todo).await?;
+    let mut rows = NewRows::default();
+    for run_id in todo {
         let link = ChainLink {
             workspace_id: workspace_id.to_string(),
             sequence: u64::try_from(sequence + 1).unwrap_or_default(),
             previous: previous.clone(),
         };
-        let statement = Statement::new(predicate(&mut tx, run_id, link).await?);
+        let statement = Statement::new(facts.predicate(run_id, link)?);
         let bytes = statement
             .to_canonical()
             .map_err(|e| StoreError::Evidence(e.to_string()))?;
@@ -222,24 +228,37 @@ async fn append(
         let envelope = signer.sign(&bytes);
         let text = String::from_utf8(bytes)
             .map_err(|_| StoreError::Evidence("canonical JSON is not UTF-8".into()))?;
+        sequence += 1;
+        // An apply later in the batch links to this statement.
+        facts.signed.insert(run_id, digest.clone());
+        rows.run_id.push(run_id.as_uuid());
+        rows.sequence.push(sequence);
+        rows.digest.push(digest.clone());
+        // The first statement of a chain has none: '' stands for it in the array.
+        rows.previous.push(previous.take().unwrap_or_default());
+        rows.statement.push(text);
+        rows.signature.push(envelope.signatures[0].sig.clone());
+        previous = Some(digest);
+    }
+    let written = rows.run_id.len();
+    if written > 0 {
         sqlx::query!(
             r#"INSERT INTO evidence_statements
                    (run_id, workspace_id, sequence, digest, previous_digest, statement, key_id, signature)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"#,
-            run_id.as_uuid(),
+               SELECT r, $2, s, d, NULLIF(p, ''), t, $3, g
+                 FROM UNNEST($1::uuid[], $4::int8[], $5::text[], $6::text[], $7::text[], $8::text[])
+                      AS u(r, s, d, p, t, g)"#,
+            &rows.run_id,
             workspace_id.as_uuid(),
-            sequence + 1,
-            digest,
-            previous,
-            text,
             signer.key_id(),
-            envelope.signatures[0].sig
+            &rows.sequence,
+            &rows.digest,
+            &rows.previous,
+            &rows.statement,
+            &rows.signature
         )
         .execute(tx.db())
         .await?;
-        sequence += 1;
-        previous = Some(digest);
-        written += 1;
     }
     let done: Vec<uuid::Uuid> = pending.iter().map(|row| row.run_id.as_uuid()).collect();
     sqlx::query!("DELETE FROM evidence_pending WHERE run_id = ANY($1)", &done)
@@ -255,6 +274,17 @@ async fn append(
     .await?;
     tx.commit().await?;
     Ok(written)
+}
+
+/// A batch's statements as the columns of one `INSERT … SELECT FROM UNNEST`.
+#[derive(Default)]
+struct NewRows {
+    run_id: Vec<uuid::Uuid>,
+    sequence: Vec<i64>,
+    digest: Vec<String>,
+    previous: Vec<String>,
+    statement: Vec<String>,
+    signature: Vec<String>,
 }
 
 /// Locks the Workspace's chain head (creating it for the first statement) and returns its
@@ -305,187 +335,248 @@ fn versions(v: &Value) -> Option<RuleVersions> {
     })
 }
 
-/// What the statement of an ended Run says, read in the writer's transaction. Only
-/// digests, names, ids, versions, counts, times and codes are read: never a message, a
-/// variable, a hold's details or a log.
-async fn predicate(
-    tx: &mut Tx,
-    run_id: RunId,
-    chain: ChainLink,
-) -> Result<RunEvidence, StoreError> {
-    let run = crate::runs::get(tx.db(), run_id)
-        .await?
-        .ok_or(StoreError::NotFound("an ended Run"))?;
-    // Everything else of one row in one read: the Capsule's tool; the plan an apply carried
-    // out (its scan report is the dry-run evidence, its statement the link to it); the
-    // state version the Run wrote; the versions of the rules in force now (each scope's
-    // latest, as the view `rules_in_force` has them, read from `rule_sets` itself: the
-    // writer also runs on a database the new migrations have not reached yet, `upgrade.rs`).
-    let extra = sqlx::query!(
-        r#"SELECT r.finished_at, r.scan_report, c.tool as "tool!",
-                  p.scan_report as "plan_scan_report?",
-                  ps.digest as "plan_statement_digest?",
-                  EXISTS (SELECT 1 FROM evidence_pending ep WHERE ep.run_id = r.plan_run_id)
-                      AS "plan_pending!",
-                  sv.digest as "state_version_digest?",
-                  (SELECT max(version) FROM rule_sets
-                    WHERE workspace_id = r.workspace_id AND capsule_id IS NULL) AS ws_rules,
-                  (SELECT max(version) FROM rule_sets
-                    WHERE workspace_id = r.workspace_id AND capsule_id = r.capsule_id)
-                      AS cap_rules
-             FROM runs r
-             JOIN capsules c ON c.id = r.capsule_id
-             LEFT JOIN runs p ON p.id = r.plan_run_id
-             LEFT JOIN evidence_statements ps ON ps.run_id = r.plan_run_id
-             LEFT JOIN state_versions sv ON sv.id = r.state_version_id
-            WHERE r.id = $1"#,
-        run_id.as_uuid()
-    )
-    .fetch_one(tx.db())
-    .await?;
-    // The plan this Run made or carried out: its scan report is the dry-run evidence.
-    let plan_run = match (run.kind, run.plan_run_id) {
-        (RunKind::Apply, Some(plan)) => Some(plan),
-        _ => None,
-    };
-    let (scan_run, scan_report) = match plan_run {
-        Some(plan) => (plan, extra.plan_scan_report),
-        None => (run_id, extra.scan_report),
-    };
-    let dry_run_scan = match &scan_report {
-        Some(report) => Some(ScanRef {
-            run_id: scan_run.to_string(),
-            report_digest: json_digest(report)?,
-            clean: report["clean"].as_bool(),
-        }),
-        None => None,
-    };
-    let module_tree_digest = scan_report
-        .as_ref()
-        .and_then(|r| r["modulesDigest"].as_str())
-        .map(str::to_owned);
-    let plan_ref = match plan_run {
-        Some(plan) => {
-            let statement_digest = match extra.plan_statement_digest {
-                Some(digest) => digest,
-                // Not signed yet (the plan ended first, so this cannot last): try again.
-                None if extra.plan_pending => {
-                    return Err(StoreError::Conflict(
-                        "an apply's plan Run's statement is not written yet",
-                    ));
-                }
-                // Gone from the database: the chain keeps growing, and verification names
-                // the missing plan statement at this apply.
-                None => String::new(),
-            };
-            Some(PlanRunRef {
-                run_id: plan.to_string(),
-                statement_digest,
-            })
+/// What the statements of a batch of ended Runs say, read in the writer's transaction in
+/// four statements for the whole batch. Only digests, names, ids, versions, counts, times
+/// and codes are read: never a message, a variable, a hold's details or a log.
+struct Facts {
+    runs: HashMap<RunId, crate::runs::Run>,
+    extra: HashMap<RunId, Extra>,
+    approvals: HashMap<RunId, Vec<crate::approvals::GivenApproval>>,
+    gate: HashMap<RunId, Vec<GateDecision>>,
+    /// The statements signed earlier in this batch, by Run: an apply's plan may be one.
+    signed: HashMap<RunId, String>,
+}
+
+/// Everything else of one Run's row: the Capsule's tool; the plan an apply carried out (its
+/// scan report is the dry-run evidence, its statement the link to it); the state version
+/// the Run wrote; the versions of the rules in force now (each scope's latest, as the view
+/// `rules_in_force` has them, read from `rule_sets` itself: the writer also runs on a
+/// database the new migrations have not reached yet, `upgrade.rs`).
+struct Extra {
+    id: RunId,
+    finished_at: Option<DateTime<Utc>>,
+    scan_report: Option<Value>,
+    tool: String,
+    plan_scan_report: Option<Value>,
+    plan_statement_digest: Option<String>,
+    plan_pending: bool,
+    state_version_digest: Option<String>,
+    ws_rules: Option<i32>,
+    cap_rules: Option<i32>,
+}
+
+impl Facts {
+    async fn read(tx: &mut Tx, runs: &[RunId]) -> Result<Self, StoreError> {
+        if runs.is_empty() {
+            return Ok(Self {
+                runs: HashMap::new(),
+                extra: HashMap::new(),
+                approvals: HashMap::new(),
+                gate: HashMap::new(),
+                signed: HashMap::new(),
+            });
         }
-        None => None,
-    };
-    let state_version = match (run.state_version_id, extra.state_version_digest) {
-        (Some(sv), Some(digest)) => Some(StateVersionRef {
-            id: sv.to_string(),
-            digest,
-        }),
-        _ => None,
-    };
-    let approvals = crate::approvals::approvals(tx.db(), run_id)
-        .await?
-        .into_iter()
-        .map(|a| Approval {
-            approver: a.approver_id,
-            role: a.approver_role,
-            at: rfc3339(a.at),
-            plan_digest: a.plan_digest,
+        let ids: Vec<uuid::Uuid> = runs.iter().map(RunId::as_uuid).collect();
+        let rows = crate::runs::get_many(tx.db(), runs).await?;
+        let extra = sqlx::query_as!(
+            Extra,
+            r#"SELECT r.id as "id: RunId", r.finished_at, r.scan_report, c.tool as "tool!",
+                      p.scan_report as "plan_scan_report?",
+                      ps.digest as "plan_statement_digest?",
+                      EXISTS (SELECT 1 FROM evidence_pending ep WHERE ep.run_id = r.plan_run_id)
+                          AS "plan_pending!",
+                      sv.digest as "state_version_digest?",
+                      (SELECT max(version) FROM rule_sets
+                        WHERE workspace_id = r.workspace_id AND capsule_id IS NULL) AS ws_rules,
+                      (SELECT max(version) FROM rule_sets
+                        WHERE workspace_id = r.workspace_id AND capsule_id = r.capsule_id)
+                          AS cap_rules
+                 FROM runs r
+                 JOIN capsules c ON c.id = r.capsule_id
+                 LEFT JOIN runs p ON p.id = r.plan_run_id
+                 LEFT JOIN evidence_statements ps ON ps.run_id = r.plan_run_id
+                 LEFT JOIN state_versions sv ON sv.id = r.state_version_id
+                WHERE r.id = ANY($1)"#,
+            &ids
+        )
+        .fetch_all(tx.db())
+        .await?;
+        let approvals = crate::approvals::approvals_of(tx.db(), runs).await?;
+        // The gate's holds and releases. A plan's own gate step only records that its apply
+        // is gated ("recorded", possibly after the plan ended): not a decision on this Run.
+        let events = sqlx::query!(
+            r#"SELECT run_id as "run_id: RunId", kind, data, at FROM run_events
+                WHERE run_id = ANY($1) AND kind IN ('gate_decision', 'held', 'released')
+                ORDER BY id"#,
+            &ids
+        )
+        .fetch_all(tx.db())
+        .await?;
+        let mut gate = HashMap::<RunId, Vec<GateDecision>>::new();
+        for e in events {
+            let decision = match e.kind.as_str() {
+                "gate_decision" => match e.data["decision"].as_str() {
+                    Some(d) => d.to_owned(),
+                    None => continue,
+                },
+                other => other.to_owned(),
+            };
+            if decision == "recorded" {
+                continue;
+            }
+            gate.entry(e.run_id).or_default().push(GateDecision {
+                decision,
+                reason: e.data["reason"].as_str().map(str::to_owned),
+                rule_versions: versions(&e.data["ruleVersions"]),
+                rules: e.data["rules"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r.as_str().map(str::to_owned))
+                    .collect(),
+                at: rfc3339(e.at),
+            });
+        }
+        Ok(Self {
+            runs: rows.into_iter().map(|r| (r.id, r)).collect(),
+            extra: extra.into_iter().map(|x| (x.id, x)).collect(),
+            approvals,
+            gate,
+            signed: HashMap::new(),
         })
-        .collect();
-    // The gate's holds and releases. A plan's own gate step only records that its apply
-    // is gated ("recorded", possibly after the plan ended): not a decision on this Run.
-    let gate = sqlx::query!(
-        r#"SELECT kind, data, at FROM run_events
-            WHERE run_id = $1 AND kind IN ('gate_decision', 'held', 'released') ORDER BY id"#,
-        run_id.as_uuid()
-    )
-    .fetch_all(tx.db())
-    .await?
-    .into_iter()
-    .filter_map(|e| {
-        let decision = match e.kind.as_str() {
-            "gate_decision" => e.data["decision"].as_str()?.to_owned(),
-            other => other.to_owned(),
+    }
+
+    /// What the statement of `run_id`, one of the batch, says.
+    fn predicate(&mut self, run_id: RunId, chain: ChainLink) -> Result<RunEvidence, StoreError> {
+        let run = self
+            .runs
+            .remove(&run_id)
+            .ok_or(StoreError::NotFound("an ended Run"))?;
+        let extra = self
+            .extra
+            .remove(&run_id)
+            .ok_or(StoreError::NotFound("an ended Run"))?;
+        // The plan this Run made or carried out: its scan report is the dry-run evidence.
+        let plan_run = match (run.kind, run.plan_run_id) {
+            (RunKind::Apply, Some(plan)) => Some(plan),
+            _ => None,
         };
-        (decision != "recorded").then(|| GateDecision {
-            decision,
-            reason: e.data["reason"].as_str().map(str::to_owned),
-            rule_versions: versions(&e.data["ruleVersions"]),
-            rules: e.data["rules"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|r| r.as_str().map(str::to_owned))
-                .collect(),
-            at: rfc3339(e.at),
-        })
-    })
-    .collect();
-    let changes = run.changes().map(|c| ChangeCounts {
-        add: c.add,
-        change: c.change,
-        destroy: c.destroy,
-    });
-    let enum_name = |v: Value| v.as_str().unwrap_or_default().to_owned();
-    Ok(RunEvidence {
-        chain,
-        run_id: run.id.to_string(),
-        kind: enum_name(serde_json::json!(run.kind)),
-        capsule_id: run.capsule_id.to_string(),
-        run_group_id: run.run_group_id.map(|g| g.to_string()),
-        actor: Actor {
-            kind: enum_name(serde_json::json!(run.actor_kind)),
-            id: run.actor_id.clone(),
-        },
-        auto_apply_requested: run.auto_apply_requested,
-        result: RunResult {
-            status: run.status.as_str().to_owned(),
-            error_code: run.error_code.clone(),
-            canceled_by: run.canceled_by.clone(),
-        },
-        ended_at: rfc3339(extra.finished_at.unwrap_or(run.updated_at)),
-        plan_digest: run.plan_digest.clone(),
-        source: run.source_commit.as_ref().map(|commit| SourceRef {
-            commit: commit.clone(),
-            tree_digest: run.tree_digest.clone(),
-        }),
-        tool: ToolRef {
-            name: extra.tool,
-            version: run.tool_version.as_ref().and_then(|v| {
-                v["terraform_version"]
-                    .as_str()
-                    .or_else(|| v["version"].as_str())
-                    .map(str::to_owned)
+        let (scan_run, scan_report) = match plan_run {
+            Some(plan) => (plan, extra.plan_scan_report),
+            None => (run_id, extra.scan_report),
+        };
+        let dry_run_scan = match &scan_report {
+            Some(report) => Some(ScanRef {
+                run_id: scan_run.to_string(),
+                report_digest: json_digest(report)?,
+                clean: report["clean"].as_bool(),
             }),
-        },
-        provider_lock: ProviderLock {
-            state: run.provider_lock_state.as_str().to_owned(),
-            digest: run.provider_lock_digest.clone(),
-        },
-        module_tree_digest,
-        dependency_snapshot: run.dependency_snapshot.clone(),
-        state_generation: run.state_generation,
-        changes,
-        drift: run.drift,
-        rules_in_force: RuleVersions {
-            workspace: extra.ws_rules.map(i64::from),
-            capsule: extra.cap_rules.map(i64::from),
-        },
-        gate,
-        dry_run_scan,
-        approvals,
-        sandbox: run.sandbox.clone(),
-        plan_run: plan_ref,
-        state_version,
-    })
+            None => None,
+        };
+        let module_tree_digest = scan_report
+            .as_ref()
+            .and_then(|r| r["modulesDigest"].as_str())
+            .map(str::to_owned);
+        let plan_ref = match plan_run {
+            Some(plan) => {
+                let statement_digest = match extra
+                    .plan_statement_digest
+                    .or_else(|| self.signed.get(&plan).cloned())
+                {
+                    Some(digest) => digest,
+                    // Not signed yet (the plan ended first, so this cannot last): try again.
+                    None if extra.plan_pending => {
+                        return Err(StoreError::Conflict(
+                            "an apply's plan Run's statement is not written yet",
+                        ));
+                    }
+                    // Gone from the database: the chain keeps growing, and verification names
+                    // the missing plan statement at this apply.
+                    None => String::new(),
+                };
+                Some(PlanRunRef {
+                    run_id: plan.to_string(),
+                    statement_digest,
+                })
+            }
+            None => None,
+        };
+        let state_version = match (run.state_version_id, extra.state_version_digest) {
+            (Some(sv), Some(digest)) => Some(StateVersionRef {
+                id: sv.to_string(),
+                digest,
+            }),
+            _ => None,
+        };
+        let approvals = self
+            .approvals
+            .remove(&run_id)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|a| Approval {
+                approver: a.approver_id,
+                role: a.approver_role,
+                at: rfc3339(a.at),
+                plan_digest: a.plan_digest,
+            })
+            .collect();
+        let gate = self.gate.remove(&run_id).unwrap_or_default();
+        let changes = run.changes().map(|c| ChangeCounts {
+            add: c.add,
+            change: c.change,
+            destroy: c.destroy,
+        });
+        let enum_name = |v: Value| v.as_str().unwrap_or_default().to_owned();
+        Ok(RunEvidence {
+            chain,
+            run_id: run.id.to_string(),
+            kind: enum_name(serde_json::json!(run.kind)),
+            capsule_id: run.capsule_id.to_string(),
+            run_group_id: run.run_group_id.map(|g| g.to_string()),
+            actor: Actor {
+                kind: enum_name(serde_json::json!(run.actor_kind)),
+                id: run.actor_id.clone(),
+            },
+            auto_apply_requested: run.auto_apply_requested,
+            result: RunResult {
+                status: run.status.as_str().to_owned(),
+                error_code: run.error_code.clone(),
+                canceled_by: run.canceled_by.clone(),
+            },
+            ended_at: rfc3339(extra.finished_at.unwrap_or(run.updated_at)),
+            plan_digest: run.plan_digest.clone(),
+            source: run.source_commit.as_ref().map(|commit| SourceRef {
+                commit: commit.clone(),
+                tree_digest: run.tree_digest.clone(),
+            }),
+            tool: ToolRef {
+                name: extra.tool,
+                version: run.tool_version.as_ref().and_then(|v| {
+                    v["terraform_version"]
+                        .as_str()
+                        .or_else(|| v["version"].as_str())
+                        .map(str::to_owned)
+                }),
+            },
+            provider_lock: ProviderLock {
+                state: run.provider_lock_state.as_str().to_owned(),
+                digest: run.provider_lock_digest.clone(),
+            },
+            module_tree_digest,
+            dependency_snapshot: run.dependency_snapshot.clone(),
+            state_generation: run.state_generation,
+            changes,
+            drift: run.drift,
+            rules_in_force: RuleVersions {
+                workspace: extra.ws_rules.map(i64::from),
+                capsule: extra.cap_rules.map(i64::from),
+            },
+            gate,
+            dry_run_scan,
+            approvals,
+            sandbox: run.sandbox.clone(),
+            plan_run: plan_ref,
+            state_version,
+        })
+    }
 }
