@@ -728,6 +728,12 @@ async fn tampering_breaks_verification_and_says_where() -> anyhow::Result<()> {
     let (code, _, err) = cli(&stack, &["verify", &third.to_string()]).await?;
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("evidence_missing"), "{err}");
+    // The dashboard says so on the Run's page rather than wait for a statement to come.
+    let page = run_page(&stack, third).await?;
+    assert!(
+        page.contains("✗") && page.contains("evidence_missing") && !page.contains("Being signed"),
+        "the Run page of a deleted statement: {page}"
+    );
 
     // 6. The plan Run deleted with everything that refers to it: the apply's statement now
     // comes first and follows a statement that is gone, and its plan is missing.
@@ -748,6 +754,39 @@ async fn tampering_breaks_verification_and_says_where() -> anyhow::Result<()> {
     // The other Workspace's chain is untouched by all of it.
     assert_workspace_verifies(&stack, other.workspace_id, 1).await?;
     stack.stop().await
+}
+
+/// The dashboard's page of `run`, signed in as the admin.
+async fn run_page(stack: &Stack, run: RunId) -> anyhow::Result<String> {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let signed_in = http
+        .post(format!("{}/sign-in", stack.api_url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={}&next=/", stack.admin_token))
+        .send()
+        .await?;
+    let cookie = signed_in
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok()?.split(';').next())
+        .find(|c| c.starts_with("takosumi_session="))
+        .map(str::to_owned);
+    let Some(cookie) = cookie else {
+        anyhow::bail!(
+            "no session cookie from the sign-in ({})",
+            signed_in.status()
+        );
+    };
+    let page = http
+        .get(format!("{}/runs/{run}", stack.api_url))
+        .header("cookie", cookie)
+        .send()
+        .await?;
+    anyhow::ensure!(page.status() == 200, "the Run page: {}", page.status());
+    Ok(page.text().await?)
 }
 
 /// Serves the stack's API in this process with `settings` until the token is canceled.

@@ -583,11 +583,20 @@ async fn evidence_result(st: &AppState, s: &Session, run: &Run) -> Result<Markup
     if !run.status.is_terminal() {
         return Ok(html! { p.muted { "Written when the Run ends." } });
     }
-    let Some(served) =
-        get_optional::<SignedStatement>(st, s, &format!("/api/v1/runs/{}/evidence", run.id))
-            .await?
-    else {
-        return Ok(evidence_pending(run.id));
+    let uri = format!("/api/v1/runs/{}/evidence", run.id);
+    let reply = super::read(st, s, axum::http::Method::GET, &uri, None, None).await?;
+    let served: SignedStatement = match reply.status {
+        // `evidence_pending`: the writer has not signed it yet.
+        StatusCode::CONFLICT => return Ok(evidence_pending(run.id)),
+        // `evidence_missing` (a deleted statement) and the like: said, not waited for.
+        status if status.is_client_error() => {
+            return Ok(html! {
+                p.banner.danger #evidence data-testid="evidence" {
+                    "✗ " (super::api_message(status, &reply.body))
+                }
+            });
+        }
+        _ => reply.decode()?,
     };
     let ws = run.workspace_id;
     let mut envelopes = Vec::new();
