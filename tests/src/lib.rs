@@ -579,6 +579,32 @@ impl Stack {
         Ok((token, client))
     }
 
+    /// Signs in to the dashboard with `token` through its sign-in form, as a person does,
+    /// and returns the session's `Cookie` header value (`takosumi_session=…`).
+    pub async fn dashboard_session(&self, token: &str) -> anyhow::Result<String> {
+        let signed = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?
+            .post(format!("{}/sign-in", self.api_url))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("token={token}&next=/"))
+            .send()
+            .await?;
+        anyhow::ensure!(
+            signed.status() == 303,
+            "the sign-in answered {}",
+            signed.status()
+        );
+        signed
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok()?.split(';').next())
+            .find(|c| c.starts_with("takosumi_session="))
+            .map(str::to_owned)
+            .context("the sign-in set no session cookie")
+    }
+
     /// Polls a Run until it is terminal (or held).
     pub async fn wait(&self, run: RunId) -> anyhow::Result<takosumi_client::Run> {
         Ok(self.client.wait(run, Duration::from_secs(90)).await?)

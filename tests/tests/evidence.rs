@@ -758,29 +758,8 @@ async fn tampering_breaks_verification_and_says_where() -> anyhow::Result<()> {
 
 /// The dashboard's page of `run`, signed in as the admin.
 async fn run_page(stack: &Stack, run: RunId) -> anyhow::Result<String> {
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()?;
-    let signed_in = http
-        .post(format!("{}/sign-in", stack.api_url))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("token={}&next=/", stack.admin_token))
-        .send()
-        .await?;
-    let cookie = signed_in
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok()?.split(';').next())
-        .find(|c| c.starts_with("takosumi_session="))
-        .map(str::to_owned);
-    let Some(cookie) = cookie else {
-        anyhow::bail!(
-            "no session cookie from the sign-in ({})",
-            signed_in.status()
-        );
-    };
-    let page = http
+    let cookie = stack.dashboard_session(&stack.admin_token).await?;
+    let page = reqwest::Client::new()
         .get(format!("{}/runs/{run}", stack.api_url))
         .header("cookie", cookie)
         .send()

@@ -61,20 +61,7 @@ async fn admins_make_list_and_revoke_tokens() -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
-    let signed = http
-        .post(format!("{}/sign-in", stack.api_url))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("token={}&next=/", made.token))
-        .send()
-        .await?;
-    assert_eq!(signed.status(), 303);
-    let cookie = signed
-        .headers()
-        .get("set-cookie")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .unwrap_or_default()
-        .to_owned();
+    let cookie = stack.dashboard_session(&made.token).await?;
     let page = |cookie: String| {
         let http = http.clone();
         let url = format!("{}/workspaces/{}", stack.api_url, ws.id);

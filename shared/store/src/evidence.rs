@@ -338,6 +338,7 @@ fn versions(v: &Value) -> Option<RuleVersions> {
 /// What the statements of a batch of ended Runs say, read in the writer's transaction in
 /// four statements for the whole batch. Only digests, names, ids, versions, counts, times
 /// and codes are read: never a message, a variable, a hold's details or a log.
+#[derive(Default)]
 struct Facts {
     runs: HashMap<RunId, crate::runs::Run>,
     extra: HashMap<RunId, Extra>,
@@ -368,13 +369,7 @@ struct Extra {
 impl Facts {
     async fn read(tx: &mut Tx, runs: &[RunId]) -> Result<Self, StoreError> {
         if runs.is_empty() {
-            return Ok(Self {
-                runs: HashMap::new(),
-                extra: HashMap::new(),
-                approvals: HashMap::new(),
-                gate: HashMap::new(),
-                signed: HashMap::new(),
-            });
+            return Ok(Self::default());
         }
         let ids: Vec<uuid::Uuid> = runs.iter().map(RunId::as_uuid).collect();
         let rows = crate::runs::get_many(tx.db(), runs).await?;
