@@ -32,9 +32,9 @@ pub async fn row_counts(pool: &takosumi_store::Pool) -> anyhow::Result<BTreeMap<
     Ok(out)
 }
 
-/// Columns that change on their own, not because of a request: the relay stamping an
-/// outbox row as published.
-const VOLATILE: [&str; 2] = ["sent_at", "publish_attempts"];
+/// Columns that change on their own, not because of a request: the relay claiming an
+/// outbox row and stamping it as published.
+const VOLATILE: [&str; 3] = ["sent_at", "publish_attempts", "claimed_until"];
 
 /// Tables written on their own, not by the request being checked: the evidence writer's,
 /// after a Run ended (a request that ended a Run moments before another one is checked

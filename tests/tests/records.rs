@@ -1345,12 +1345,14 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
         "CREATE TABLE seen (n bigserial, what text, setting text);
          CREATE FUNCTION note_setting() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
              INSERT INTO seen (what, setting)
-             VALUES (TG_TABLE_NAME, current_setting('synchronous_commit'));
+             VALUES (coalesce(TG_ARGV[0], TG_TABLE_NAME), current_setting('synchronous_commit'));
              RETURN NEW; END $$;
          CREATE TRIGGER note BEFORE INSERT ON run_events FOR EACH ROW EXECUTE FUNCTION note_setting();
          CREATE TRIGGER note BEFORE INSERT ON run_logs FOR EACH ROW EXECUTE FUNCTION note_setting();
          CREATE TRIGGER note BEFORE UPDATE OF scan_report ON runs
              FOR EACH ROW EXECUTE FUNCTION note_setting();
+         CREATE TRIGGER note_claim BEFORE UPDATE OF claimed_until ON outbox
+             FOR EACH ROW EXECUTE FUNCTION note_setting('outbox claim');
          CREATE TRIGGER note BEFORE UPDATE OF sent_at ON outbox
              FOR EACH ROW EXECUTE FUNCTION note_setting();",
     )
@@ -1362,7 +1364,8 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
     plan_record::set_scan_report_progress(&pool, run, &json!({"findings": []})).await?;
     // A state change's event, written the ordinary way.
     events::append(&pool, run, EventKind::Planned, actor, json!({})).await?;
-    // A wake-up marked sent: a mark a crash loses is one more publish, so it does not wait.
+    // A wake-up claimed and marked sent: a claim or a mark a crash loses is one more
+    // publish, so neither waits.
     let mut tx = pool.begin().await?;
     takosumi_store::outbox::enqueue(&mut tx, takosumi_core::Topic::Gate, run).await?;
     tx.commit().await?;
@@ -1396,6 +1399,7 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
             ("run_logs", "off"),
             ("runs", "off"),
             ("run_events", "on"),
+            ("outbox claim", "off"),
             ("outbox", "off"),
         ]
     );
@@ -1713,6 +1717,99 @@ async fn sent_wake_ups_are_pruned_after_the_retention() -> anyhow::Result<()> {
     assert_eq!(
         takosumi_store::outbox::prune_sent(pool, keep, 100).await?,
         0
+    );
+    stack.stop().await
+}
+
+/// A relay claims the wake-ups it publishes for `takosumi_queue::CLAIM`, and other relays
+/// leave a claimed row alone: a relay that dies after its claim (a row claimed an hour ahead
+/// stands in for it) delays that wake-up until the claim lapses, and then the next relay to
+/// look sends it. Two claims at once never take the same row, and a claim takes due rows
+/// in the order they were committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_a_dead_relay_claimed_is_sent_once_the_claim_lapses() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let pool = &stack.ctx.pool;
+    let sent = |id: i64| async move {
+        let sent: bool = sqlx::query_scalar("SELECT sent_at IS NOT NULL FROM outbox WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+        anyhow::Ok(sent)
+    };
+    // A row due now but claimed (by a relay that then died) until an hour from now.
+    let claimed: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox (topic, payload, claimed_until)
+         VALUES ('run.gate', '{}', now() + interval '1 hour') RETURNING id",
+    )
+    .fetch_one(pool)
+    .await?;
+    // The API's relay polls four times a second: eight polls later it is still not sent,
+    // and a pass of this test's own finds nothing to claim.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!sent(claimed).await?, "a claimed row was published");
+    let broker = stack.ctx.bus.get().await?;
+    assert_eq!(takosumi_queue::relay_once(pool, &broker).await?, 0);
+    // The claim lapses: the next poll sends it.
+    sqlx::query("UPDATE outbox SET claimed_until = now() - interval '1 second' WHERE id = $1")
+        .bind(claimed)
+        .execute(pool)
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !sent(claimed).await? {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the row whose claim lapsed was not sent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Two claims at once over 40 rows, written claimed (so the API's relay leaves them
+    // alone while they are written) and then released together.
+    let mut ids: Vec<i64> = Vec::new();
+    for _ in 0..40 {
+        ids.push(
+            sqlx::query_scalar(
+                "INSERT INTO outbox (topic, payload, claimed_until)
+                 VALUES ('run.gate', '{}', now() + interval '1 hour') RETURNING id",
+            )
+            .fetch_one(pool)
+            .await?,
+        );
+    }
+    sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1)")
+        .bind(&ids)
+        .execute(pool)
+        .await?;
+    let (a, b) = tokio::join!(
+        takosumi_store::outbox::claim_due(pool, 30, 60),
+        takosumi_store::outbox::claim_due(pool, 30, 60)
+    );
+    let (a, b) = (a?, b?);
+    let mut taken: Vec<i64> = a.iter().chain(&b).map(|p| p.id).collect();
+    for side in [&a, &b] {
+        let side: Vec<i64> = side.iter().map(|p| p.id).collect();
+        assert!(side.is_sorted(), "a claim's rows out of order: {side:?}");
+    }
+    taken.sort_unstable();
+    let before = taken.len();
+    taken.dedup();
+    assert_eq!(taken.len(), before, "two claims took the same row");
+    // Whatever the API's relay did not take in between, the two took all of, between them.
+    let left: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM outbox WHERE id = ANY($1) AND sent_at IS NULL
+            AND (claimed_until IS NULL OR claimed_until <= now()) ORDER BY id",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    assert!(
+        left.is_empty(),
+        "rows neither claim took (each asked for 30 of 40): {left:?}"
     );
     stack.stop().await
 }

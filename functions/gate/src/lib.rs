@@ -13,7 +13,7 @@ use takosumi_core::{
 use takosumi_policy::{Decision, GateInput};
 use takosumi_runtime::Ctx;
 use takosumi_store::StoreError;
-use takosumi_store::{activity, events, outbox, runs, tokens};
+use takosumi_store::{activity, events, runs, tokens};
 
 mod one_step;
 
@@ -43,40 +43,37 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     }
     let actor = format!("handler:{}", ctx.owner);
     if run.kind != RunKind::Apply {
-        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
-        if !runs::hold::record_gate_release(&mut tx, run_id).await? {
-            return Ok(Outcome::Skipped("decided by another handler"));
-        }
-        events::append(
-            tx.db(),
-            run_id,
-            EventKind::GateDecision,
-            &actor,
-            json!({ "decision": "recorded", "reason": "a plan proposes; its Apply Run is gated" }),
-        )
-        .await?;
+        let recorded =
+            json!({ "decision": "recorded", "reason": "a plan proposes; its Apply Run is gated" });
         // autoApplyRequested: the plan continues to an Apply Run, which this gate then
         // decides on like any other (deletions and rules stop it for review).
-        let speculative = takosumi_store::runs::source::speculative(tx.db(), run_id).await?;
-        if run.auto_apply_requested
+        let proposes = run.auto_apply_requested
             && run.kind == RunKind::Plan
-            && !speculative
             && run.plan_object_key.is_some()
-        {
-            let proposal = runs::ApplyProposal {
-                actor_kind: ActorKind::System,
-                actor_id: run.actor_id.clone(),
-                actor: &actor,
-                auto_apply_requested: true,
-                idempotency_key: None,
-                // The apply continues its plan's trace.
-                traceparent: None,
-                require_approval: false,
-                proposed_by: None,
-                wake: Some(Topic::Gate),
-            };
-            runs::propose_apply(&mut tx, &run, proposal).await?;
+            && !takosumi_store::runs::source::speculative(&ctx.pool, run_id).await?;
+        if !proposes {
+            if !runs::hold::release_at_gate(&ctx.pool, run_id, &actor, &recorded, None).await? {
+                return Ok(Outcome::Skipped("decided by another handler"));
+            }
+            return Ok(Outcome::Done);
         }
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        if !runs::hold::release_at_gate(tx.db(), run_id, &actor, &recorded, None).await? {
+            return Ok(Outcome::Skipped("decided by another handler"));
+        }
+        let proposal = runs::ApplyProposal {
+            actor_kind: ActorKind::System,
+            actor_id: run.actor_id.clone(),
+            actor: &actor,
+            auto_apply_requested: true,
+            idempotency_key: None,
+            // The apply continues its plan's trace.
+            traceparent: None,
+            require_approval: false,
+            proposed_by: None,
+            wake: Some(Topic::Gate),
+        };
+        runs::propose_apply(&mut tx, &run, proposal).await?;
         tx.commit().await.map_err(StoreError::from)?;
         ctx.relay_wake.notify_one();
         return Ok(Outcome::Done);
@@ -159,21 +156,20 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         }
     };
 
-    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     match &decision {
         Decision::Release { checked } => {
-            if !runs::hold::record_gate_release(&mut tx, run_id).await? {
+            let released = json!({ "decision": "released", "rules": checked, "ruleVersions": versions, "agentExemption": exemption, "planDigest": run.plan_digest, "cost": cost_record });
+            if !runs::hold::release_at_gate(
+                &ctx.pool,
+                run_id,
+                &actor,
+                &released,
+                Some(Topic::Apply),
+            )
+            .await?
+            {
                 return Ok(Outcome::Skipped("decided by another handler"));
             }
-            events::append(
-                tx.db(),
-                run_id,
-                EventKind::GateDecision,
-                &actor,
-                json!({ "decision": "released", "rules": checked, "ruleVersions": versions, "agentExemption": exemption, "planDigest": run.plan_digest, "cost": cost_record }),
-            )
-            .await?;
-            outbox::enqueue(&mut tx, Topic::Apply, run_id).await?;
         }
         Decision::Hold {
             reason,
@@ -182,6 +178,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             approver_roles,
         } => {
             let required = i32::try_from(*approvals_required).unwrap_or(1);
+            let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
             if !runs::hold::hold(&mut tx, run_id, *reason, details, required, approver_roles)
                 .await?
             {
@@ -204,9 +201,9 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 json!({ "reason": reason }),
             )
             .await?;
+            tx.commit().await.map_err(StoreError::from)?;
         }
     }
-    tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     Ok(Outcome::Done)
 }

@@ -10,7 +10,7 @@ use takosumi_core::{ActorKind, EventKind, FailureCode, HoldReason, Outcome, Step
 use takosumi_policy::RuleSet;
 use takosumi_runtime::Ctx;
 use takosumi_store::StoreError;
-use takosumi_store::{events, outbox, rules, runs, tokens};
+use takosumi_store::{events, rules, runs, tokens};
 
 /// The Capsule's rules over its Workspace's, and the versions they came from.
 pub(crate) async fn effective_rules(
@@ -50,22 +50,16 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
     if agent {
         covered_by.push(HoldReason::AgentRun);
     }
-    let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     if covered_by.is_empty() {
-        if !runs::hold::record_gate_release(&mut tx, run_id).await? {
+        let released = json!({ "decision": "released", "oneStep": true, "rules": [], "ruleVersions": versions,
+                "reason": "no rule covers this apply: it runs apply -auto-approve, with nothing saved in between" });
+        if !runs::hold::release_at_gate(&ctx.pool, run_id, actor, &released, Some(Topic::Apply))
+            .await?
+        {
             return Ok(Outcome::Skipped("decided by another handler"));
         }
-        events::append(
-            tx.db(),
-            run_id,
-            EventKind::GateDecision,
-            actor,
-            json!({ "decision": "released", "oneStep": true, "rules": [], "ruleVersions": versions,
-                    "reason": "no rule covers this apply: it runs apply -auto-approve, with nothing saved in between" }),
-        )
-        .await?;
-        outbox::enqueue(&mut tx, Topic::Apply, run_id).await?;
     } else {
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let message = format!(
             "a rule now covers applies of this Capsule ({}), so it cannot run in one step; nothing was applied. Submit the apply again: it is planned first and the rules decide on the saved plan",
             covered_by
@@ -85,8 +79,8 @@ pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Ou
             json!({ "decision": "refused", "oneStep": true, "coveredBy": covered_by, "ruleVersions": versions }),
         )
         .await?;
+        tx.commit().await.map_err(StoreError::from)?;
     }
-    tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();
     Ok(Outcome::Done)
 }
@@ -111,17 +105,13 @@ pub(crate) async fn propose_apply(
     if !runs::apply_mode::mark_proposed(&mut tx, run_id).await? {
         return Ok(Outcome::Skipped("the apply was already proposed"));
     }
-    if run.gate_decision.is_none() {
-        runs::hold::record_gate_release(&mut tx, run_id).await?;
+    let recorded = json!({ "decision": "recorded", "reason": "an apply submission a rule covers was planned first; its Apply Run carries out this saved plan and is gated" });
+    // A plan a person released before it planned has its decision already: only the event.
+    if run.gate_decision.is_some()
+        || !runs::hold::release_at_gate(tx.db(), run_id, actor, &recorded, None).await?
+    {
+        events::append(tx.db(), run_id, EventKind::GateDecision, actor, recorded).await?;
     }
-    events::append(
-        tx.db(),
-        run_id,
-        EventKind::GateDecision,
-        actor,
-        json!({ "decision": "recorded", "reason": "an apply submission a rule covers was planned first; its Apply Run carries out this saved plan and is gated" }),
-    )
-    .await?;
     if run.plan_object_key.is_some() {
         let proposal = runs::ApplyProposal {
             actor_kind: run.actor_kind,

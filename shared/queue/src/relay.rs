@@ -1,8 +1,8 @@
-//! The outbox relay: publishes committed wake-ups with publisher confirms and marks them
-//! sent in the same transaction that locked them. Rows locked by another relay are
-//! skipped, so any number of relays can run; a crash before the commit leaves the rows
-//! pending and they are published again (handlers are safe to run twice). Sent rows are
-//! deleted once they are older than [`KEEP_SENT`].
+//! The outbox relay: claims committed wake-ups for a short while ([`CLAIM`]), publishes them
+//! with publisher confirms and marks them sent. Rows another relay claimed are skipped, so
+//! any number of relays can run; a relay that dies before its mark leaves the rows pending,
+//! and they are published again when the claim lapses (handlers are safe to run twice).
+//! Sent rows are deleted once they are older than [`KEEP_SENT`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +17,13 @@ use crate::{Broker, QueueError};
 /// How often a relay looks for due rows nobody woke it for.
 const POLL: Duration = Duration::from_millis(250);
 
-/// The most rows one pass locks and publishes.
+/// The most rows one pass claims and publishes.
 pub const BATCH: usize = 200;
+
+/// How long a pass's claim keeps other relays off its rows: far longer than a batch takes
+/// to publish (milliseconds), short enough that a relay that died mid-pass delays its
+/// wake-ups by seconds, not minutes.
+pub const CLAIM: Duration = Duration::from_secs(15);
 
 /// How long a sent row is kept before a relay deletes it: long enough to tell when a
 /// recent wake-up left (an operator's question, the benchmark's relay/broker split), not
@@ -31,19 +36,28 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 const PRUNE_BATCH: i64 = 5_000;
 const PRUNE_STATEMENTS: usize = 4;
 
-/// Publishes up to one batch ([`BATCH`]) of due rows; returns how many were sent.
+/// Publishes up to one batch ([`BATCH`]) of due rows; returns how many were sent. Two
+/// autocommit statements, the claim and the mark; one when nothing is due.
 pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usize, QueueError> {
-    let mut tx = pool
-        .begin()
-        .await
-        .map_err(takosumi_store::StoreError::from)?;
-    let rows = outbox::lock_due(&mut tx, BATCH as i64).await?;
+    let rows = claim(pool).await?;
     if rows.is_empty() {
-        tx.commit()
-            .await
-            .map_err(takosumi_store::StoreError::from)?;
         return Ok(0);
     }
+    publish_claimed(pool, broker, rows).await
+}
+
+async fn claim(pool: &sqlx_pool::PgPool) -> Result<Vec<outbox::Pending>, QueueError> {
+    let lease = i64::try_from(CLAIM.as_secs()).unwrap_or(i64::MAX);
+    Ok(outbox::claim_due(pool, BATCH as i64, lease).await?)
+}
+
+/// Publishes rows this relay claimed and marks those the broker confirmed; the others are
+/// given up (counted as a failed attempt) with the first error.
+async fn publish_claimed(
+    pool: &sqlx_pool::PgPool,
+    broker: &Broker,
+    rows: Vec<outbox::Pending>,
+) -> Result<usize, QueueError> {
     let messages = rows
         .iter()
         .map(|row| {
@@ -67,11 +81,8 @@ pub async fn relay_once(pool: &sqlx_pool::PgPool, broker: &Broker) -> Result<usi
         }
     }
     if !sent.is_empty() {
-        outbox::mark_sent(&mut tx, &sent).await?;
+        outbox::mark_sent(pool, &sent).await?;
     }
-    tx.commit()
-        .await
-        .map_err(takosumi_store::StoreError::from)?;
     if let Some(e) = failure {
         let unsent: Vec<i64> = rows
             .iter()
@@ -107,9 +118,9 @@ fn headers(row: &outbox::Pending) -> FieldTable {
 /// A pass that published a whole batch is followed by another at once (more may be due);
 /// otherwise the relay waits for a wake-up or the poll interval. A wake-up committed while
 /// a pass published is kept by `wake` and starts the next pass. The poll (rows other
-/// processes committed and their relays did not take, rows whose retry delay ended) first
-/// asks whether anything is due, in one statement: every process polls four times a second,
-/// and a pass that finds nothing costs three round trips.
+/// processes committed and their relays did not take, rows whose retry delay or claim ended)
+/// is a pass: one statement when nothing is due, and every process polls four times a
+/// second.
 pub async fn run_relay<F, Fut>(
     pool: sqlx_pool::PgPool,
     connect: F,
@@ -121,32 +132,35 @@ pub async fn run_relay<F, Fut>(
 {
     let pruner = tokio::spawn(prune_until(pool.clone(), shutdown.clone()));
     let mut failures: u32 = 0;
-    let mut polled = false;
     while !shutdown.is_cancelled() {
-        let result = if polled && !outbox::any_due(&pool).await.unwrap_or(true) {
-            Ok(0)
-        } else {
-            match connect().await {
-                Ok(broker) => relay_once(&pool, &broker).await,
-                Err(e) => Err(e),
-            }
+        // The broker is asked for only when something is due: a relay whose broker is away
+        // waits quietly until there is something to send.
+        let result = match claim(&pool).await {
+            Ok(rows) if rows.is_empty() => Ok(0),
+            Ok(rows) => match connect().await {
+                Ok(broker) => publish_claimed(&pool, &broker, rows).await,
+                Err(e) => {
+                    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+                    let _ = outbox::mark_failed(&pool, &ids).await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
         };
         match result {
             Ok(n) if n >= BATCH => {
                 failures = 0;
-                polled = false;
                 continue;
             }
             Ok(_) => {
                 failures = 0;
-                polled = tokio::select! {
-                    _ = shutdown.cancelled() => false,
-                    _ = wake.notified() => false,
-                    _ = tokio::time::sleep(POLL) => true,
-                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep(POLL) => {}
+                }
             }
             Err(e) => {
-                polled = false;
                 failures = failures.saturating_add(1);
                 let delay =
                     Duration::from_millis(100u64 << failures.min(8)).min(Duration::from_secs(10));

@@ -90,31 +90,19 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
     let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     let new_generation = match &c.state_version {
         Some((sv, size)) => {
-            states::versions::insert(&mut tx, sv, *size).await?;
-            if !capsules::advance_generation(&mut tx, c.capsule_id, run_id, c.generation, sv.id)
-                .await?
-            {
+            let recorded = states::versions::record_applied(
+                &mut tx,
+                sv,
+                *size,
+                c.generation,
+                &actor,
+                c.run.workspace_id,
+            )
+            .await?;
+            if !recorded {
                 return Err(ApplyCommitError::GenerationMoved);
             }
-            let generation = c.generation + 1;
-            events::append(
-                tx.db(),
-                run_id,
-                EventKind::StateVersionWritten,
-                &actor,
-                json!({ "stateVersionId": sv.id, "generation": generation }),
-            )
-            .await?;
-            takosumi_store::activity::append(
-                tx.db(),
-                c.run.workspace_id,
-                "state_version_written",
-                &sv.id.to_string(),
-                &actor,
-                json!({ "capsuleId": c.capsule_id, "runId": run_id, "generation": generation }),
-            )
-            .await?;
-            generation
+            sv.generation
         }
         None => {
             capsules::release_apply(&mut tx, c.capsule_id, run_id).await?;
@@ -122,21 +110,28 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
         }
     };
     if let Some(plan_run_id) = c.plan_run_id {
-        runs::clear_plan_object(&mut tx, plan_run_id).await?;
         // The plan's sealed sensitive variables go with its plan file.
-        takosumi_store::bindings::forget_sensitive_vars(tx.db(), plan_run_id).await?;
+        runs::clear_plan_object(&mut tx, plan_run_id).await?;
     }
     match &c.end {
         ToolEnd::Applied { outputs } => {
-            if !runs::record_apply(&mut tx, run_id, c.owner, outputs, sv_id, new_generation).await?
-            {
-                return Err(ApplyCommitError::LeaseLost);
-            }
             let mut data = json!({ "generation": new_generation });
             if let (Some(d), Some(extra)) = (data.as_object_mut(), c.event_extra.as_object()) {
                 d.extend(extra.clone());
             }
-            events::append(tx.db(), run_id, EventKind::Applied, &actor, data).await?;
+            if !runs::record_apply(
+                &mut tx,
+                run_id,
+                c.owner,
+                outputs,
+                sv_id,
+                new_generation,
+                &data,
+            )
+            .await?
+            {
+                return Err(ApplyCommitError::LeaseLost);
+            }
         }
         ToolEnd::Canceled { detail } => {
             // Canceled mid-tool: the state the interrupted tool wrote is recorded above.

@@ -288,20 +288,6 @@ pub async fn sensitive_vars<'e, E: sqlx::PgExecutor<'e>>(
     Ok(row.map(|r| (r.names, r.sealed)))
 }
 
-/// Removes a plan Run's sealed sensitive variables (its apply ended).
-pub async fn forget_sensitive_vars<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
-    run_id: RunId,
-) -> Result<(), StoreError> {
-    sqlx::query!(
-        "DELETE FROM run_sensitive_vars WHERE run_id = $1",
-        run_id.as_uuid()
-    )
-    .execute(executor)
-    .await?;
-    Ok(())
-}
-
 /// Records what a running step injected: the bindings (`[{id, name}]`), the names of every
 /// injected variable, and the names of the plain variables it ran with (an apply shows its
 /// plan's; never their values). Only for the lease holder of a running step.

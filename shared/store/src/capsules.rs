@@ -245,31 +245,6 @@ pub async fn release_apply(tx: &mut Tx, id: CapsuleId, run_id: RunId) -> Result<
     Ok(done.rows_affected() == 1)
 }
 
-/// The state-generation compare-and-set: moves `g` to `g + 1` and points at the new
-/// StateVersion, only where the generation is still `g` and this apply holds the
-/// Capsule. Releases the Capsule in the same statement.
-pub async fn advance_generation(
-    tx: &mut Tx,
-    id: CapsuleId,
-    run_id: RunId,
-    expected: i64,
-    state_version_id: StateVersionId,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        r#"UPDATE capsules
-              SET state_generation = state_generation + 1, current_state_version_id = $4,
-                  running_apply_id = NULL, stale = false, updated_at = now()
-            WHERE id = $1 AND state_generation = $3 AND running_apply_id = $2"#,
-        id.as_uuid(),
-        run_id.as_uuid(),
-        expected,
-        state_version_id.as_uuid()
-    )
-    .execute(tx.db())
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
-
 /// The generation compare-and-set for a state an operator gives the Capsule: `g` → `g + 1`
 /// pointing at `sv`, only where the generation is still `expected` and no apply holds the
 /// Capsule. `false`: the generation moved or an apply holds the Capsule; nothing changed.

@@ -55,45 +55,49 @@ pub async fn enqueue_after(
     Ok(())
 }
 
-/// Locks up to `limit` due rows for this relay; other relays skip them.
-pub async fn lock_due(tx: &mut Tx, limit: i64) -> Result<Vec<Pending>, StoreError> {
-    let rows = sqlx::query_as!(
+/// Claims up to `limit` due rows for this relay for `lease_secs` seconds, in id order: other
+/// relays skip them until the claim lapses. One autocommit statement that does not wait for
+/// the disk: a claim a crash loses only lets another relay publish the row too, which every
+/// handler survives (as a relay that dies before its [`mark_sent`] does, once the claim
+/// lapses). Rows another relay is claiming at this moment are skipped, not waited for.
+pub async fn claim_due(
+    pool: &crate::Pool,
+    limit: i64,
+    lease_secs: i64,
+) -> Result<Vec<Pending>, StoreError> {
+    let mut rows = sqlx::query_as!(
         Pending,
-        r#"SELECT id, topic, payload, traceparent,
-                  (extract(epoch FROM available_at) * 1000)::bigint AS "due_ms!"
-             FROM outbox
-            WHERE sent_at IS NULL AND available_at <= now()
-            ORDER BY id LIMIT $1
-            FOR UPDATE SKIP LOCKED"#,
-        limit
+        r#"UPDATE outbox
+              SET claimed_until = now() + make_interval(secs => $2::bigint::double precision)
+            WHERE id = ANY(ARRAY(
+                      SELECT id FROM outbox
+                       WHERE sent_at IS NULL AND available_at <= now()
+                         AND (claimed_until IS NULL OR claimed_until <= now())
+                       ORDER BY id LIMIT $1
+                         FOR UPDATE SKIP LOCKED))
+              AND set_config('synchronous_commit', 'off', true) IS NOT NULL
+        RETURNING id, topic, payload, traceparent,
+                  (extract(epoch FROM available_at) * 1000)::bigint AS "due_ms!""#,
+        limit,
+        lease_secs
     )
-    .fetch_all(tx.db())
+    .fetch_all(pool)
     .await?;
+    // RETURNING keeps no order; wake-ups go out in the order they were committed.
+    rows.sort_unstable_by_key(|r| r.id);
     Ok(rows)
 }
 
-/// Whether any row is due (one autocommit statement: the relay's poll asks this before it
-/// opens a transaction to lock them).
-pub async fn any_due(pool: &crate::Pool) -> Result<bool, StoreError> {
-    let due = sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM outbox WHERE sent_at IS NULL AND available_at <= now())
-                  AS "due!""#
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok(due)
-}
-
-/// Marks rows as published (the broker confirmed them). The relay's transaction then
-/// commits without waiting for the disk: a mark a crash loses leaves the row pending, and it
-/// is published once more (handlers are safe to run twice), so the flush buys nothing.
-pub async fn mark_sent(tx: &mut Tx, ids: &[i64]) -> Result<(), StoreError> {
+/// Marks rows as published (the broker confirmed them), without waiting for the disk: a mark
+/// a crash loses leaves the row pending, and it is published once more when its claim lapses
+/// (handlers are safe to run twice), so the flush buys nothing.
+pub async fn mark_sent(pool: &crate::Pool, ids: &[i64]) -> Result<(), StoreError> {
     sqlx::query!(
         "UPDATE outbox SET sent_at = now()
           WHERE id = ANY($1) AND set_config('synchronous_commit', 'off', true) IS NOT NULL",
         ids
     )
-    .execute(tx.db())
+    .execute(pool)
     .await?;
     Ok(())
 }
@@ -120,10 +124,12 @@ pub async fn prune_sent(pool: &crate::Pool, keep_secs: i64, limit: i64) -> Resul
     Ok(done.rows_affected())
 }
 
-/// Counts a failed publish so operators can see a stuck row.
+/// Counts a failed publish so operators can see a stuck row, and gives the rows up: the
+/// next pass of any relay tries them again.
 pub async fn mark_failed(pool: &crate::Pool, ids: &[i64]) -> Result<(), StoreError> {
     sqlx::query!(
-        "UPDATE outbox SET publish_attempts = publish_attempts + 1 WHERE id = ANY($1)",
+        "UPDATE outbox SET publish_attempts = publish_attempts + 1, claimed_until = NULL
+          WHERE id = ANY($1)",
         ids
     )
     .execute(pool)

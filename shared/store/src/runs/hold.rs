@@ -5,7 +5,7 @@
 //! updates like every other transition; the approvals that release a hold are
 //! [`crate::approvals`].
 
-use takosumi_core::{HoldReason, RunId};
+use takosumi_core::{EventKind, HoldReason, RunId, RunMessage, Topic};
 
 use crate::{StoreError, Tx};
 
@@ -78,16 +78,45 @@ pub async fn release(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
     Ok(done.rows_affected() == 1)
 }
 
-/// The gate released the Run: records the decision once.
-pub async fn record_gate_release(tx: &mut Tx, id: RunId) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        r#"UPDATE runs SET gate_decision = 'released', updated_at = now()
-            WHERE id = $1 AND gate_decision IS NULL AND status IN ('queued', 'planned')"#,
-        id.as_uuid()
+/// The gate released the Run: records the decision once, with its `gate_decision` event and,
+/// given a topic, the wake-up of the step that carries the Run on (routed as
+/// [`crate::outbox::enqueue`] routes it). One statement: on a pool it is the whole decision,
+/// one round trip and one commit; in a transaction it is part of one. `false`: the decision
+/// was already made (nothing is written).
+pub async fn release_at_gate<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    id: RunId,
+    actor: &str,
+    event: &serde_json::Value,
+    wake: Option<Topic>,
+) -> Result<bool, StoreError> {
+    let event = takosumi_core::json_without_nul(event);
+    let done = sqlx::query_scalar!(
+        r#"WITH released AS (
+               UPDATE runs SET gate_decision = 'released', updated_at = now()
+                WHERE id = $1 AND gate_decision IS NULL AND status IN ('queued', 'planned')
+               RETURNING id, capsule_id, traceparent),
+           event AS (
+               INSERT INTO run_events (run_id, kind, actor, data)
+               SELECT id, $2, $3, $4 FROM released),
+           wake AS (
+               INSERT INTO outbox (topic, payload, traceparent)
+               SELECT wake_topic($5, p.name), $6, released.traceparent
+                 FROM released
+                 JOIN capsules c ON c.id = released.capsule_id
+                 LEFT JOIN worker_pools p ON p.id = c.pool_id
+                WHERE $5::text IS NOT NULL)
+           SELECT count(*) AS "released!" FROM released"#,
+        id.as_uuid(),
+        EventKind::GateDecision as EventKind,
+        actor,
+        event.as_ref(),
+        wake.map(Topic::queue_name),
+        RunMessage { run_id: id }.to_json(),
     )
-    .execute(tx.db())
+    .fetch_one(executor)
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(done == 1)
 }
 
 /// Marks a submission as asking for approval.

@@ -686,7 +686,8 @@ pub async fn claim_apply(
     Ok(ApplyClaim::Claimed)
 }
 
-/// `applying` → `applied` with outputs and the StateVersion, only for the lease holder.
+/// `applying` → `applied` with outputs and the StateVersion, only for the lease holder, with
+/// its `applied` event (`event` is its data) in the same statement.
 pub async fn record_apply(
     tx: &mut Tx,
     id: RunId,
@@ -694,28 +695,43 @@ pub async fn record_apply(
     outputs: &serde_json::Value,
     state_version_id: Option<StateVersionId>,
     generation: i64,
+    event: &serde_json::Value,
 ) -> Result<bool, StoreError> {
     crate::transitions!(Applying => Applied);
     let outputs = takosumi_core::json_without_nul(outputs);
-    let done = sqlx::query!(
-        r#"UPDATE runs SET status = 'applied', outputs = $3, state_version_id = $4, state_generation = $5,
-                  lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
-            WHERE id = $1 AND status = 'applying' AND lease_owner = $2"#,
+    let event = takosumi_core::json_without_nul(event);
+    let actor = format!("handler:{owner}");
+    let done = sqlx::query_scalar!(
+        r#"WITH applied AS (
+               UPDATE runs SET status = 'applied', outputs = $3, state_version_id = $4, state_generation = $5,
+                      lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
+                WHERE id = $1 AND status = 'applying' AND lease_owner = $2
+               RETURNING id)
+           INSERT INTO run_events (run_id, kind, actor, data)
+           SELECT id, $6, $7, $8 FROM applied
+           RETURNING 1 AS "recorded!""#,
         id.as_uuid(),
         owner,
         outputs.as_ref(),
         state_version_id.map(|s| s.as_uuid()),
-        generation
+        generation,
+        EventKind::Applied as EventKind,
+        actor,
+        event.as_ref()
     )
-    .execute(tx.db())
+    .fetch_optional(tx.db())
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(done.is_some())
 }
 
-/// Forgets where a plan's sealed file was, once it has been wiped.
+/// Forgets where a plan's sealed file was, once it has been wiped or will never be applied,
+/// and with it the plan's sealed sensitive variables (they serve only its apply): one
+/// statement.
 pub async fn clear_plan_object(tx: &mut Tx, id: RunId) -> Result<(), StoreError> {
     sqlx::query!(
-        "UPDATE runs SET plan_object_key = NULL, updated_at = now() WHERE id = $1",
+        "WITH cleared AS (
+             UPDATE runs SET plan_object_key = NULL, updated_at = now() WHERE id = $1)
+         DELETE FROM run_sensitive_vars WHERE run_id = $1",
         id.as_uuid()
     )
     .execute(tx.db())

@@ -3,7 +3,7 @@
 //! Postgres until an operator restores it).
 //!
 //! Giving a Capsule a state is the Capsule's generation compare-and-set
-//! ([`crate::capsules::advance_generation`], and
+//! ([`versions::record_applied`], with the StateVersion in the same statement, and
 //! [`crate::capsules::advance_generation_unheld`] for an operator's resolution).
 
 pub mod held;

@@ -1,6 +1,6 @@
 //! StateVersions: each generation of a Capsule's state, sealed in object storage.
 
-use takosumi_core::{CapsuleId, RunId, StateVersionId};
+use takosumi_core::{CapsuleId, EventKind, RunId, StateVersionId, WorkspaceId};
 
 use crate::{StoreError, Tx};
 
@@ -37,6 +37,61 @@ pub async fn insert(tx: &mut Tx, sv: &StateVersion, size: i64) -> Result<(), Sto
     .execute(tx.db())
     .await?;
     Ok(())
+}
+
+/// Records the state an apply wrote, in one statement: the state-generation compare-and-set
+/// (the Capsule moves from `expected` to `sv.generation` and points at `sv`, only where the
+/// generation is still `expected` and `sv.run_id` holds the Capsule, which it releases),
+/// the StateVersion row, its `state_version_written` event and the Workspace's activity
+/// entry. `false`: the generation moved or the apply does not hold the Capsule, and nothing
+/// is written.
+pub async fn record_applied(
+    tx: &mut Tx,
+    sv: &StateVersion,
+    size: i64,
+    expected: i64,
+    actor: &str,
+    workspace_id: WorkspaceId,
+) -> Result<bool, StoreError> {
+    let event = serde_json::json!({ "stateVersionId": sv.id, "generation": sv.generation });
+    let activity = serde_json::json!({
+        "capsuleId": sv.capsule_id, "runId": sv.run_id, "generation": sv.generation
+    });
+    let done = sqlx::query_scalar!(
+        r#"WITH advanced AS (
+               UPDATE capsules
+                  SET state_generation = $3, current_state_version_id = $1,
+                      running_apply_id = NULL, stale = false, updated_at = now()
+                WHERE id = $2 AND state_generation = $8 AND running_apply_id = $4
+                  AND $3 = $8 + 1
+               RETURNING id),
+           version AS (
+               INSERT INTO state_versions (id, capsule_id, generation, run_id, object_key, digest, size_bytes)
+               SELECT $1, $2, $3, $4, $5, $6, $7 FROM advanced),
+           event AS (
+               INSERT INTO run_events (run_id, kind, actor, data)
+               SELECT $4, $9, $10, $11 FROM advanced)
+           INSERT INTO activity (workspace_id, kind, subject, actor, data)
+           SELECT $12, 'state_version_written', $14, $10, $13 FROM advanced
+           RETURNING 1 AS "recorded!""#,
+        sv.id.as_uuid(),
+        sv.capsule_id.as_uuid(),
+        sv.generation,
+        sv.run_id.as_uuid(),
+        sv.object_key,
+        sv.digest,
+        size,
+        expected,
+        EventKind::StateVersionWritten as EventKind,
+        actor,
+        event,
+        workspace_id.as_uuid(),
+        activity,
+        sv.id.to_string()
+    )
+    .fetch_optional(tx.db())
+    .await?;
+    Ok(done.is_some())
 }
 
 /// Reads a StateVersion.
