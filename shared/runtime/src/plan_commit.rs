@@ -6,11 +6,11 @@
 //! worker's (`owner` is the claim either way).
 
 use serde_json::{Value, json};
-use takosumi_core::{EventKind, FailureCode, RunKind, StepError, Topic};
+use takosumi_core::{FailureCode, RunKind, StepError};
 use takosumi_objects::PutOutcome;
 use takosumi_runner::{Masker, SourceSnapshot, Workdir, count_changes};
 use takosumi_seal::{CHUNK_LEN, Purpose, SealError, Streamed};
-use takosumi_store::{events, outbox, runs};
+use takosumi_store::runs;
 
 use crate::Ctx;
 use crate::dependencies::{LockfileError, dependency_snapshot};
@@ -410,24 +410,17 @@ pub async fn commit_plan(
             plan_diff: diff,
             plan_json_object_key: show_key.clone(),
         };
-        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
-        if !runs::record_plan(&mut tx, run_id, owner, &record).await? {
-            return Ok::<_, EnvError>(Err(record));
-        }
-        takosumi_store::capsules::add_sensitive_var_names(&mut tx, run.capsule_id, &sensitive_vars)
-            .await?;
         let mut data = json!({ "changes": changes, "planDigest": record.plan_digest, "stateGeneration": state_generation });
         if let (Some(d), Some(extra)) = (data.as_object_mut(), p.event_extra.as_object()) {
             d.extend(extra.clone());
         }
-        events::append(
-            tx.db(),
-            run_id,
-            EventKind::Planned,
-            &format!("handler:{owner}"),
-            data,
-        )
-        .await?;
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        // The record, its `planned` event and the gate's wake-up.
+        if !runs::record_plan(&mut tx, run_id, owner, &record, &data).await? {
+            return Ok::<_, EnvError>(Err(record));
+        }
+        takosumi_store::capsules::add_sensitive_var_names(&mut tx, run.capsule_id, &sensitive_vars)
+            .await?;
         // A drift check replaces the plan an earlier check kept, and keeps its own only when
         // it found drift (that plan is what a reconcile carries out).
         let mut dropped = Vec::new();
@@ -441,7 +434,6 @@ pub async fn commit_plan(
                 dropped.push(key.clone());
             }
         }
-        outbox::enqueue(&mut tx, Topic::Gate, run_id).await?;
         Ok(Ok((tx, dropped)))
     };
     let (put, written) = tokio::join!(put_show, write);

@@ -525,12 +525,14 @@ pub struct PlanRecord {
     pub plan_json_object_key: String,
 }
 
-/// `planning` → `planned` with the record, only for the lease holder.
+/// `planning` → `planned` with the record, only for the lease holder, with its `planned`
+/// event (`event` is its data) and the gate's wake-up in the same statement.
 pub async fn record_plan(
     tx: &mut Tx,
     id: RunId,
     owner: &str,
     rec: &PlanRecord,
+    event: &serde_json::Value,
 ) -> Result<bool, StoreError> {
     crate::transitions!(Planning => Planned);
     let changes = serde_json::to_value(rec.changes).unwrap_or_default();
@@ -538,15 +540,28 @@ pub async fn record_plan(
     let tool_version = takosumi_core::json_without_nul(&rec.tool_version);
     let resource_changes = takosumi_core::json_without_nul(&rec.resource_changes);
     let plan_diff = takosumi_core::json_without_nul(&rec.plan_diff);
+    let event = takosumi_core::json_without_nul(event);
     let lock_state = ProviderLockState::of_digest(rec.provider_lock_digest.as_deref());
-    let done = sqlx::query!(
-        r#"UPDATE runs SET status = 'planned', source_commit = $3, tree_digest = $4, tool_version = $5,
-                  plan_digest = $6, plan_object_key = $7, lockfile_object_key = $8,
-                  provider_lock_state = $9, provider_lock_digest = $10, dependency_snapshot = $11,
-                  state_generation = $12, changes = $13, drift = $14, injected_env_names = $15,
-                  resource_changes = $16, plan_diff = $17, plan_json_object_key = $18,
-                  lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
-            WHERE id = $1 AND status = 'planning' AND lease_owner = $2"#,
+    let done = sqlx::query_scalar!(
+        r#"WITH planned AS (
+               UPDATE runs SET status = 'planned', source_commit = $3, tree_digest = $4, tool_version = $5,
+                      plan_digest = $6, plan_object_key = $7, lockfile_object_key = $8,
+                      provider_lock_state = $9, provider_lock_digest = $10, dependency_snapshot = $11,
+                      state_generation = $12, changes = $13, drift = $14, injected_env_names = $15,
+                      resource_changes = $16, plan_diff = $17, plan_json_object_key = $18,
+                      lease_owner = NULL, lease_until = NULL, updated_at = now(), finished_at = now()
+                WHERE id = $1 AND status = 'planning' AND lease_owner = $2
+               RETURNING id, capsule_id, traceparent),
+           event AS (
+               INSERT INTO run_events (run_id, kind, actor, data)
+               SELECT id, $19, $20, $21 FROM planned)
+           -- routed as `outbox::enqueue` routes it (`wake_topic`)
+           INSERT INTO outbox (topic, payload, traceparent)
+           SELECT wake_topic($22, p.name), $23, planned.traceparent
+             FROM planned
+             JOIN capsules c ON c.id = planned.capsule_id
+             LEFT JOIN worker_pools p ON p.id = c.pool_id
+           RETURNING 1 AS "recorded!""#,
         id.as_uuid(),
         owner,
         rec.source_commit,
@@ -564,11 +579,16 @@ pub async fn record_plan(
         &rec.injected_env_names,
         resource_changes.as_ref(),
         plan_diff.as_ref(),
-        rec.plan_json_object_key
+        rec.plan_json_object_key,
+        EventKind::Planned as EventKind,
+        format!("handler:{owner}"),
+        event.as_ref(),
+        Topic::Gate.queue_name(),
+        RunMessage { run_id: id }.to_json(),
     )
-    .execute(tx.db())
+    .fetch_optional(tx.db())
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(done.is_some())
 }
 
 /// Ends a Run `failed` with a code and a message saying what to do. With `owner`, only
