@@ -34,17 +34,15 @@ pub async fn enqueue_after(
     run_id: RunId,
     delay_ms: i64,
 ) -> Result<(), StoreError> {
-    // `wake_topic` routes a pool's Capsule to the pool's queue (migration
-    // 20261204000000_wake_topic.sql).
+    // `capsule_wake_topic` routes a pool's Capsule to the pool's queue (migrations
+    // 20261204000000_wake_topic.sql, 20261207000001_capsule_wake_topic.sql).
     sqlx::query!(
         r#"INSERT INTO outbox (topic, payload, available_at, traceparent)
-           SELECT wake_topic($1, p.name),
+           SELECT capsule_wake_topic($1, r.capsule_id),
                   $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0),
                   r.traceparent
              FROM (SELECT 1) one
-             LEFT JOIN runs r ON r.id = $4
-             LEFT JOIN capsules c ON c.id = r.capsule_id
-             LEFT JOIN worker_pools p ON p.id = c.pool_id"#,
+             LEFT JOIN runs r ON r.id = $4"#,
         topic.queue_name(),
         RunMessage { run_id }.to_json(),
         delay_ms,

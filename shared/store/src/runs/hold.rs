@@ -101,10 +101,8 @@ pub async fn release_at_gate<'e, E: sqlx::PgExecutor<'e>>(
                SELECT id, $2, $3, $4 FROM released),
            wake AS (
                INSERT INTO outbox (topic, payload, traceparent)
-               SELECT wake_topic($5, p.name), $6, released.traceparent
+               SELECT capsule_wake_topic($5, capsule_id), $6, traceparent
                  FROM released
-                 JOIN capsules c ON c.id = released.capsule_id
-                 LEFT JOIN worker_pools p ON p.id = c.pool_id
                 WHERE $5::text IS NOT NULL)
            SELECT count(*) AS "released!" FROM released"#,
         id.as_uuid(),

@@ -288,12 +288,10 @@ pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
                INSERT INTO run_events (run_id, kind, actor, data)
                SELECT id, $12, $13, $14 FROM run),
            wake AS (
-               -- routed as `outbox::enqueue` routes it (`wake_topic`)
+               -- routed as `outbox::enqueue` routes it
                INSERT INTO outbox (topic, payload, traceparent)
-               SELECT wake_topic($19, p.name), $20, run.traceparent
+               SELECT capsule_wake_topic($19, capsule_id), $20, traceparent
                  FROM run
-                 JOIN capsules c ON c.id = run.capsule_id
-                 LEFT JOIN worker_pools p ON p.id = c.pool_id
                 WHERE $19::text IS NOT NULL)
            INSERT INTO activity (workspace_id, kind, subject, actor, data)
            SELECT workspace_id, 'run_started', $15, $13, $16 FROM run"#,
@@ -555,12 +553,9 @@ pub async fn record_plan(
            event AS (
                INSERT INTO run_events (run_id, kind, actor, data)
                SELECT id, $19, $20, $21 FROM planned)
-           -- routed as `outbox::enqueue` routes it (`wake_topic`)
+           -- routed as `outbox::enqueue` routes it
            INSERT INTO outbox (topic, payload, traceparent)
-           SELECT wake_topic($22, p.name), $23, planned.traceparent
-             FROM planned
-             JOIN capsules c ON c.id = planned.capsule_id
-             LEFT JOIN worker_pools p ON p.id = c.pool_id
+           SELECT capsule_wake_topic($22, capsule_id), $23, traceparent FROM planned
            RETURNING 1 AS "recorded!""#,
         id.as_uuid(),
         owner,
