@@ -180,10 +180,17 @@ async fn commit(
         if !runs::unknown::resolve_unknown(&mut tx, run.id, w.action, actor, w.note).await? {
             Some(Refused::AlreadyResolved)
         } else {
-            versions::insert(&mut tx, &w.sv, w.size).await?;
-            if capsules::advance_generation_unheld(&mut tx, run.capsule_id, w.expected, w.sv.id)
-                .await?
-            {
+            let written = versions::record_written(
+                &mut tx,
+                &w.sv,
+                w.size,
+                w.expected,
+                versions::Writer::Resolution { by: w.action },
+                actor,
+                run.workspace_id,
+            )
+            .await?;
+            if written {
                 runs::unknown::set_run_state_version(&mut tx, run.id, w.sv.id, w.sv.generation)
                     .await?;
                 if let Some(held) = w.held {
@@ -192,23 +199,6 @@ async fn commit(
                 let mut facts = w.facts.clone();
                 facts["stateVersionId"] = json!(w.sv.id);
                 facts["generation"] = json!(w.sv.generation);
-                events::append(
-                    tx.db(),
-                    run.id,
-                    EventKind::StateVersionWritten,
-                    actor,
-                    json!({ "stateVersionId": w.sv.id, "generation": w.sv.generation, "by": w.action }),
-                )
-                .await?;
-                activity::append(
-                    tx.db(),
-                    run.workspace_id,
-                    "state_version_written",
-                    &w.sv.id.to_string(),
-                    actor,
-                    json!({ "capsuleId": run.capsule_id, "runId": run.id, "generation": w.sv.generation, "by": w.action }),
-                )
-                .await?;
                 let mut event = facts.clone();
                 event["action"] = json!(w.action);
                 event["note"] = json!(w.note);

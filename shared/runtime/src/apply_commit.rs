@@ -90,11 +90,12 @@ pub async fn commit_apply(ctx: &Ctx, c: ApplyToCommit<'_>) -> Result<i64, ApplyC
     let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
     let new_generation = match &c.state_version {
         Some((sv, size)) => {
-            let recorded = states::versions::record_applied(
+            let recorded = states::versions::record_written(
                 &mut tx,
                 sv,
                 *size,
                 c.generation,
+                states::versions::Writer::Apply,
                 &actor,
                 c.run.workspace_id,
             )

@@ -244,26 +244,3 @@ pub async fn release_apply(tx: &mut Tx, id: CapsuleId, run_id: RunId) -> Result<
     .await?;
     Ok(done.rows_affected() == 1)
 }
-
-/// The generation compare-and-set for a state an operator gives the Capsule: `g` → `g + 1`
-/// pointing at `sv`, only where the generation is still `expected` and no apply holds the
-/// Capsule. `false`: the generation moved or an apply holds the Capsule; nothing changed.
-pub async fn advance_generation_unheld(
-    tx: &mut Tx,
-    capsule_id: CapsuleId,
-    expected: i64,
-    sv: StateVersionId,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        r#"UPDATE capsules
-              SET state_generation = state_generation + 1, current_state_version_id = $3,
-                  updated_at = now()
-            WHERE id = $1 AND state_generation = $2 AND running_apply_id IS NULL"#,
-        capsule_id.as_uuid(),
-        expected,
-        sv.as_uuid()
-    )
-    .execute(tx.db())
-    .await?;
-    Ok(done.rows_affected() == 1)
-}

@@ -21,49 +21,55 @@ pub struct StateVersion {
     pub digest: String,
 }
 
-/// Records a new StateVersion.
-pub async fn insert(tx: &mut Tx, sv: &StateVersion, size: i64) -> Result<(), StoreError> {
-    sqlx::query!(
-        r#"INSERT INTO state_versions (id, capsule_id, generation, run_id, object_key, digest, size_bytes)
-           VALUES ($1, $2, $3, $4, $5, $6, $7)"#,
-        sv.id.as_uuid(),
-        sv.capsule_id.as_uuid(),
-        sv.generation,
-        sv.run_id.as_uuid(),
-        sv.object_key,
-        sv.digest,
-        size
-    )
-    .execute(tx.db())
-    .await?;
-    Ok(())
+/// Who gives a Capsule a new state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer<'a> {
+    /// The apply that holds the Capsule (`sv.run_id`) and wrote the state: it lets go of the
+    /// Capsule, and the Capsule is no longer stale (what it applied is current).
+    Apply,
+    /// An operator resolving a Run of unknown outcome (`by` is the resolution's action): only
+    /// while no apply holds the Capsule.
+    Resolution {
+        /// The resolution's action, recorded on the event and the activity entry.
+        by: &'a str,
+    },
 }
 
-/// Records the state an apply wrote, in one statement: the state-generation compare-and-set
+/// Gives the Capsule the state `sv`, in one statement: the state-generation compare-and-set
 /// (the Capsule moves from `expected` to `sv.generation` and points at `sv`, only where the
-/// generation is still `expected` and `sv.run_id` holds the Capsule, which it releases),
-/// the StateVersion row, its `state_version_written` event and the Workspace's activity
-/// entry. `false`: the generation moved or the apply does not hold the Capsule, and nothing
-/// is written.
-pub async fn record_applied(
+/// generation is still `expected` and the Capsule is held as `writer` says), the
+/// StateVersion row, its `state_version_written` event on `sv.run_id` and the Workspace's
+/// activity entry. `false`: the generation moved or the Capsule is not held that way, and
+/// nothing is written.
+pub async fn record_written(
     tx: &mut Tx,
     sv: &StateVersion,
     size: i64,
     expected: i64,
+    writer: Writer<'_>,
     actor: &str,
     workspace_id: WorkspaceId,
 ) -> Result<bool, StoreError> {
-    let event = serde_json::json!({ "stateVersionId": sv.id, "generation": sv.generation });
-    let activity = serde_json::json!({
+    let (holder, by) = match writer {
+        Writer::Apply => (Some(sv.run_id.as_uuid()), None),
+        Writer::Resolution { by } => (None, Some(by)),
+    };
+    let mut event = serde_json::json!({ "stateVersionId": sv.id, "generation": sv.generation });
+    let mut activity = serde_json::json!({
         "capsuleId": sv.capsule_id, "runId": sv.run_id, "generation": sv.generation
     });
+    if let Some(by) = by {
+        event["by"] = by.into();
+        activity["by"] = by.into();
+    }
     let done = sqlx::query_scalar!(
         r#"WITH advanced AS (
                UPDATE capsules
                   SET state_generation = $3, current_state_version_id = $1,
-                      running_apply_id = NULL, stale = false, updated_at = now()
-                WHERE id = $2 AND state_generation = $8 AND running_apply_id = $4
-                  AND $3 = $8 + 1
+                      running_apply_id = NULL, stale = stale AND $15::uuid IS NULL,
+                      updated_at = now()
+                WHERE id = $2 AND state_generation = $8 AND $3 = $8 + 1
+                  AND running_apply_id IS NOT DISTINCT FROM $15
                RETURNING id),
            version AS (
                INSERT INTO state_versions (id, capsule_id, generation, run_id, object_key, digest, size_bytes)
@@ -87,7 +93,8 @@ pub async fn record_applied(
         event,
         workspace_id.as_uuid(),
         activity,
-        sv.id.to_string()
+        sv.id.to_string(),
+        holder
     )
     .fetch_optional(tx.db())
     .await?;
