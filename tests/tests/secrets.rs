@@ -42,7 +42,7 @@ resource "null_resource" "uses_secret" {
 resource "null_resource" "env_probe" {
   triggers = { seed = var.seed }
   provisioner "local-exec" {
-    command = "echo cred=$CANARY_CRED token=$TAKOSUMI_TOKEN cmd=$CMD_CRED checkpoint=$CHECKPOINT_DISABLE; echo cred-sha=$(printf %s \"$CANARY_CRED\" | sha256sum | cut -c1-64); echo token-sha=$(printf %s \"$TAKOSUMI_TOKEN\" | sha256sum | cut -c1-64); echo switchtender-sha=$(printf %s \"$SWITCHTENDER_TOKEN\" | sha256sum | cut -c1-64); echo cmd-sha=$(printf %s \"$CMD_CRED\" | sha256sum | cut -c1-64)"
+    command = "echo cred=$CANARY_CRED token=$TAKOSUMI_TOKEN cmd=$CMD_CRED checkpoint=$CHECKPOINT_DISABLE; echo cred-sha=$(printf %s \"$CANARY_CRED\" | sha256sum | cut -c1-64); echo token-sha=$(printf %s \"$TAKOSUMI_TOKEN\" | sha256sum | cut -c1-64); echo switchtender-sha=$(printf %s \"$SWITCHTENDER_TOKEN\" | sha256sum | cut -c1-64); echo cmd-sha=$(printf %s \"$CMD_CRED\" | sha256sum | cut -c1-64); echo fork=$TF_FORK tool-parent=$(cat /proc/$(awk '{print $4}' /proc/$PPID/stat)/comm)"
   }
 }
 
@@ -195,7 +195,7 @@ async fn assert_nowhere(
 /// row of any table, any stored object or a leftover run directory. The tool's own
 /// printing of them is masked. Per-run list/map variables reach the configuration as
 /// JSON, override the Capsule's for that Run only, and tool processes run with
-/// `CHECKPOINT_DISABLE=1`.
+/// `CHECKPOINT_DISABLE=1` and `TF_FORK=0` (one process per command).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> {
     let stack = Stack::start().await?;
@@ -380,6 +380,17 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
     assert!(
         apply_log.contains("cred=*** token=*** cmd=*** checkpoint=1"),
         "the tool printed every credential (masked) and ran with CHECKPOINT_DISABLE=1:\n{apply_log}"
+    );
+    // The tool ran as one process: terraform 1.0.3 re-executes itself under panicwrap
+    // unless TF_FORK=0, and then the provisioner's shell has terraform for grandparent.
+    let tool_parent = apply_log
+        .split("fork=0 tool-parent=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default();
+    assert!(
+        !tool_parent.is_empty() && tool_parent != "terraform",
+        "the tool must run as one process with TF_FORK=0, its parent {tool_parent:?}:\n{apply_log}"
     );
     for line in [
         format!("cred-sha={}", sha(&cred)),

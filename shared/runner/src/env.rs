@@ -41,12 +41,14 @@ impl fmt::Debug for ToolOutput {
 
 /// Names the runner sets itself or that would change how the tool runs behind the
 /// runner's back (argument injection, another CLI config, debug logs that print values,
-/// attaching to foreign provider processes, library preloading).
+/// attaching to foreign provider processes, library preloading, a second process per
+/// command).
 const RESERVED: &[&str] = &[
     "PATH",
     "HOME",
     "TF_IN_AUTOMATION",
     "TF_INPUT",
+    "TF_FORK",
     "TF_CLI_CONFIG_FILE",
     "TOFU_CLI_CONFIG_FILE",
     "TERRAFORM_CONFIG",
@@ -394,6 +396,7 @@ mod tests {
             "tf_log",
             "LD_PRELOAD",
             "TF_CLI_CONFIG_FILE",
+            "TF_FORK",
             "bad name",
         ] {
             let env = ToolEnv::new().with_secret_env(reserved, Secret::new("x".into()));

@@ -832,6 +832,12 @@ impl Runner {
         vars.insert("CHECKPOINT_DISABLE".into(), "1".into());
         vars.insert("TF_IN_AUTOMATION".into(), "1".into());
         vars.insert("TF_INPUT".into(), "0".into());
+        // Terraform releases built with panicwrap (0.x and 1.0 among them) otherwise start
+        // twice per command: a parent that only waits to print a crash report, and the real
+        // process. One Go start is ~25 ms of every init, plan, show and apply; a panic still
+        // reaches the captured stderr with its stack. Releases without panicwrap (and
+        // OpenTofu) ignore the name.
+        vars.insert("TF_FORK".into(), "0".into());
         if let Some(cli) = &self.cfg.cli_config_file {
             vars.insert("TF_CLI_CONFIG_FILE".into(), cli.as_os_str().to_owned());
         }
@@ -1373,11 +1379,13 @@ mod tests {
                 "HOME",
                 "PATH",
                 "TF_CLI_CONFIG_FILE",
+                "TF_FORK",
                 "TF_INPUT",
                 "TF_IN_AUTOMATION",
                 "TF_VAR_region",
             ]
         );
+        assert_eq!(envs["TF_FORK"].as_deref(), Some("0"));
         assert_eq!(envs["PATH"].as_deref(), Some(TOOL_PATH));
         assert_eq!(envs["HOME"].as_deref(), wd.home().to_str());
         assert_eq!(envs["CHECKPOINT_DISABLE"].as_deref(), Some("1"));

@@ -269,6 +269,7 @@ async fn the_tool_sees_only_the_environment_the_runner_built() {
     assert_eq!(get("CHECKPOINT_DISABLE"), Some("1"));
     assert_eq!(get("TF_IN_AUTOMATION"), Some("1"));
     assert_eq!(get("TF_INPUT"), Some("0"));
+    assert_eq!(get("TF_FORK"), Some("0"));
     assert_eq!(
         get("TF_CLI_CONFIG_FILE"),
         Some("/nonexistent/takosumi-test.tfrc")
@@ -296,6 +297,7 @@ async fn the_tool_sees_only_the_environment_the_runner_built() {
         "CHECKPOINT_DISABLE",
         "TF_IN_AUTOMATION",
         "TF_INPUT",
+        "TF_FORK",
         "TF_CLI_CONFIG_FILE",
         "TF_VAR_region",
         "TF_VAR_zones",

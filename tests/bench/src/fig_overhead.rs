@@ -8,7 +8,10 @@
 //! 4. Takosumi apply: `POST apply` → the Run's `applied` event.
 //!
 //! The tool gets the environment the runner gives it (nothing inherited; `HOME` empty,
-//! `CHECKPOINT_DISABLE=1`, the offline CLI config), so the only difference is Takosumi.
+//! `CHECKPOINT_DISABLE=1`, `TF_FORK=0`, the offline CLI config), so the only difference is
+//! Takosumi. Each iteration also times the bare plan and apply as an operator runs them by
+//! hand, without `TF_FORK=0` (terraform 1.0.3 then starts twice per command, under
+//! panicwrap): what a Run costs against the tool one would otherwise run.
 //! End times are the events' `clock_timestamp()`, written in the committing transaction on
 //! the same host clock as the client's start time, so the wait loop's poll interval is not
 //! counted.
@@ -35,6 +38,8 @@ struct Bare {
     main_tf: String,
     root: tempfile::TempDir,
     seq: usize,
+    /// Whether the commands run as the runner runs them (`TF_FORK=0`) or as by hand.
+    runner_env: bool,
 }
 
 impl Bare {
@@ -62,6 +67,9 @@ impl Bare {
             .args(args);
         if let Some(c) = &self.cli_config {
             cmd.env("TF_CLI_CONFIG_FILE", c);
+        }
+        if self.runner_env {
+            cmd.env("TF_FORK", "0");
         }
         let t = Instant::now();
         let out = cmd.output().await?;
@@ -132,6 +140,19 @@ impl Bare {
         let _: serde_json::Value = serde_json::from_slice(&out)?;
         per.insert("output", out_ms);
         Ok((per, t.elapsed().as_secs_f64() * 1000.0))
+    }
+
+    /// The bare plan and apply totals as an operator runs them by hand (no `TF_FORK=0`).
+    async fn by_hand(&mut self) -> anyhow::Result<(f64, f64)> {
+        self.runner_env = false;
+        let out = async {
+            let (_, plan, dir) = self.plan().await?;
+            let (_, apply) = self.apply(&dir).await?;
+            anyhow::Ok((plan, apply))
+        }
+        .await;
+        self.runner_env = true;
+        out
     }
 
     /// `version -json` alone: the call Takosumi makes that the bare sequence does not.
@@ -219,6 +240,7 @@ pub async fn run(report: &mut Report, runs: usize, warmup: usize) -> anyhow::Res
         main_tf,
         root: tempfile::tempdir()?,
         seq: 0,
+        runner_env: true,
     };
     let stack = Stack::start_with_tool(
         Options {
@@ -245,6 +267,8 @@ async fn measure(
     let (mut bare_plan, mut bare_apply, mut tk_plan, mut tk_apply) =
         (vec![], vec![], vec![], vec![]);
     let (mut d_plan, mut d_apply) = (vec![], vec![]);
+    let (mut hand_plan, mut hand_apply, mut dh_plan, mut dh_apply) =
+        (vec![], vec![], vec![], vec![]);
     let mut bare_cmds: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut version_ms = vec![];
     let (mut seg_plan, mut seg_apply) = (Segments::default(), Segments::default());
@@ -255,6 +279,7 @@ async fn measure(
         let (per_plan, bp, plan_dir) = bare.plan().await?;
         let (per_apply, ba) = bare.apply(&plan_dir).await?;
         let v = bare.version().await?;
+        let (hp, ha) = bare.by_hand().await?;
 
         let cap = harness::capsule(
             stack,
@@ -295,6 +320,10 @@ async fn measure(
         tk_apply.push(ta);
         d_plan.push(tp - bp);
         d_apply.push(ta - ba);
+        hand_plan.push(hp);
+        hand_apply.push(ha);
+        dh_plan.push(tp - hp);
+        dh_apply.push(ta - ha);
         version_ms.push(v);
         for (k, v) in per_plan
             .into_iter()
@@ -351,6 +380,23 @@ async fn measure(
         "≤ +60 ms median",
         Some(da.median <= 60.0),
     );
+    let (hp, ha, dhp, dha) = (s(&hand_plan)?, s(&hand_apply)?, s(&dh_plan)?, s(&dh_apply)?);
+    report.row(
+        "1. plan against the tool run by hand (no `TF_FORK=0`)".to_owned(),
+        format!("{:+.1} ms median (p95 {:+.1})", dhp.median, dhp.p95),
+        format!("by hand init+plan+show {}", hp.ms_median_p95()),
+        format!("{:.2}× by hand", tp.median / hp.median),
+        "—",
+        None,
+    );
+    report.row(
+        "2. apply against the tool run by hand (no `TF_FORK=0`)".to_owned(),
+        format!("{:+.1} ms median (p95 {:+.1})", dha.median, dha.p95),
+        format!("by hand init+apply+output {}", ha.ms_median_p95()),
+        format!("{:.2}× by hand", ta.median / ha.median),
+        "—",
+        None,
+    );
     let mut lines = vec![
         "Overhead = Takosumi (client `POST` → the Run's `planned`/`applied` event) minus the bare tool, paired per iteration; median / p95.".to_owned(),
         String::new(),
@@ -358,7 +404,7 @@ async fn measure(
         "|---|---|---|".to_owned(),
     ];
     if let Some(v) = Summary::of(&version_ms) {
-        lines.push(format!("| version -json (Takosumi runs it per plan; the bare sequence does not) | {:.1} ms | {:.1} ms |", v.median, v.p95));
+        lines.push(format!("| version -json (Takosumi asks it once per binary and process; the bare sequence does not) | {:.1} ms | {:.1} ms |", v.median, v.p95));
     }
     for (k, v) in &bare_cmds {
         if let Some(v) = Summary::of(v) {
