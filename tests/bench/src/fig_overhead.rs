@@ -366,7 +366,11 @@ async fn measure(
     );
     report.row(
         format!("1. plan overhead (n={runs})"),
-        format!("+{} (Takosumi {})", dp.ms_median_p95(), tp.ms_median_p95()),
+        format!(
+            "{} (Takosumi {})",
+            dp.signed_ms_median_p95(),
+            tp.ms_median_p95()
+        ),
         format!("bare init+plan+show {}", bp.ms_median_p95()),
         format!("{:.2}× bare", tp.median / bp.median),
         "≤ +40 ms median",
@@ -374,7 +378,11 @@ async fn measure(
     );
     report.row(
         format!("2. apply overhead (n={runs})"),
-        format!("+{} (Takosumi {})", da.ms_median_p95(), ta.ms_median_p95()),
+        format!(
+            "{} (Takosumi {})",
+            da.signed_ms_median_p95(),
+            ta.ms_median_p95()
+        ),
         format!("bare init+apply+output {}", ba.ms_median_p95()),
         format!("{:.2}× bare", ta.median / ba.median),
         "≤ +60 ms median",
@@ -383,7 +391,7 @@ async fn measure(
     let (hp, ha, dhp, dha) = (s(&hand_plan)?, s(&hand_apply)?, s(&dh_plan)?, s(&dh_apply)?);
     report.row(
         "1. plan against the tool run by hand (no `TF_FORK=0`)".to_owned(),
-        format!("{:+.1} ms median (p95 {:+.1})", dhp.median, dhp.p95),
+        dhp.signed_ms_median_p95(),
         format!("by hand init+plan+show {}", hp.ms_median_p95()),
         format!("{:.2}× by hand", tp.median / hp.median),
         "—",
@@ -391,7 +399,7 @@ async fn measure(
     );
     report.row(
         "2. apply against the tool run by hand (no `TF_FORK=0`)".to_owned(),
-        format!("{:+.1} ms median (p95 {:+.1})", dha.median, dha.p95),
+        dha.signed_ms_median_p95(),
         format!("by hand init+apply+output {}", ha.ms_median_p95()),
         format!("{:.2}× by hand", ta.median / ha.median),
         "—",

@@ -53,6 +53,11 @@ impl Summary {
         format!("{:.1} / {:.1} ms", self.median, self.p95)
     }
 
+    /// `median / p95` in milliseconds, each with its sign (an overhead can be negative).
+    pub fn signed_ms_median_p95(&self) -> String {
+        format!("{:+.1} / {:+.1} ms", self.median, self.p95)
+    }
+
     /// `median / p99` in milliseconds.
     pub fn ms_median_p99(&self) -> String {
         format!("{:.1} / {:.1} ms", self.median, self.p99)
