@@ -97,6 +97,97 @@ fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }
 
+/// Prefixes of the database and the vhost each stack makes, followed by `<pid>_<id>`: the
+/// process that made them, so another can tell a leftover from one in use.
+const DB_PREFIX: &str = "takosumi_t_";
+const VHOST_PREFIX: &str = "t_";
+
+/// The process id a stack's database or vhost name carries, if it is one.
+fn owner_pid(name: &str, prefix: &str) -> Option<u32> {
+    let (pid, id) = name.strip_prefix(prefix)?.split_once('_')?;
+    (!id.is_empty()).then_some(())?;
+    pid.parse().ok()
+}
+
+/// Removes the databases and vhosts of stacks whose test process is gone: a test that fails
+/// returns before [`Stack::stop`], and what it made stayed. Left to pile up, they slowed the
+/// shared broker until it stopped creating vhosts at all (every quorum queue of every
+/// leftover vhost is a Raft group it keeps running). Once per process, before its first
+/// stack; a failure here is logged, never a test's.
+async fn remove_leftovers(admin_url: &str, mgmt: Option<(&str, &str, &str)>) {
+    static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    DONE.get_or_init(|| async {
+        let gone = |pid: u32| !Path::new(&format!("/proc/{pid}")).exists();
+        let dropped = async {
+            let admin = takosumi_store::connect(admin_url, 1).await?;
+            let names: Vec<String> = sqlx::query_scalar(
+                "SELECT datname FROM pg_database WHERE starts_with(datname, $1)",
+            )
+            .bind(DB_PREFIX)
+            .fetch_all(&admin)
+            .await?;
+            let mut dropped = 0;
+            for name in names {
+                if owner_pid(&name, DB_PREFIX).is_some_and(gone) {
+                    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .execute(&admin)
+                        .await?;
+                    dropped += 1;
+                }
+            }
+            admin.close().await;
+            anyhow::Ok(dropped)
+        }
+        .await;
+        let deleted = async {
+            let Some((url, user, password)) = mgmt else {
+                return anyhow::Ok(0);
+            };
+            #[derive(serde::Deserialize)]
+            struct Vhost {
+                name: String,
+            }
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()?;
+            let vhosts: Vec<Vhost> = http
+                .get(format!("{url}/api/vhosts"))
+                .basic_auth(user, Some(password))
+                .send()
+                .await?
+                .error_for_status()?
+                .json()
+                .await?;
+            let mut deleted = 0;
+            for v in vhosts {
+                if owner_pid(&v.name, VHOST_PREFIX).is_some_and(gone) {
+                    http.delete(format!("{url}/api/vhosts/{}", v.name))
+                        .basic_auth(user, Some(password))
+                        .send()
+                        .await?;
+                    deleted += 1;
+                }
+            }
+            anyhow::Ok(deleted)
+        }
+        .await;
+        match (dropped, deleted) {
+            (Ok(0), Ok(0)) => {}
+            (Ok(dbs), Ok(vhosts)) => {
+                eprintln!(
+                    "removed what dead test processes left: {dbs} databases, {vhosts} vhosts"
+                );
+            }
+            (dbs, vhosts) => eprintln!(
+                "could not remove what dead test processes left: databases {:?}, vhosts {:?}",
+                dbs.err(),
+                vhosts.err()
+            ),
+        }
+    })
+    .await;
+}
+
 /// A running, isolated Takosumi.
 /// What a CLI run printed and how it exited.
 #[derive(Debug, Clone)]
@@ -198,14 +289,30 @@ impl Stack {
         endpoints: &Endpoints,
     ) -> anyhow::Result<Self> {
         init_test_logging();
-        let id = short_id();
+        let id = format!("{}_{}", std::process::id(), short_id());
         let work = tempfile::tempdir()?;
         // A database of its own.
-        let db_name = format!("takosumi_t_{id}");
+        let db_name = format!("{DB_PREFIX}{id}");
         let admin_url = match &endpoints.pg_admin_url {
             Some(url) => url.clone(),
             None => env("TAKOSUMI_PG_ADMIN_URL")?,
         };
+        if endpoints.pg_admin_url.is_none() {
+            let mgmt = match endpoints.amqp_url {
+                Some(_) => None,
+                None => Some((
+                    env("TAKOSUMI_RABBITMQ_MGMT_URL")?,
+                    env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
+                    env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
+                )),
+            };
+            remove_leftovers(
+                &admin_url,
+                mgmt.as_ref()
+                    .map(|(u, n, p)| (u.as_str(), n.as_str(), p.as_str())),
+            )
+            .await;
+        }
         let admin = takosumi_store::connect(&admin_url, 1).await?;
         sqlx::query(&format!("CREATE DATABASE {db_name}"))
             .execute(&admin)
@@ -213,7 +320,7 @@ impl Stack {
         admin.close().await;
         let database_url = replace_db(&admin_url, &db_name);
         // A vhost of its own (or a broker of its own).
-        let vhost = format!("t_{id}");
+        let vhost = format!("{VHOST_PREFIX}{id}");
         let own_vhost = endpoints.amqp_url.is_none();
         let amqp_url = if let Some(url) = &endpoints.amqp_url {
             url.clone()
@@ -292,7 +399,8 @@ impl Stack {
             ("TAKOSUMI_S3_REGION", env("TAKOSUMI_S3_REGION")?),
             ("TAKOSUMI_S3_ACCESS_KEY", env("TAKOSUMI_S3_ACCESS_KEY")?),
             ("TAKOSUMI_S3_SECRET_KEY", env("TAKOSUMI_S3_SECRET_KEY")?),
-            ("TAKOSUMI_S3_BUCKET", format!("t-{id}")),
+            // (no `_` in a bucket's name)
+            ("TAKOSUMI_S3_BUCKET", format!("t-{}", id.replace('_', "-"))),
             ("TAKOSUMI_SEAL_KEY", env("TAKOSUMI_SEAL_KEY")?),
             ("TAKOSUMI_SEAL_KEY_ID", "test-1".to_owned()),
             ("TAKOSUMI_EVIDENCE_KEY", evidence_key.to_string()),
@@ -1181,4 +1289,24 @@ pub fn processes_exactly(argv: &[&str]) -> Vec<u32> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leftover_is_known_by_the_process_in_its_name() {
+        assert_eq!(
+            owner_pid("takosumi_t_4242_0123456789ab", DB_PREFIX),
+            Some(4242)
+        );
+        assert_eq!(owner_pid("t_17_0123456789ab", VHOST_PREFIX), Some(17));
+        // names of the fixture before it named its process, and anything else: not ours
+        assert_eq!(owner_pid("takosumi_t_0123456789ab", DB_PREFIX), None);
+        assert_eq!(owner_pid("t_abc_0123", VHOST_PREFIX), None);
+        assert_eq!(owner_pid("t_12_", VHOST_PREFIX), None);
+        assert_eq!(owner_pid("takosumi", DB_PREFIX), None);
+        assert_eq!(owner_pid("/", VHOST_PREFIX), None);
+    }
 }
