@@ -802,7 +802,9 @@ impl Stack {
         self.wait(run).await
     }
 
-    /// Stops everything and drops the database and vhost.
+    /// Stops everything, drops the database and vhost, and empties the bucket (the test's
+    /// sealed plans, states and evidence; best effort: the test's result does not depend on
+    /// it).
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();
         for t in self.tasks {
@@ -830,8 +832,31 @@ impl Stack {
                 .send()
                 .await?;
         }
+        empty_bucket(&self.ctx.objects).await;
         drop(self.work);
         Ok(())
+    }
+}
+
+/// Deletes every object of `objects`' bucket, a few at a time; what fails is left (the
+/// bucket itself stays, empty: s3s-fs keeps it as a directory).
+async fn empty_bucket(objects: &takosumi_objects::ObjectStore) {
+    use futures::StreamExt as _;
+    let keys = match objects.list("").await {
+        Ok(keys) => keys,
+        Err(e) => {
+            eprintln!("could not list the test's bucket to empty it: {e}");
+            return;
+        }
+    };
+    let failed = futures::stream::iter(keys)
+        .map(|key| async move { objects.delete(&key).await.is_err() })
+        .buffer_unordered(8)
+        .filter(|failed| std::future::ready(*failed))
+        .count()
+        .await;
+    if failed > 0 {
+        eprintln!("{failed} objects of the test's bucket could not be deleted");
     }
 }
 
