@@ -150,18 +150,7 @@ fn decode_cursor(raw: &str) -> Result<i64, ApiError> {
 }
 
 fn parse_limit(raw: Option<&str>) -> Result<i64, ApiError> {
-    let Some(raw) = raw else {
-        return Ok(MAX_LIMIT);
-    };
-    raw.parse::<i64>()
-        .ok()
-        .filter(|n| (1..=MAX_LIMIT).contains(n))
-        .ok_or_else(|| {
-            ApiError::invalid(
-                ErrorCode::InvalidLimit,
-                format!("limit must be a whole number from 1 to {MAX_LIMIT}"),
-            )
-        })
+    crate::extract::page_limit(raw, MAX_LIMIT, MAX_LIMIT)
 }
 
 async fn workspace_evidence(

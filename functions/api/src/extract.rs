@@ -85,6 +85,23 @@ pub(crate) fn parse_id<T: std::str::FromStr<Err = takosumi_core::IdParseError>>(
     })
 }
 
+/// A page size from the query string: `default` when absent, else a whole number from 1 to
+/// `max` (400 `invalid_limit`, naming the range, otherwise).
+pub(crate) fn page_limit(raw: Option<&str>, default: i64, max: i64) -> Result<i64, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(default);
+    };
+    raw.parse::<i64>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| {
+            ApiError::invalid(
+                ErrorCode::InvalidLimit,
+                format!("limit must be a whole number from 1 to {max}"),
+            )
+        })
+}
+
 /// The `Idempotency-Key` header, if sent.
 pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {

@@ -464,18 +464,7 @@ fn parse_run_cursor(raw: &str) -> Result<RunCursor, ApiError> {
 }
 
 fn parse_limit(raw: Option<&str>) -> Result<i64, ApiError> {
-    let Some(raw) = raw else {
-        return Ok(DEFAULT_LIMIT);
-    };
-    raw.parse::<i64>()
-        .ok()
-        .filter(|n| (1..=MAX_LIMIT).contains(n))
-        .ok_or_else(|| {
-            ApiError::invalid(
-                ErrorCode::InvalidLimit,
-                format!("limit must be a whole number from 1 to {MAX_LIMIT}"),
-            )
-        })
+    crate::extract::page_limit(raw, DEFAULT_LIMIT, MAX_LIMIT)
 }
 
 fn parse_enum<T: serde::de::DeserializeOwned>(

@@ -42,6 +42,7 @@ mod runner;
 mod sandbox;
 mod session;
 mod source;
+mod tree;
 mod workdir;
 
 pub use checkout::{DEFAULT_CACHE_TTL, GitCache};

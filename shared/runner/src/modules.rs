@@ -3,14 +3,12 @@
 //! exactly the modules its plan used.
 
 use std::fs;
-use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
 use crate::RunnerError;
+use crate::tree::{SkipGit, TreeRules, digest_tree, hash_file};
 
 /// Where `get` installs modules, relative to the Capsule directory.
 pub const MODULES_DIR: &str = ".terraform/modules";
@@ -55,64 +53,32 @@ pub fn module_tree_digest(config_dir: &Path) -> Result<String, RunnerError> {
     let root = root
         .canonicalize()
         .map_err(|e| RunnerError::io(format!("resolving {}", root.display()), e))?;
-    let mut entries: Vec<(Vec<u8>, u8, String)> = Vec::new();
-    let mut walk = walkdir::WalkDir::new(&root)
-        .follow_links(false)
-        .min_depth(1)
-        .into_iter();
-    while let Some(entry) = walk.next() {
-        let entry = entry.map_err(|e| walk_error(&root, e))?;
-        if entry.file_name() == ".git" {
-            if entry.file_type().is_dir() {
-                walk.skip_current_dir();
-            }
-            continue;
-        }
-        let path = entry.path();
-        let rel = path
-            .strip_prefix(&root)
-            .map_err(|_| RunnerError::InvalidDir(format!("{} escaped", path.display())))?;
-        let rel_bytes = rel.as_os_str().as_bytes().to_vec();
-        let file_type = entry.file_type();
-        if file_type.is_symlink() {
-            let target = fs::read_link(path)
-                .map_err(|e| RunnerError::io(format!("reading link {}", path.display()), e))?;
-            ensure_inside(&root, path, &target, rel)?;
-            entries.push((
-                rel_bytes,
-                b'l',
-                hex::encode(Sha256::digest(target.as_os_str().as_bytes())),
-            ));
-        } else if file_type.is_file() {
-            let meta = entry.metadata().map_err(|e| walk_error(&root, e))?;
-            let kind = if meta.permissions().mode() & 0o111 != 0 {
-                b'x'
-            } else {
-                b'f'
-            };
-            let digest = if rel == Path::new(MANIFEST) {
-                hash_manifest(path)?
-            } else {
-                hash_file(path)?
-            };
-            entries.push((rel_bytes, kind, digest));
-        } else if !file_type.is_dir() {
-            return Err(RunnerError::InvalidDir(format!(
+    let rules = TreeRules {
+        domain: DOMAIN,
+        skip_git: SkipGit::Everywhere,
+        link_outside: &|rel| {
+            RunnerError::InvalidDir(format!(
+                "the installed module entry {MODULES_DIR}/{} links outside the module tree \
+                 (a module source that is a path on the server); vendor the module into the \
+                 repository and call it by a relative path, or use a git source",
+                rel.display()
+            ))
+        },
+        not_a_file: &|rel| {
+            RunnerError::InvalidDir(format!(
                 "{MODULES_DIR}/{} is not a regular file, directory or link",
                 rel.display()
-            )));
-        }
-    }
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut tree = Sha256::new();
-    tree.update(DOMAIN);
-    for (path, kind, digest) in &entries {
-        tree.update(path);
-        tree.update([0u8, *kind, 0u8]);
-        tree.update(digest.as_bytes());
-        tree.update(b"\n");
-    }
-    Ok(hex::encode(tree.finalize()))
+            ))
+        },
+        file_digest: &|rel, path| {
+            if rel == Path::new(MANIFEST) {
+                hash_manifest(path)
+            } else {
+                hash_file(path)
+            }
+        },
+    };
+    digest_tree(&root, &rules)
 }
 
 /// The tool's record of installed modules, at the top of the module tree.
@@ -141,67 +107,6 @@ fn hash_manifest(path: &Path) -> Result<String, RunnerError> {
         });
     }
     Ok(hex::encode(Sha256::digest(manifest.to_string().as_bytes())))
-}
-
-/// A link must stay inside the module tree, as written and after resolving it.
-fn ensure_inside(root: &Path, link: &Path, target: &Path, rel: &Path) -> Result<(), RunnerError> {
-    let escape = || {
-        RunnerError::InvalidDir(format!(
-            "the installed module entry {MODULES_DIR}/{} links outside the module tree \
-             (a module source that is a path on the server); vendor the module into the \
-             repository and call it by a relative path, or use a git source",
-            rel.display()
-        ))
-    };
-    if target.is_absolute() {
-        return Err(escape());
-    }
-    let mut lexical = PathBuf::new();
-    for component in link.parent().unwrap_or(root).join(target).components() {
-        match component {
-            Component::ParentDir => {
-                if !lexical.pop() {
-                    return Err(escape());
-                }
-            }
-            Component::CurDir => {}
-            other => lexical.push(other.as_os_str()),
-        }
-    }
-    if !lexical.starts_with(root) {
-        return Err(escape());
-    }
-    if let Ok(resolved) = link.canonicalize()
-        && !resolved.starts_with(root)
-    {
-        return Err(escape());
-    }
-    Ok(())
-}
-
-fn hash_file(path: &Path) -> Result<String, RunnerError> {
-    let mut file = fs::File::open(path)
-        .map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
-
-fn walk_error(root: &Path, e: walkdir::Error) -> RunnerError {
-    let context = format!("walking {}", root.display());
-    match e.into_io_error() {
-        Some(io) => RunnerError::io(context, io),
-        None => RunnerError::io(context, std::io::Error::other("file system loop")),
-    }
 }
 
 /// Whether the root module in `config_dir` calls any module, i.e. whether `get` has
@@ -248,7 +153,7 @@ pub fn declares_module_calls(config_dir: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{PermissionsExt, symlink};
 
     use super::*;
 

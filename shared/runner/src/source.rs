@@ -1,14 +1,10 @@
 //! The checked-out source: input validation, cleaning, and the tree digest.
 
 use std::fs;
-use std::io::Read;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 use crate::RunnerError;
+use crate::tree::{SkipGit, TreeRules, digest_tree, hash_file, walk_error};
 
 /// A Capsule directory: relative, no `..`, no NUL or control characters. `""` and `"."`
 /// mean the repository root.
@@ -236,135 +232,33 @@ pub(crate) fn remove_dot_terraform(root: &Path) -> Result<usize, RunnerError> {
 }
 
 /// SHA-256 hex over the sorted list of (relative path, kind, content SHA-256) of every file
-/// and symbolic link below `root`, except the top-level `.git`. Kind is `x` for an
-/// executable file, `f` for another file, `l` for a link (hashed over its target text,
-/// never followed). Directories contribute only through their contents. Refuses a link
-/// that points outside `root`: the tool must never read past the checkout.
+/// and symbolic link below `root`, except the top-level `.git` (see [`crate::tree`]). Kind
+/// is `x` for an executable file, `f` for another file, `l` for a link (hashed over its
+/// target text, never followed). Directories contribute only through their contents.
+/// Refuses a link that points outside `root`: the tool must never read past the checkout.
 pub fn tree_digest(root: &Path) -> Result<String, RunnerError> {
     let canonical_root = root
         .canonicalize()
         .map_err(|e| RunnerError::io(format!("resolving {}", root.display()), e))?;
-    let mut entries: Vec<(Vec<u8>, char, String)> = Vec::new();
-    let mut walk = walkdir::WalkDir::new(&canonical_root)
-        .follow_links(false)
-        .min_depth(1)
-        .into_iter();
-    while let Some(entry) = walk.next() {
-        let entry = entry.map_err(|e| walk_error(root, e))?;
-        if entry.depth() == 1 && entry.file_name() == ".git" {
-            if entry.file_type().is_dir() {
-                walk.skip_current_dir();
-            }
-            continue;
-        }
-        let path = entry.path();
-        let rel = path.strip_prefix(&canonical_root).map_err(|_| {
-            RunnerError::Checkout(format!("{} is outside the checkout", path.display()))
-        })?;
-        let rel_bytes = rel.as_os_str().as_bytes().to_vec();
-        let file_type = entry.file_type();
-        if file_type.is_symlink() {
-            let target = fs::read_link(path)
-                .map_err(|e| RunnerError::io(format!("reading link {}", path.display()), e))?;
-            ensure_link_inside(&canonical_root, path, &target, rel)?;
-            entries.push((
-                rel_bytes,
-                'l',
-                hex::encode(Sha256::digest(target.as_os_str().as_bytes())),
-            ));
-        } else if file_type.is_file() {
-            let meta = entry.metadata().map_err(|e| walk_error(root, e))?;
-            let kind = if meta.permissions().mode() & 0o111 != 0 {
-                'x'
-            } else {
-                'f'
-            };
-            entries.push((rel_bytes, kind, hash_file(path)?));
-        } else if !file_type.is_dir() {
-            return Err(RunnerError::Checkout(format!(
+    let rules = TreeRules {
+        domain: b"",
+        skip_git: SkipGit::AtRoot,
+        link_outside: &|rel| {
+            RunnerError::LinkOutside(format!(
+                "the link {} points outside the checkout; a Capsule's files must stay inside \
+                 its repository: replace the link with the file itself",
+                rel.display()
+            ))
+        },
+        not_a_file: &|rel| {
+            RunnerError::Checkout(format!(
                 "{} is not a regular file, directory or link",
                 rel.display()
-            )));
-        }
-    }
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut tree = Sha256::new();
-    for (path, kind, digest) in &entries {
-        tree.update(path);
-        tree.update([0u8]);
-        tree.update([*kind as u8]);
-        tree.update([0u8]);
-        tree.update(digest.as_bytes());
-        tree.update(b"\n");
-    }
-    Ok(hex::encode(tree.finalize()))
-}
-
-fn walk_error(root: &Path, e: walkdir::Error) -> RunnerError {
-    let context = format!("walking {}", e.path().unwrap_or(root).display());
-    let source = e
-        .into_io_error()
-        .unwrap_or_else(|| std::io::Error::other("file-system loop"));
-    RunnerError::io(context, source)
-}
-
-fn hash_file(path: &Path) -> Result<String, RunnerError> {
-    let mut file = fs::File::open(path)
-        .map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|e| RunnerError::io(format!("reading {}", path.display()), e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
-
-/// A link must resolve inside the checkout, both as written and (when it resolves at all)
-/// after following every link on the way.
-fn ensure_link_inside(
-    root: &Path,
-    link: &Path,
-    target: &Path,
-    rel: &Path,
-) -> Result<(), RunnerError> {
-    let escape = || {
-        RunnerError::LinkOutside(format!(
-            "the link {} points outside the checkout; a Capsule's files must stay inside its \
-             repository: replace the link with the file itself",
-            rel.display()
-        ))
+            ))
+        },
+        file_digest: &|_, path| hash_file(path),
     };
-    if target.is_absolute() {
-        return Err(escape());
-    }
-    let parent = link.parent().unwrap_or(root);
-    let mut lexical = PathBuf::new();
-    for component in parent.join(target).components() {
-        match component {
-            Component::ParentDir => {
-                if !lexical.pop() {
-                    return Err(escape());
-                }
-            }
-            Component::CurDir => {}
-            other => lexical.push(other.as_os_str()),
-        }
-    }
-    if !lexical.starts_with(root) {
-        return Err(escape());
-    }
-    if let Ok(resolved) = link.canonicalize()
-        && !resolved.starts_with(root)
-    {
-        return Err(escape());
-    }
-    Ok(())
+    digest_tree(&canonical_root, &rules)
 }
 
 /// `checkout/dir`, which must exist, be a directory, and resolve inside the checkout.
@@ -402,7 +296,7 @@ pub(crate) fn resolve_config_dir(checkout: &Path, dir: &str) -> Result<PathBuf, 
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{PermissionsExt, symlink};
 
     use super::*;
 
