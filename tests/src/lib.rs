@@ -77,6 +77,74 @@ fn env(name: &str) -> anyhow::Result<String> {
     })
 }
 
+/// The shared broker's management API (`infra/local/start.sh`), through which each stack
+/// makes and removes its vhost and the first stack of a process removes dead ones'.
+#[derive(Clone)]
+struct Mgmt {
+    url: String,
+    user: String,
+    password: String,
+    http: reqwest::Client,
+}
+
+impl Mgmt {
+    fn from_env() -> anyhow::Result<Self> {
+        Ok(Self {
+            url: env("TAKOSUMI_RABBITMQ_MGMT_URL")?,
+            user: env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
+            password: env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()?,
+        })
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}/api/{path}", self.url))
+            .basic_auth(&self.user, Some(&self.password))
+    }
+
+    /// Makes `vhost`, with every permission for the management user.
+    async fn make_vhost(&self, vhost: &str) -> anyhow::Result<()> {
+        self.request(reqwest::Method::PUT, &format!("vhosts/{vhost}"))
+            .send()
+            .await?
+            .error_for_status()?;
+        self.request(
+            reqwest::Method::PUT,
+            &format!("permissions/{vhost}/{}", self.user),
+        )
+        .json(&serde_json::json!({ "configure": ".*", "write": ".*", "read": ".*" }))
+        .send()
+        .await?
+        .error_for_status()?;
+        Ok(())
+    }
+
+    async fn delete_vhost(&self, vhost: &str) -> anyhow::Result<()> {
+        self.request(reqwest::Method::DELETE, &format!("vhosts/{vhost}"))
+            .send()
+            .await?;
+        Ok(())
+    }
+
+    async fn vhosts(&self) -> anyhow::Result<Vec<String>> {
+        #[derive(serde::Deserialize)]
+        struct Vhost {
+            name: String,
+        }
+        let vhosts: Vec<Vhost> = self
+            .request(reqwest::Method::GET, "vhosts")
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(vhosts.into_iter().map(|v| v.name).collect())
+    }
+}
+
 /// The in-process API's and steps' warnings and errors go to the test's captured output
 /// (printed when a test fails): an API 500 logs its whole cause chain there, where a test's
 /// assertion only sees "the request failed on our side". `TAKOSUMI_TEST_LOG` sets the filter
@@ -114,7 +182,7 @@ fn owner_pid(name: &str, prefix: &str) -> Option<u32> {
 /// shared broker until it stopped creating vhosts at all (every quorum queue of every
 /// leftover vhost is a Raft group it keeps running). Once per process, before its first
 /// stack; a failure here is logged, never a test's.
-async fn remove_leftovers(admin_url: &str, mgmt: Option<(&str, &str, &str)>) {
+async fn remove_leftovers(admin_url: &str, mgmt: Option<&Mgmt>) {
     static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     DONE.get_or_init(|| async {
         let gone = |pid: u32| !Path::new(&format!("/proc/{pid}")).exists();
@@ -140,31 +208,13 @@ async fn remove_leftovers(admin_url: &str, mgmt: Option<(&str, &str, &str)>) {
         }
         .await;
         let deleted = async {
-            let Some((url, user, password)) = mgmt else {
+            let Some(mgmt) = mgmt else {
                 return anyhow::Ok(0);
             };
-            #[derive(serde::Deserialize)]
-            struct Vhost {
-                name: String,
-            }
-            let http = reqwest::Client::builder()
-                .timeout(Duration::from_secs(20))
-                .build()?;
-            let vhosts: Vec<Vhost> = http
-                .get(format!("{url}/api/vhosts"))
-                .basic_auth(user, Some(password))
-                .send()
-                .await?
-                .error_for_status()?
-                .json()
-                .await?;
             let mut deleted = 0;
-            for v in vhosts {
-                if owner_pid(&v.name, VHOST_PREFIX).is_some_and(gone) {
-                    http.delete(format!("{url}/api/vhosts/{}", v.name))
-                        .basic_auth(user, Some(password))
-                        .send()
-                        .await?;
+            for name in mgmt.vhosts().await? {
+                if owner_pid(&name, VHOST_PREFIX).is_some_and(gone) {
+                    mgmt.delete_vhost(&name).await?;
                     deleted += 1;
                 }
             }
@@ -218,8 +268,9 @@ pub struct Stack {
     vhost: String,
     /// Postgres admin URL the database was created through (dropped through it too).
     pg_admin_url: String,
-    /// Whether `vhost` was created on the shared broker (and is deleted by `stop`).
-    own_vhost: bool,
+    /// The shared broker's management API when `vhost` was made there (and is deleted by
+    /// `stop`); `None` on a broker of the stack's own.
+    mgmt: Option<Mgmt>,
     work: tempfile::TempDir,
     tool_log: PathBuf,
     pause_file: PathBuf,
@@ -297,21 +348,13 @@ impl Stack {
             Some(url) => url.clone(),
             None => env("TAKOSUMI_PG_ADMIN_URL")?,
         };
+        // The shared broker's management API, when the stack makes a vhost there.
+        let mgmt = match endpoints.amqp_url {
+            Some(_) => None,
+            None => Some(Mgmt::from_env()?),
+        };
         if endpoints.pg_admin_url.is_none() {
-            let mgmt = match endpoints.amqp_url {
-                Some(_) => None,
-                None => Some((
-                    env("TAKOSUMI_RABBITMQ_MGMT_URL")?,
-                    env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
-                    env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
-                )),
-            };
-            remove_leftovers(
-                &admin_url,
-                mgmt.as_ref()
-                    .map(|(u, n, p)| (u.as_str(), n.as_str(), p.as_str())),
-            )
-            .await;
+            remove_leftovers(&admin_url, mgmt.as_ref()).await;
         }
         let admin = takosumi_store::connect(&admin_url, 1).await?;
         sqlx::query(&format!("CREATE DATABASE {db_name}"))
@@ -321,27 +364,13 @@ impl Stack {
         let database_url = replace_db(&admin_url, &db_name);
         // A vhost of its own (or a broker of its own).
         let vhost = format!("{VHOST_PREFIX}{id}");
-        let own_vhost = endpoints.amqp_url.is_none();
         let amqp_url = if let Some(url) = &endpoints.amqp_url {
             url.clone()
         } else {
-            let mgmt = env("TAKOSUMI_RABBITMQ_MGMT_URL")?;
-            let (mu, mp) = (
-                env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
-                env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
-            );
-            let http = reqwest::Client::new();
-            http.put(format!("{mgmt}/api/vhosts/{vhost}"))
-                .basic_auth(&mu, Some(&mp))
-                .send()
-                .await?
-                .error_for_status()?;
-            http.put(format!("{mgmt}/api/permissions/{vhost}/{mu}"))
-                .basic_auth(&mu, Some(&mp))
-                .json(&serde_json::json!({ "configure": ".*", "write": ".*", "read": ".*" }))
-                .send()
-                .await?
-                .error_for_status()?;
+            mgmt.as_ref()
+                .context("the shared broker's management API")?
+                .make_vhost(&vhost)
+                .await?;
             let amqp_base = env("TAKOSUMI_AMQP_URL")?;
             format!(
                 "{}/{vhost}",
@@ -473,7 +502,7 @@ impl Stack {
             db_name,
             vhost,
             pg_admin_url: admin_url,
-            own_vhost,
+            mgmt,
             work,
             tool_log,
             pause_file,
@@ -820,17 +849,8 @@ impl Stack {
         .execute(&admin)
         .await?;
         admin.close().await;
-        if self.own_vhost {
-            let mgmt = env("TAKOSUMI_RABBITMQ_MGMT_URL")?;
-            let (mu, mp) = (
-                env("TAKOSUMI_RABBITMQ_MGMT_USER")?,
-                env("TAKOSUMI_RABBITMQ_MGMT_PASSWORD")?,
-            );
-            reqwest::Client::new()
-                .delete(format!("{mgmt}/api/vhosts/{}", self.vhost))
-                .basic_auth(mu, Some(mp))
-                .send()
-                .await?;
+        if let Some(mgmt) = &self.mgmt {
+            mgmt.delete_vhost(&self.vhost).await?;
         }
         empty_bucket(&self.ctx.objects).await;
         drop(self.work);
