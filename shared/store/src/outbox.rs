@@ -34,15 +34,16 @@ pub async fn enqueue_after(
     run_id: RunId,
     delay_ms: i64,
 ) -> Result<(), StoreError> {
-    // `capsule_wake_topic` routes a pool's Capsule to the pool's queue (migrations
-    // 20261204000000_wake_topic.sql, 20261207000001_capsule_wake_topic.sql).
+    // `wake_topic` over `capsule_wake_routes` routes a pool's Capsule to the pool's queue
+    // (migrations 20261204000000_wake_topic.sql, 20261208000000_capsule_wake_routes.sql).
     sqlx::query!(
         r#"INSERT INTO outbox (topic, payload, available_at, traceparent)
-           SELECT capsule_wake_topic($1, r.capsule_id),
+           SELECT wake_topic($1, w.pool_name),
                   $2, now() + make_interval(secs => $3::bigint::double precision / 1000.0),
                   r.traceparent
              FROM (SELECT 1) one
-             LEFT JOIN runs r ON r.id = $4"#,
+             LEFT JOIN runs r ON r.id = $4
+             LEFT JOIN capsule_wake_routes w ON w.capsule_id = r.capsule_id"#,
         topic.queue_name(),
         RunMessage { run_id }.to_json(),
         delay_ms,

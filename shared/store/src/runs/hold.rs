@@ -101,8 +101,9 @@ pub async fn release_at_gate<'e, E: sqlx::PgExecutor<'e>>(
                SELECT id, $2, $3, $4 FROM released),
            wake AS (
                INSERT INTO outbox (topic, payload, traceparent)
-               SELECT capsule_wake_topic($5, capsule_id), $6, traceparent
+               SELECT wake_topic($5, w.pool_name), $6, released.traceparent
                  FROM released
+                 LEFT JOIN capsule_wake_routes w ON w.capsule_id = released.capsule_id
                 WHERE $5::text IS NOT NULL)
            SELECT count(*) AS "released!" FROM released"#,
         id.as_uuid(),

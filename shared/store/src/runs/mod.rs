@@ -290,8 +290,9 @@ pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
            wake AS (
                -- routed as `outbox::enqueue` routes it
                INSERT INTO outbox (topic, payload, traceparent)
-               SELECT capsule_wake_topic($19, capsule_id), $20, traceparent
+               SELECT wake_topic($19, w.pool_name), $20, run.traceparent
                  FROM run
+                 LEFT JOIN capsule_wake_routes w ON w.capsule_id = run.capsule_id
                 WHERE $19::text IS NOT NULL)
            INSERT INTO activity (workspace_id, kind, subject, actor, data)
            SELECT workspace_id, 'run_started', $15, $13, $16 FROM run"#,
@@ -555,7 +556,9 @@ pub async fn record_plan(
                SELECT id, $19, $20, $21 FROM planned)
            -- routed as `outbox::enqueue` routes it
            INSERT INTO outbox (topic, payload, traceparent)
-           SELECT capsule_wake_topic($22, capsule_id), $23, traceparent FROM planned
+           SELECT wake_topic($22, w.pool_name), $23, planned.traceparent
+             FROM planned
+             LEFT JOIN capsule_wake_routes w ON w.capsule_id = planned.capsule_id
            RETURNING 1 AS "recorded!""#,
         id.as_uuid(),
         owner,
