@@ -299,6 +299,7 @@ mod tests {
     use std::os::unix::fs::{PermissionsExt, symlink};
 
     use super::*;
+    use crate::tree::tests::write;
 
     #[test]
     fn repo_urls_are_accepted_only_in_the_stated_forms() {
@@ -412,13 +413,6 @@ mod tests {
         let out = redact_url(msg, repo);
         assert!(!out.contains("tok3n"), "{out}");
         assert_eq!(redact_url("plain", "file:///tmp/r"), "plain");
-    }
-
-    fn write(root: &Path, rel: &str, content: &str, mode: u32) {
-        let p = root.join(rel);
-        fs::create_dir_all(p.parent().unwrap()).unwrap();
-        fs::write(&p, content).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
     }
 
     #[test]

@@ -158,12 +158,13 @@ pub(crate) fn walk_error(root: &Path, e: walkdir::Error) -> RunnerError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::os::unix::fs::symlink;
 
     use super::*;
 
-    fn write(root: &Path, rel: &str, text: &str, mode: u32) {
+    /// Writes `text` to `root/rel` (its directories made) with `mode`.
+    pub(crate) fn write(root: &Path, rel: &str, text: &str, mode: u32) {
         let p = root.join(rel);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
         fs::write(&p, text).unwrap();
