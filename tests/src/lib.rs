@@ -165,24 +165,28 @@ fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }
 
-/// Prefixes of the database and the vhost each stack makes, followed by `<pid>_<id>`: the
-/// process that made them, so another can tell a leftover from one in use.
+/// Prefixes of the database, the vhost and the bucket each stack makes, followed by
+/// `<pid><sep><id>` where `<sep>` is the prefix's last character (a bucket's name has no
+/// `_`): the process that made them, so another can tell a leftover from one in use.
 const DB_PREFIX: &str = "takosumi_t_";
 const VHOST_PREFIX: &str = "t_";
+const BUCKET_PREFIX: &str = "t-";
 
-/// The process id a stack's database or vhost name carries, if it is one.
+/// The process id a stack's database, vhost or bucket name carries, if it is one.
 fn owner_pid(name: &str, prefix: &str) -> Option<u32> {
-    let (pid, id) = name.strip_prefix(prefix)?.split_once('_')?;
+    let sep = prefix.chars().last()?;
+    let (pid, id) = name.strip_prefix(prefix)?.split_once(sep)?;
     (!id.is_empty()).then_some(())?;
     pid.parse().ok()
 }
 
-/// Removes the databases and vhosts of stacks whose test process is gone: a test that fails
-/// returns before [`Stack::stop`], and what it made stayed. Left to pile up, they slowed the
-/// shared broker until it stopped creating vhosts at all (every quorum queue of every
-/// leftover vhost is a Raft group it keeps running). Once per process, before its first
-/// stack; a failure here is logged, never a test's.
-async fn remove_leftovers(admin_url: &str, mgmt: Option<&Mgmt>) {
+/// Removes the databases, vhosts and buckets of stacks whose test process is gone: a test
+/// that fails returns before [`Stack::stop`], and what it made stayed. Left to pile up, they
+/// slowed the shared broker until it stopped creating vhosts at all (every quorum queue of
+/// every leftover vhost is a Raft group it keeps running), and the buckets' sealed plans and
+/// states filled the disk (2.7 GB on one machine). Once per process, before its first stack;
+/// a failure here is logged, never a test's.
+async fn remove_leftovers(admin_url: &str, mgmt: Option<&Mgmt>, s3_endpoint: &str) {
     static DONE: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     DONE.get_or_init(|| async {
         let gone = |pid: u32| !Path::new(&format!("/proc/{pid}")).exists();
@@ -221,17 +225,30 @@ async fn remove_leftovers(admin_url: &str, mgmt: Option<&Mgmt>) {
             anyhow::Ok(deleted)
         }
         .await;
-        match (dropped, deleted) {
-            (Ok(0), Ok(0)) => {}
-            (Ok(dbs), Ok(vhosts)) => {
+        let emptied = async {
+            let store = takosumi_objects::ObjectStore::connect(&s3_config(s3_endpoint, "")?).await;
+            let mut emptied = 0;
+            for name in store.list_buckets(BUCKET_PREFIX).await? {
+                if owner_pid(&name, BUCKET_PREFIX).is_some_and(gone) {
+                    remove_bucket(&store.in_bucket(&name)).await;
+                    emptied += 1;
+                }
+            }
+            anyhow::Ok(emptied)
+        }
+        .await;
+        match (dropped, deleted, emptied) {
+            (Ok(0), Ok(0), Ok(0)) => {}
+            (Ok(dbs), Ok(vhosts), Ok(buckets)) => {
                 eprintln!(
-                    "removed what dead test processes left: {dbs} databases, {vhosts} vhosts"
+                    "removed what dead test processes left: {dbs} databases, {vhosts} vhosts, {buckets} buckets"
                 );
             }
-            (dbs, vhosts) => eprintln!(
-                "could not remove what dead test processes left: databases {:?}, vhosts {:?}",
+            (dbs, vhosts, buckets) => eprintln!(
+                "could not remove what dead test processes left: databases {:?}, vhosts {:?}, buckets {:?}",
                 dbs.err(),
-                vhosts.err()
+                vhosts.err(),
+                buckets.err()
             ),
         }
     })
@@ -353,8 +370,12 @@ impl Stack {
             Some(_) => None,
             None => Some(Mgmt::from_env()?),
         };
+        let s3_endpoint = match &endpoints.s3_endpoint {
+            Some(url) => url.clone(),
+            None => env("TAKOSUMI_S3_ENDPOINT")?,
+        };
         if endpoints.pg_admin_url.is_none() {
-            remove_leftovers(&admin_url, mgmt.as_ref()).await;
+            remove_leftovers(&admin_url, mgmt.as_ref(), &s3_endpoint).await;
         }
         let admin = takosumi_store::connect(&admin_url, 1).await?;
         sqlx::query(&format!("CREATE DATABASE {db_name}"))
@@ -418,18 +439,15 @@ impl Stack {
         for (k, v) in [
             ("TAKOSUMI_DATABASE_URL", database_url),
             ("TAKOSUMI_AMQP_URL", amqp_url),
-            (
-                "TAKOSUMI_S3_ENDPOINT",
-                match &endpoints.s3_endpoint {
-                    Some(url) => url.clone(),
-                    None => env("TAKOSUMI_S3_ENDPOINT")?,
-                },
-            ),
+            ("TAKOSUMI_S3_ENDPOINT", s3_endpoint),
             ("TAKOSUMI_S3_REGION", env("TAKOSUMI_S3_REGION")?),
             ("TAKOSUMI_S3_ACCESS_KEY", env("TAKOSUMI_S3_ACCESS_KEY")?),
             ("TAKOSUMI_S3_SECRET_KEY", env("TAKOSUMI_S3_SECRET_KEY")?),
             // (no `_` in a bucket's name)
-            ("TAKOSUMI_S3_BUCKET", format!("t-{}", id.replace('_', "-"))),
+            (
+                "TAKOSUMI_S3_BUCKET",
+                format!("{BUCKET_PREFIX}{}", id.replace('_', "-")),
+            ),
             ("TAKOSUMI_SEAL_KEY", env("TAKOSUMI_SEAL_KEY")?),
             ("TAKOSUMI_SEAL_KEY_ID", "test-1".to_owned()),
             ("TAKOSUMI_EVIDENCE_KEY", evidence_key.to_string()),
@@ -831,9 +849,9 @@ impl Stack {
         self.wait(run).await
     }
 
-    /// Stops everything, drops the database and vhost, and empties the bucket (the test's
-    /// sealed plans, states and evidence; best effort: the test's result does not depend on
-    /// it).
+    /// Stops everything, drops the database and vhost, and empties and deletes the bucket
+    /// (the test's sealed plans, states and evidence; best effort: the test's result does
+    /// not depend on it).
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();
         for t in self.tasks {
@@ -852,20 +870,33 @@ impl Stack {
         if let Some(mgmt) = &self.mgmt {
             mgmt.delete_vhost(&self.vhost).await?;
         }
-        empty_bucket(&self.ctx.objects).await;
+        remove_bucket(&self.ctx.objects).await;
         drop(self.work);
         Ok(())
     }
 }
 
-/// Deletes every object of `objects`' bucket, a few at a time; what fails is left (the
-/// bucket itself stays, empty: s3s-fs keeps it as a directory).
-async fn empty_bucket(objects: &takosumi_objects::ObjectStore) {
+/// The object store settings of the local stack's S3 server (its keys from `env.sh`).
+fn s3_config(endpoint: &str, bucket: &str) -> anyhow::Result<takosumi_objects::ObjectStoreConfig> {
+    Ok(takosumi_objects::ObjectStoreConfig {
+        endpoint: Some(endpoint.to_owned()),
+        region: env("TAKOSUMI_S3_REGION")?,
+        access_key: env("TAKOSUMI_S3_ACCESS_KEY")?,
+        secret_key: takosumi_core::Secret::new(env("TAKOSUMI_S3_SECRET_KEY")?),
+        bucket: bucket.to_owned(),
+        timeouts: takosumi_objects::ObjectTimeouts::default(),
+    })
+}
+
+/// Deletes every object of `objects`' bucket, a few at a time, then the bucket; what fails
+/// is left and said.
+async fn remove_bucket(objects: &takosumi_objects::ObjectStore) {
     use futures::StreamExt as _;
+    let bucket = objects.bucket();
     let keys = match objects.list("").await {
         Ok(keys) => keys,
         Err(e) => {
-            eprintln!("could not list the test's bucket to empty it: {e}");
+            eprintln!("could not list bucket {bucket} to empty it: {e}");
             return;
         }
     };
@@ -876,7 +907,9 @@ async fn empty_bucket(objects: &takosumi_objects::ObjectStore) {
         .count()
         .await;
     if failed > 0 {
-        eprintln!("{failed} objects of the test's bucket could not be deleted");
+        eprintln!("{failed} objects of bucket {bucket} could not be deleted");
+    } else if let Err(e) = objects.delete_bucket().await {
+        eprintln!("could not delete the emptied bucket {bucket}: {e}");
     }
 }
 
@@ -1347,6 +1380,10 @@ mod tests {
             Some(4242)
         );
         assert_eq!(owner_pid("t_17_0123456789ab", VHOST_PREFIX), Some(17));
+        assert_eq!(owner_pid("t-17-0123456789ab", BUCKET_PREFIX), Some(17));
+        // a bucket of the fixture before buckets carried the process: not known as one
+        assert_eq!(owner_pid("t-0123456789ab", BUCKET_PREFIX), None);
+        assert_eq!(owner_pid("t_17_0123456789ab", BUCKET_PREFIX), None);
         // names of the fixture before it named its process, and anything else: not ours
         assert_eq!(owner_pid("takosumi_t_0123456789ab", DB_PREFIX), None);
         assert_eq!(owner_pid("t_abc_0123", VHOST_PREFIX), None);

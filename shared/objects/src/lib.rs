@@ -817,6 +817,57 @@ impl ObjectStore {
             }
         }
     }
+
+    /// The same client working in `bucket` instead (a maintenance task walking buckets).
+    pub fn in_bucket(&self, bucket: &str) -> Self {
+        Self {
+            bucket: bucket.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    /// The names of every bucket the credentials own whose name starts with `prefix`
+    /// (a maintenance task's listing; the pipeline works in one bucket and never lists).
+    pub async fn list_buckets(&self, prefix: &str) -> Result<Vec<String>, ObjectError> {
+        let page = with_retries(self.backoff, "ListBuckets", || async {
+            self.client
+                .list_buckets()
+                .send()
+                .await
+                .map_err(|err| sdk_error("ListBuckets", &err))
+        })
+        .await?;
+        Ok(page
+            .buckets()
+            .iter()
+            .filter_map(|bucket| bucket.name())
+            .filter(|name| name.starts_with(prefix))
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// Deletes this store's bucket, which must be empty; a missing bucket is success.
+    pub async fn delete_bucket(&self) -> Result<(), ObjectError> {
+        with_retries(self.backoff, "DeleteBucket", || async {
+            match self
+                .client
+                .delete_bucket()
+                .bucket(&self.bucket)
+                .send()
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(err) => {
+                    let (class, fault) = classify("DeleteBucket", &err);
+                    match (&class, fault.code()) {
+                        (Class::NotFound, _) | (_, Some("NoSuchBucket")) => Ok(()),
+                        _ => Err(to_error(class, fault)),
+                    }
+                }
+            }
+        })
+        .await
+    }
 }
 
 /// A local file could not be read or written (named by what it was for, never its path).

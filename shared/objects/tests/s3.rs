@@ -120,6 +120,53 @@ async fn delete_and_list() {
     assert_eq!(s.list("runs/r1/").await.unwrap(), ["runs/r1/lock"]);
 }
 
+/// Buckets are listed by prefix and an emptied one is deleted; deleting it again is fine,
+/// and the same client works in another bucket.
+#[tokio::test]
+async fn buckets_listed_and_deleted() {
+    let Some(s) = store("buckets_listed_and_deleted").await else {
+        return;
+    };
+    let name = s.bucket().to_owned();
+    s.put("k", b"x".to_vec()).await.unwrap();
+    let listed = s.list_buckets("t-objects-").await.unwrap();
+    assert!(listed.contains(&name), "{name} not in {listed:?}");
+    assert!(
+        listed.iter().all(|b| b.starts_with("t-objects-")),
+        "{listed:?}"
+    );
+    assert!(
+        !s.list_buckets(&format!("{name}-no"))
+            .await
+            .unwrap()
+            .contains(&name)
+    );
+
+    let other = s.in_bucket(&format!("{name}-b"));
+    other.ensure_bucket().await.unwrap();
+    assert_eq!(other.bucket(), format!("{name}-b"));
+    assert!(
+        other.list("").await.unwrap().is_empty(),
+        "another bucket's keys"
+    );
+    assert_eq!(s.list("").await.unwrap(), ["k"]);
+
+    for bucket in [&other, &s] {
+        for key in bucket.list("").await.unwrap() {
+            bucket.delete(&key).await.unwrap();
+        }
+        bucket.delete_bucket().await.unwrap();
+        assert!(
+            !s.list_buckets(bucket.bucket())
+                .await
+                .unwrap()
+                .contains(&bucket.bucket().to_owned())
+        );
+        // Deleting a missing bucket is fine.
+        bucket.delete_bucket().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn list_paginates() {
     let Some(s) = store("list_paginates").await else {
