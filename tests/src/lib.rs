@@ -876,8 +876,12 @@ impl Stack {
     }
 }
 
-/// The object store settings of the local stack's S3 server (its keys from `env.sh`).
-fn s3_config(endpoint: &str, bucket: &str) -> anyhow::Result<takosumi_objects::ObjectStoreConfig> {
+/// The object store settings of the local stack's S3 server (its keys from `env.sh`) for
+/// `bucket`.
+pub fn s3_config(
+    endpoint: &str,
+    bucket: &str,
+) -> anyhow::Result<takosumi_objects::ObjectStoreConfig> {
     Ok(takosumi_objects::ObjectStoreConfig {
         endpoint: Some(endpoint.to_owned()),
         region: env("TAKOSUMI_S3_REGION")?,
@@ -888,28 +892,10 @@ fn s3_config(endpoint: &str, bucket: &str) -> anyhow::Result<takosumi_objects::O
     })
 }
 
-/// Deletes every object of `objects`' bucket, a few at a time, then the bucket; what fails
-/// is left and said.
+/// Deletes `objects`' bucket with every object in it; what fails is left and said.
 async fn remove_bucket(objects: &takosumi_objects::ObjectStore) {
-    use futures::StreamExt as _;
-    let bucket = objects.bucket();
-    let keys = match objects.list("").await {
-        Ok(keys) => keys,
-        Err(e) => {
-            eprintln!("could not list bucket {bucket} to empty it: {e}");
-            return;
-        }
-    };
-    let failed = futures::stream::iter(keys)
-        .map(|key| async move { objects.delete(&key).await.is_err() })
-        .buffer_unordered(8)
-        .filter(|failed| std::future::ready(*failed))
-        .count()
-        .await;
-    if failed > 0 {
-        eprintln!("{failed} objects of bucket {bucket} could not be deleted");
-    } else if let Err(e) = objects.delete_bucket().await {
-        eprintln!("could not delete the emptied bucket {bucket}: {e}");
+    if let Err(e) = objects.delete_bucket().await {
+        eprintln!("could not delete bucket {}: {e}", objects.bucket());
     }
 }
 

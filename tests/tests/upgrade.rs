@@ -34,7 +34,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sqlx::migrate::{Migration, Migrator};
 use takosumi_core::{CapsuleId, RunId, RunStatus, Secret, StateVersionId, TokenId, WorkspaceId};
-use takosumi_objects::{ObjectStore, ObjectStoreConfig};
+use takosumi_objects::ObjectStore;
 use takosumi_seal::{Purpose, Sealer};
 use takosumi_store::Pool;
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack};
@@ -568,14 +568,10 @@ async fn previous_release_database_upgrades_and_the_pipeline_works_on_it() -> an
     let state = old_state();
     let old = write_old_data(&pool, &repo, &commit, &sha256_hex(&state), state.len()).await?;
     let bucket = format!("t-up-{id}");
-    let objects = ObjectStore::connect(&ObjectStoreConfig {
-        endpoint: Some(env("TAKOSUMI_S3_ENDPOINT")?),
-        region: env("TAKOSUMI_S3_REGION")?,
-        access_key: env("TAKOSUMI_S3_ACCESS_KEY")?,
-        secret_key: Secret::new(env("TAKOSUMI_S3_SECRET_KEY")?),
-        bucket: bucket.clone(),
-        timeouts: takosumi_objects::ObjectTimeouts::default(),
-    })
+    let objects = ObjectStore::connect(&takosumi_tests::s3_config(
+        &env("TAKOSUMI_S3_ENDPOINT")?,
+        &bucket,
+    )?)
     .await;
     objects.ensure_bucket().await?;
     let sealer = Sealer::from_base64("test-1", &Secret::new(env("TAKOSUMI_SEAL_KEY")?))?;

@@ -846,8 +846,19 @@ impl ObjectStore {
             .collect())
     }
 
-    /// Deletes this store's bucket, which must be empty; a missing bucket is success.
+    /// Deletes this store's bucket and every object in it (S3 deletes only an empty
+    /// bucket, so the objects go first, one by one); a missing bucket is success.
     pub async fn delete_bucket(&self) -> Result<(), ObjectError> {
+        let keys = match self.list("").await {
+            Ok(keys) => keys,
+            Err(ObjectError::Other(fault)) if fault.code() == Some("NoSuchBucket") => {
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        for key in keys {
+            self.delete(&key).await?;
+        }
         with_retries(self.backoff, "DeleteBucket", || async {
             match self
                 .client

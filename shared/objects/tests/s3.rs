@@ -43,14 +43,6 @@ async fn store(test: &str) -> Option<ObjectStore> {
     Some(store)
 }
 
-/// Empties and deletes a test's bucket (a failed test leaves its bucket behind).
-async fn remove(s: &ObjectStore) {
-    for key in s.list("").await.unwrap() {
-        s.delete(&key).await.unwrap();
-    }
-    s.delete_bucket().await.unwrap();
-}
-
 #[tokio::test]
 async fn put_if_absent_is_create_only() {
     let Some(s) = store("put_if_absent_is_create_only").await else {
@@ -70,7 +62,7 @@ async fn put_if_absent_is_create_only() {
     // put overwrites.
     s.put(key, b"tampered".to_vec()).await.unwrap();
     assert_eq!(s.get(key, 1024).await.unwrap(), b"tampered");
-    remove(&s).await;
+    s.delete_bucket().await.unwrap();
 }
 
 #[tokio::test]
@@ -100,7 +92,7 @@ async fn get_round_trip_and_limits() {
         Err(ObjectError::NotFound)
     ));
     assert!(!s.exists("a/missing").await.unwrap());
-    remove(&s).await;
+    s.delete_bucket().await.unwrap();
 }
 
 #[tokio::test]
@@ -128,10 +120,10 @@ async fn delete_and_list() {
     // Deleting a missing object is fine.
     s.delete("runs/r1/plan").await.unwrap();
     assert_eq!(s.list("runs/r1/").await.unwrap(), ["runs/r1/lock"]);
-    remove(&s).await;
+    s.delete_bucket().await.unwrap();
 }
 
-/// Buckets are listed by prefix and an emptied one is deleted; deleting it again is fine,
+/// Buckets are listed by prefix and one is deleted with its objects; deleting it again is fine,
 /// and the same client works in another bucket.
 #[tokio::test]
 async fn buckets_listed_and_deleted() {
@@ -163,7 +155,7 @@ async fn buckets_listed_and_deleted() {
     assert_eq!(s.list("").await.unwrap(), ["k"]);
 
     for bucket in [&other, &s] {
-        remove(bucket).await;
+        bucket.delete_bucket().await.unwrap();
         assert!(
             !s.list_buckets(bucket.bucket())
                 .await
@@ -191,7 +183,7 @@ async fn list_paginates() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(sorted.len(), n);
-    remove(&s).await;
+    s.delete_bucket().await.unwrap();
 }
 
 #[tokio::test]
@@ -265,5 +257,5 @@ async fn files_stream_up_in_parts_and_down_whole() {
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
-    remove(&s).await;
+    s.delete_bucket().await.unwrap();
 }
