@@ -163,6 +163,31 @@ fi
 # --- s3s-fs ------------------------------------------------------------------------------------
 s3_up() { (exec 3<>"/dev/tcp/127.0.0.1/$S3_PORT") 2>/dev/null; }
 if ! s3_up; then
+    # s3s-fs keeps each object's metadata beside the buckets, as
+    # `.bucket-<base64url bucket>.object-<base64url key>.<kind>.json`, and leaves it there
+    # when the object or its bucket is deleted: every test bucket's objects would stay on
+    # disk as metadata (tens of thousands of files a test run). With the server stopped,
+    # drop the metadata of objects that no longer exist.
+    python3 - "$STACK/s3" <<'PY' || log "could not prune s3s-fs metadata (continuing)"
+import base64, os, sys
+root = sys.argv[1]
+def name(b64):
+    return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).decode()
+pruned = 0
+for entry in os.listdir(root):
+    bucket, sep, rest = entry.removeprefix(".bucket-").partition(".object-")
+    if not entry.startswith(".bucket-") or not sep:
+        continue
+    try:
+        path = os.path.join(root, name(bucket), name(rest.split(".", 1)[0]))
+    except ValueError:
+        continue
+    if not os.path.lexists(path):
+        os.unlink(os.path.join(root, entry))
+        pruned += 1
+if pruned:
+    print(f"start: pruned the metadata of {pruned} deleted objects from s3s-fs's data", file=sys.stderr)
+PY
     log "starting s3s-fs on 127.0.0.1:$S3_PORT (data in $STACK/s3)"
     nohup setsid "$S3S" --host 127.0.0.1 --port "$S3_PORT" --access-key takosumi \
         --secret-key "$S3_SECRET_KEY" "$STACK/s3" </dev/null >>"$STACK/logs/s3s.log" 2>&1 &
