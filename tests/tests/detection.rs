@@ -198,11 +198,32 @@ async fn concurrent_sweeps_enqueue_each_capsule_once() -> anyhow::Result<()> {
         .await?;
     assert_eq!(s, 200, "{b}");
     let other = takosumi_runtime::Ctx::connect(&stack.settings, "sweep-2").await?;
+    let before = unix_ms_now();
     let (a, b) = tokio::join!(
         takosumi_sweep::sweep_once(&stack.ctx),
         takosumi_sweep::sweep_once(&other)
     );
     assert_eq!(a? + b?, n);
+    // Time-ordered ids, as every other Run's (`RunId::new`): version 7, made during the pass.
+    let after = unix_ms_now();
+    let ids: Vec<uuid::Uuid> =
+        sqlx::query_scalar("SELECT id FROM runs WHERE actor_id = 'sweep'")
+            .fetch_all(&stack.ctx.pool)
+            .await?;
+    assert_eq!(ids.len() as i64, n);
+    for id in &ids {
+        assert_eq!(id.get_version_num(), 7, "{id} is not a version-7 uuid");
+        assert_eq!(id.get_variant(), uuid::Variant::RFC4122, "{id}");
+        let (secs, nanos) = id
+            .get_timestamp()
+            .ok_or_else(|| anyhow::anyhow!("{id} has no timestamp"))?
+            .to_unix();
+        let ms = u128::from(secs) * 1000 + u128::from(nanos / 1_000_000);
+        assert!(
+            (before..=after).contains(&ms),
+            "{id} was made at {ms} ms, not during the pass ({before}..={after})"
+        );
+    }
     let per_capsule: Vec<i64> = sqlx::query_scalar(
         "SELECT count(*) FROM runs WHERE actor_id = 'sweep' GROUP BY capsule_id",
     )
@@ -276,6 +297,12 @@ async fn a_pass_walks_ranges_side_by_side_and_takes_each_capsule_once() -> anyho
     assert_eq!(wakes as usize, n, "one wake-up per check");
     assert_eq!(takosumi_sweep::sweep_once(&stack.ctx).await?, 0);
     stack.stop().await
+}
+
+fn unix_ms_now() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }
 
 /// Records `capsule` as applied at some commit (an applied Run and its StateVersion), for a

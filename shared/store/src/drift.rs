@@ -94,7 +94,8 @@ pub async fn sweep_due(
                RETURNING id, workspace_id, pool_id),
            new_runs AS (
                INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id, traceparent)
-               SELECT gen_random_uuid(), 'drift_check', workspace_id, id, 'system', 'sweep',
+               -- time-ordered, as every Run id (`uuid_v7`, migration 20261210000000)
+               SELECT uuid_v7(), 'drift_check', workspace_id, id, 'system', 'sweep',
                       -- a trace of its own per check (W3C: 32 + 16 lower-case hex digits)
                       '00-' || md5(random()::text) || '-' || substr(md5(random()::text), 1, 16) || '-01'
                  FROM marked
