@@ -206,10 +206,9 @@ async fn concurrent_sweeps_enqueue_each_capsule_once() -> anyhow::Result<()> {
     assert_eq!(a? + b?, n);
     // Time-ordered ids, as every other Run's (`RunId::new`): version 7, made during the pass.
     let after = unix_ms_now();
-    let ids: Vec<uuid::Uuid> =
-        sqlx::query_scalar("SELECT id FROM runs WHERE actor_id = 'sweep'")
-            .fetch_all(&stack.ctx.pool)
-            .await?;
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM runs WHERE actor_id = 'sweep'")
+        .fetch_all(&stack.ctx.pool)
+        .await?;
     assert_eq!(ids.len() as i64, n);
     for id in &ids {
         assert_eq!(id.get_version_num(), 7, "{id} is not a version-7 uuid");
