@@ -83,12 +83,17 @@ pub async fn one_queued_run(pool: &takosumi_store::Pool, name: &str) -> anyhow::
 /// `VACUUM ANALYZE` on a connection without the stack's statement timeout (a million
 /// rows take longer), as autovacuum would have done on an instance this size.
 pub async fn vacuum(pool: &takosumi_store::Pool) -> anyhow::Result<()> {
-    // The pool's own connection, without the answer bound.
+    untimed(pool, "VACUUM ANALYZE").await
+}
+
+/// Runs a maintenance statement (`VACUUM`, `CHECKPOINT`) on one of the pool's own
+/// connections without the stack's statement timeout, which it restores afterwards.
+pub async fn untimed(pool: &takosumi_store::Pool, statement: &str) -> anyhow::Result<()> {
     let mut conn = (**pool).acquire().await?;
     sqlx::query("SET statement_timeout = 0")
         .execute(&mut *conn)
         .await?;
-    sqlx::query("VACUUM ANALYZE").execute(&mut *conn).await?;
+    sqlx::query(statement).execute(&mut *conn).await?;
     sqlx::query("RESET statement_timeout")
         .execute(&mut *conn)
         .await?;

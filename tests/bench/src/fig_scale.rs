@@ -230,19 +230,8 @@ async fn vacuum(pool: &takosumi_store::Pool) -> anyhow::Result<()> {
 /// the figure's notes; a role that may not checkpoint (`pg_checkpoint`) only skips it.
 async fn checkpoint(pool: &takosumi_store::Pool) -> String {
     let t = Instant::now();
-    let done = async {
-        // The pool's own connection, without the answer bound (as `seed::vacuum`).
-        let mut conn = (**pool).acquire().await?;
-        sqlx::query("SET statement_timeout = 0")
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query("CHECKPOINT").execute(&mut *conn).await?;
-        sqlx::query("RESET statement_timeout")
-            .execute(&mut *conn)
-            .await
-    };
-    match done.await {
-        Ok(_) => format!(
+    match takosumi_tests::seed::untimed(pool, "CHECKPOINT").await {
+        Ok(()) => format!(
             "then a `CHECKPOINT` ({:.1} s) before anything is timed",
             t.elapsed().as_secs_f64()
         ),
