@@ -1590,6 +1590,81 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
     stack.stop().await
 }
 
+/// A Run's Workspace is its Capsule's, and the database holds that itself (one foreign key
+/// on the pair since session 36, where two on each column let a Run name another
+/// Workspace's Capsule): a Run of a Capsule in the Run's Workspace is written; one naming a
+/// Capsule of another Workspace, a Capsule that does not exist or a Workspace that does
+/// not exist is refused by that key, and nothing is written.
+#[tokio::test]
+async fn a_runs_workspace_is_its_capsules() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let pool = &stack.ctx.pool;
+    let first = takosumi_tests::seed::one_queued_run(pool, "pair-a").await?;
+    let other = takosumi_tests::seed::one_queued_run(pool, "pair-b").await?;
+    let (ws, capsule): (uuid::Uuid, uuid::Uuid) =
+        sqlx::query_as("SELECT workspace_id, capsule_id FROM runs WHERE id = $1")
+            .bind(first)
+            .fetch_one(&**pool)
+            .await?;
+    let (other_ws, other_capsule): (uuid::Uuid, uuid::Uuid) =
+        sqlx::query_as("SELECT workspace_id, capsule_id FROM runs WHERE id = $1")
+            .bind(other)
+            .fetch_one(&**pool)
+            .await?;
+    assert_ne!(ws, other_ws);
+
+    // Which constraint refused the insert (None: it was written).
+    async fn insert(
+        pool: &takosumi_store::Pool,
+        ws: uuid::Uuid,
+        capsule: uuid::Uuid,
+    ) -> Option<String> {
+        let written = sqlx::query(
+            "INSERT INTO runs (id, kind, workspace_id, capsule_id, actor_kind, actor_id)
+             VALUES ($1, 'plan', $2, $3, 'user', 'test')",
+        )
+        .bind(uuid::Uuid::now_v7())
+        .bind(ws)
+        .bind(capsule)
+        .execute(&**pool)
+        .await;
+        match written {
+            Ok(_) => None,
+            Err(e) => {
+                let db = e.as_database_error().expect("a database error");
+                assert_eq!(db.code().as_deref(), Some("23503"), "{db}");
+                Some(db.constraint().expect("a named constraint").to_owned())
+            }
+        }
+    }
+    let runs = |ws: uuid::Uuid| {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE workspace_id = $1")
+            .bind(ws)
+            .fetch_one(&**pool)
+    };
+    assert_eq!(insert(pool, ws, capsule).await, None);
+    assert_eq!(runs(ws).await?, 2);
+    let key = Some("runs_capsule_workspace_fkey");
+    assert_eq!(insert(pool, other_ws, capsule).await.as_deref(), key);
+    assert_eq!(insert(pool, ws, other_capsule).await.as_deref(), key);
+    assert_eq!(
+        insert(pool, ws, uuid::Uuid::now_v7()).await.as_deref(),
+        key,
+        "a Capsule that does not exist"
+    );
+    assert_eq!(
+        insert(pool, uuid::Uuid::now_v7(), capsule).await.as_deref(),
+        key,
+        "a Workspace that does not exist"
+    );
+    assert_eq!((runs(ws).await?, runs(other_ws).await?), (2, 1));
+    stack.stop().await
+}
+
 /// Plan submissions racing with one Idempotency-Key start one Run, and every one of them is
 /// answered with it, as the API serves it afterwards (a Run started alone is one autocommit
 /// statement since session 24; a second submission's insert meets the first's key).
