@@ -1479,6 +1479,17 @@ async fn an_idle_connection_the_server_dropped_is_replaced_at_the_acquire() -> a
     stack.stop().await
 }
 
+/// Which constraint refused a statement (None: it ran); a refusal must carry `sqlstate`.
+fn refused_with(
+    ran: Result<sqlx::postgres::PgQueryResult, sqlx::Error>,
+    sqlstate: &str,
+) -> Option<String> {
+    let e = ran.err()?;
+    let db = e.as_database_error().expect("a database error");
+    assert_eq!(db.code().as_deref(), Some(sqlstate), "{db}");
+    Some(db.constraint().expect("a named constraint").to_owned())
+}
+
 /// The database keeps each closed set and each rule across columns itself (the CHECKs call
 /// functions since session 24, so a statement does not re-read a long expression): every name
 /// in a set passes, a name outside it is refused by the constraint named for its column.
@@ -1493,21 +1504,14 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
     let pool = &stack.ctx.pool;
     let run = takosumi_tests::seed::one_queued_run(pool, "closed-sets").await?;
 
-    // Which constraint refused a statement (None: it passed).
     async fn refused_by(
         pool: &takosumi_store::Pool,
         sql: &str,
         run: uuid::Uuid,
         value: &str,
     ) -> Option<String> {
-        match sqlx::query(sql).bind(run).bind(value).execute(pool).await {
-            Ok(_) => None,
-            Err(e) => {
-                let db = e.as_database_error().expect("a database error");
-                assert_eq!(db.code().as_deref(), Some("23514"), "{db}");
-                Some(db.constraint().expect("a named constraint").to_owned())
-            }
-        }
+        let ran = sqlx::query(sql).bind(run).bind(value).execute(pool).await;
+        refused_with(ran, "23514")
     }
     let event = "INSERT INTO run_events (run_id, kind, actor) VALUES ($1, $2, 'test')";
     for kind in EventKind::ALL {
@@ -1617,7 +1621,6 @@ async fn a_runs_workspace_is_its_capsules() -> anyhow::Result<()> {
             .await?;
     assert_ne!(ws, other_ws);
 
-    // Which constraint refused the insert (None: it was written).
     async fn insert(
         pool: &takosumi_store::Pool,
         ws: uuid::Uuid,
@@ -1632,14 +1635,7 @@ async fn a_runs_workspace_is_its_capsules() -> anyhow::Result<()> {
         .bind(capsule)
         .execute(&**pool)
         .await;
-        match written {
-            Ok(_) => None,
-            Err(e) => {
-                let db = e.as_database_error().expect("a database error");
-                assert_eq!(db.code().as_deref(), Some("23503"), "{db}");
-                Some(db.constraint().expect("a named constraint").to_owned())
-            }
-        }
+        refused_with(written, "23503")
     }
     let runs = |ws: uuid::Uuid| {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM runs WHERE workspace_id = $1")
