@@ -153,9 +153,15 @@ struct Watch {
 }
 
 impl Watch {
-    /// Queues what was stored since the cursor. Events first, then the log, then the
-    /// status (a status read last cannot be older than what it follows).
+    /// Queues what was stored since the cursor: events, then the log, then the status.
+    /// The status is read first: a Run writes nothing after its end, so once the status
+    /// read is terminal, the events and log read after it are the whole of them. (Read
+    /// last, a status that turned terminal between the reads ended the stream without
+    /// what was written meanwhile: the last events and the plan's log.)
     async fn poll(&mut self) -> Result<(), ApiError> {
+        let run = runs::get(&self.st.pool, self.run)
+            .await?
+            .ok_or_else(|| ApiError::not_found(&format!("Run {}", self.run)))?;
         for e in events::list_after(&self.st.pool, self.run, self.cursor.event).await? {
             self.cursor.event = e.id;
             self.pending.push_back(StreamEvent::Event {
@@ -176,9 +182,6 @@ impl Watch {
                 text: c.text,
             });
         }
-        let run = runs::get(&self.st.pool, self.run)
-            .await?
-            .ok_or_else(|| ApiError::not_found(&format!("Run {}", self.run)))?;
         if self.status != Some(run.status) {
             self.status = Some(run.status);
             self.pending
