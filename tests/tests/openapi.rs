@@ -339,8 +339,13 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> anyhow:
     stack.stop().await
 }
 
+/// How long one schemathesis run may take. The admin's run took 25 s on an idle two-core
+/// machine and 48 s beside three busy processes, but over 100 s on one CI machine (the Runs
+/// its POSTs start plan with terraform beside it); a deadline is for a hang, not for speed.
+const SCHEMATHESIS_DEADLINE: Duration = Duration::from_secs(300);
+
 /// Runs schemathesis on `spec` against `url` with `token`; prints its output, answers
-/// whether it passed.
+/// whether it passed. A run past the deadline is killed and fails with what it printed.
 async fn run_schemathesis(
     bin: &std::path::Path,
     spec: &std::path::Path,
@@ -348,40 +353,67 @@ async fn run_schemathesis(
     token: &str,
     filter: &[&str],
 ) -> anyhow::Result<bool> {
+    use tokio::io::AsyncReadExt;
+
     let started = std::time::Instant::now();
-    let out = tokio::time::timeout(
-        Duration::from_secs(100),
-        tokio::process::Command::new(bin)
-            .current_dir(spec.parent().unwrap_or(std::path::Path::new(".")))
-            .env("NO_COLOR", "1")
-            .arg("run")
-            .arg(spec)
-            .args(["--url", url])
-            .args(["-H", &format!("Authorization: Bearer {token}")])
-            .args([
-                "--checks",
-                "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
-            ])
-            .args(["--phases", "examples,coverage,fuzzing"])
-            .args(["--max-examples", "15", "--seed", "19"])
-            // One worker: CPython 3.11's `ast.parse` is not thread-safe, and hypothesis calls it
-            // while describing strategies ("AST constructor recursion depth mismatch").
-            .args(["--workers", "1", "--request-timeout", "10"])
-            .args(["--suppress-health-check", "all"])
-            .args(filter)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await??;
+    let mut child = tokio::process::Command::new(bin)
+        .current_dir(spec.parent().unwrap_or(std::path::Path::new(".")))
+        .env("NO_COLOR", "1")
+        .arg("run")
+        .arg(spec)
+        .args(["--url", url])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args([
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
+        ])
+        .args(["--phases", "examples,coverage,fuzzing"])
+        .args(["--max-examples", "15", "--seed", "19"])
+        // One worker: CPython 3.11's `ast.parse` is not thread-safe, and hypothesis calls it
+        // while describing strategies ("AST constructor recursion depth mismatch").
+        .args(["--workers", "1", "--request-timeout", "10"])
+        .args(["--suppress-health-check", "all"])
+        .args(filter)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    // Read while it runs, so what it printed is there to show if it has to be killed.
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let out = tokio::spawn(async move {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf).await;
+        buf
+    });
+    let err = tokio::spawn(async move {
+        let mut buf = Vec::new();
+        let _ = stderr.read_to_end(&mut buf).await;
+        buf
+    });
+    let status = match tokio::time::timeout(SCHEMATHESIS_DEADLINE, child.wait()).await {
+        Ok(status) => Some(status?),
+        Err(_) => {
+            child.kill().await?;
+            None
+        }
+    };
+    let (out, err) = (out.await?, err.await?);
     eprintln!(
         "schemathesis {filter:?} took {:.0} s (exit {:?}):\n{}\n{}",
         started.elapsed().as_secs_f64(),
-        out.status.code(),
-        clipped(&String::from_utf8_lossy(&out.stdout)),
-        clipped(&String::from_utf8_lossy(&out.stderr))
+        status.and_then(|s| s.code()),
+        clipped(&String::from_utf8_lossy(&out)),
+        clipped(&String::from_utf8_lossy(&err))
     );
-    Ok(out.status.success())
+    match status {
+        Some(status) => Ok(status.success()),
+        None => anyhow::bail!(
+            "schemathesis {filter:?} did not finish in {} s; what it printed is above",
+            SCHEMATHESIS_DEADLINE.as_secs()
+        ),
+    }
 }
 
 /// Output with each line cut to 1,000 characters (a traceback can quote whole sources).
