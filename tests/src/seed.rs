@@ -44,7 +44,8 @@ pub async fn due_capsules(
     .execute(tx.db())
     .await?;
     sqlx::query(
-        "UPDATE capsules c SET current_state_version_id = sv.id, state_generation = 1
+        "UPDATE capsules c SET current_state_version_id = sv.id, state_generation = 1,
+                               drift_baseline_run_id = sv.run_id
            FROM state_versions sv WHERE sv.capsule_id = c.id AND c.workspace_id = $1",
     )
     .bind(ws)

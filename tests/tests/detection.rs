@@ -333,10 +333,12 @@ async fn seed_applied(
     .execute(tx.db())
     .await?;
     sqlx::query(
-        "UPDATE capsules SET current_state_version_id = $2, state_generation = 1 WHERE id = $1",
+        "UPDATE capsules SET current_state_version_id = $2, state_generation = 1,
+                             drift_baseline_run_id = $3 WHERE id = $1",
     )
     .bind(capsule.as_uuid())
     .bind(sv)
+    .bind(run)
     .execute(tx.db())
     .await?;
     tx.commit().await?;

@@ -562,8 +562,10 @@ async fn delete_run(stack: &Stack, run: RunId) -> anyhow::Result<()> {
     .await?;
     let mut tx = stack.ctx.pool.begin().await?;
     for (table, column) in refs {
-        let sql = if table == "runs" {
-            format!("UPDATE runs SET {column} = NULL WHERE {column} = $1")
+        // A Run's links from other Runs and from its Capsule (the drift baseline) are
+        // cleared; rows that exist only for the Run go with it.
+        let sql = if table == "runs" || table == "capsules" {
+            format!("UPDATE {table} SET {column} = NULL WHERE {column} = $1")
         } else {
             format!("DELETE FROM {table} WHERE {column} = $1")
         };

@@ -412,7 +412,8 @@ async fn concurrent_handlers_claim_once() -> anyhow::Result<()> {
 /// step only after a destroy removed it, fails `not_applied` before anything runs. The
 /// step finds that before the checkout, while its claim (made beside git) may still be on
 /// its way: it waits for the claim, so the failure is recorded on a Run it holds, and never
-/// checks out.
+/// checks out. A new check is refused at once (409 `not_applied`): the destroy's state left
+/// the Capsule without a drift baseline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drift_check_whose_baseline_a_destroy_removed_fails_not_applied() -> anyhow::Result<()> {
     let stack = Stack::start_with(Options {
@@ -460,6 +461,14 @@ async fn a_drift_check_whose_baseline_a_destroy_removed_fails_not_applied() -> a
         .collect();
     assert_eq!(kinds, ["queued", "claimed", "failed"], "{kinds:?}");
     assert_eq!(stack.tool_count("init"), checkouts_before, "a tool ran");
+    let (s, b) = stack
+        .call(
+            "POST",
+            &format!("/api/v1/capsules/{}/drift-check", capsule.id),
+            json!({}),
+        )
+        .await?;
+    assert_eq!((s, b["code"].as_str()), (409, Some("not_applied")), "{b}");
     let left = takosumi_tests::leftover_run_dirs(&stack.settings.work_dir);
     assert!(left.is_empty(), "run directories left behind: {left:?}");
     stack.stop().await

@@ -650,6 +650,13 @@ async fn check_pipeline(
     assert_eq!(applied.state_generation, Some(1));
     assert_eq!(applied.state_version_id, Some(old.state_version));
     assert_eq!(applied.outputs, Some(json!({ "vpc": "vpc-eu" })));
+    // The Capsule's drift baseline, filled in by the upgrade: the plan its apply carried out.
+    let baseline: Option<uuid::Uuid> =
+        sqlx::query_scalar("SELECT drift_baseline_run_id FROM capsules WHERE id = $1")
+            .bind(old.capsule.as_uuid())
+            .fetch_one(pool)
+            .await?;
+    assert_eq!(baseline, Some(old.planned.as_uuid()));
     let failed = stack.client.get_run(old.failed).await?;
     assert_eq!(failed.status, RunStatus::Failed);
     assert_eq!(

@@ -83,9 +83,7 @@ async fn capsule_drift_check(
 }
 
 pub(crate) async fn has_baseline(st: &AppState, capsule: CapsuleId) -> Result<bool, ApiError> {
-    Ok(runs::source::applied_baseline(&st.pool, capsule)
-        .await?
-        .is_some_and(|b| !b.destroyed))
+    Ok(runs::source::has_drift_baseline(&st.pool, capsule).await?)
 }
 
 async fn workspace_drift_check(

@@ -42,7 +42,7 @@ pub async fn set_workspace_drift_interval(
 /// (in id order; `None`: from the first, to the last) in one statement: due means an
 /// interval is set (the Capsule's, else its Workspace's), it has passed since the last
 /// sweep enqueued one, no check of the Capsule is queued or running, and something was
-/// applied to check against. Returns how many were enqueued and the last Capsule taken,
+/// applied to check against (it has a drift baseline, see `runs::source`). Returns how many were enqueued and the last Capsule taken,
 /// where the next batch starts. Read-only towards infrastructure: it only creates
 /// drift-check Runs.
 ///
@@ -78,11 +78,8 @@ pub async fn sweep_due(
                                      AND r.status IN ('queued', 'held', 'planning')
                                      AND r.capsule_id > COALESCE($1::uuid, '00000000-0000-0000-0000-000000000000')
                                      AND r.capsule_id <= COALESCE($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
-                  -- only what was applied can drift (see `applied_baseline`)
-                  AND EXISTS (SELECT 1 FROM state_versions sv JOIN runs a ON a.id = sv.run_id
-                                LEFT JOIN runs p ON p.id = a.plan_run_id
-                               WHERE sv.id = c.current_state_version_id AND a.source_commit IS NOT NULL
-                                 AND p.kind IS DISTINCT FROM 'destroy')
+                  -- only what was applied can drift
+                  AND c.drift_baseline_run_id IS NOT NULL
                 ORDER BY c.id
                 LIMIT $2
                   FOR UPDATE OF c SKIP LOCKED),

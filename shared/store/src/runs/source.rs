@@ -49,40 +49,21 @@ pub struct RunSource {
 /// API's 409 `not_applied`).
 pub const NOT_APPLIED: &str = "nothing was applied to this Capsule (no StateVersion, or its last apply destroyed everything), so there is nothing to check drift against; plan and apply it first";
 
-/// What the Capsule's current StateVersion was applied from: the commit of the plan the
-/// apply carried out, and whether that plan destroyed everything.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppliedBaseline {
-    /// The applied plan's commit.
-    pub commit: String,
-    /// The applied plan was a destroy plan: nothing the configuration declares is meant to
-    /// exist, so there is nothing to drift from.
-    pub destroyed: bool,
-}
-
-/// The baseline a drift check of `capsule` compares reality with; `None` when nothing was
-/// ever applied (or the StateVersion records no commit).
-pub async fn applied_baseline<'e, E: sqlx::PgExecutor<'e>>(
+/// Whether a drift check of `capsule` has something to compare reality with: the Capsule's
+/// drift baseline, the Run whose plan its current StateVersion carried out, written with
+/// that state (`states::versions::record_written`). `false` when nothing was ever applied,
+/// the StateVersion records no commit, or the last apply was a destroy.
+pub async fn has_drift_baseline<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     capsule: CapsuleId,
-) -> Result<Option<AppliedBaseline>, StoreError> {
-    let row = sqlx::query!(
-        r#"SELECT a.source_commit as "commit?", p.kind as "plan_kind?: RunKind"
-             FROM capsules c
-             JOIN state_versions sv ON sv.id = c.current_state_version_id
-             JOIN runs a ON a.id = sv.run_id
-             LEFT JOIN runs p ON p.id = a.plan_run_id
-            WHERE c.id = $1"#,
+) -> Result<bool, StoreError> {
+    let row = sqlx::query_scalar!(
+        r#"SELECT drift_baseline_run_id IS NOT NULL as "has!" FROM capsules WHERE id = $1"#,
         capsule.as_uuid()
     )
     .fetch_optional(executor)
     .await?;
-    Ok(row.and_then(|r| {
-        r.commit.map(|commit| AppliedBaseline {
-            commit,
-            destroyed: r.plan_kind == Some(RunKind::Destroy),
-        })
-    }))
+    Ok(row.unwrap_or(false))
 }
 
 /// What a plan step must check out, and whether the plan is speculative. A drift check
@@ -93,17 +74,14 @@ pub async fn run_source(
     executor: &crate::Pool,
     id: RunId,
 ) -> Result<Option<RunSource>, StoreError> {
-    // One round trip: the Run's own pins and, for a drift check, the applied baseline
-    // (the same join as `applied_baseline`).
+    // One round trip: the Run's own pins and, for a drift check, the Capsule's baseline
+    // and the commit it planned.
     let row = sqlx::query!(
         r#"SELECT r.source_ref, r.pinned_commit, r.speculative, r.kind as "kind: RunKind",
-                  a.source_commit as "applied_commit?", p.kind as "applied_plan_kind?: RunKind",
-                  COALESCE(p.id, a.id) as "baseline_run?"
+                  b.id as "baseline_run?", b.source_commit as "baseline_commit?"
              FROM runs r
              JOIN capsules c ON c.id = r.capsule_id
-             LEFT JOIN state_versions sv ON sv.id = c.current_state_version_id
-             LEFT JOIN runs a ON a.id = sv.run_id
-             LEFT JOIN runs p ON p.id = a.plan_run_id
+             LEFT JOIN runs b ON b.id = c.drift_baseline_run_id
             WHERE r.id = $1"#,
         id.as_uuid()
     )
@@ -120,10 +98,10 @@ pub async fn run_source(
         baseline_run: None,
     };
     if row.kind == RunKind::DriftCheck {
-        match row.applied_commit {
-            Some(commit) if row.applied_plan_kind != Some(RunKind::Destroy) => {
+        match (row.baseline_run, row.baseline_commit) {
+            (Some(run), Some(commit)) => {
                 source.pinned_commit = Some(commit);
-                source.baseline_run = row.baseline_run.map(RunId::from_uuid);
+                source.baseline_run = Some(RunId::from_uuid(run));
             }
             _ => source.no_baseline = true,
         }

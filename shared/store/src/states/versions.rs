@@ -36,8 +36,9 @@ pub enum Writer<'a> {
 }
 
 /// Gives the Capsule the state `sv`, in one statement: the state-generation compare-and-set
-/// (the Capsule moves from `expected` to `sv.generation` and points at `sv`, only where the
-/// generation is still `expected` and the Capsule is held as `writer` says), the
+/// (the Capsule moves from `expected` to `sv.generation` and points at `sv` and at the drift
+/// baseline `sv`'s Run makes, only where the generation is still `expected` and the Capsule
+/// is held as `writer` says), the
 /// StateVersion row, its `state_version_written` event on `sv.run_id` and the Workspace's
 /// activity entry. `false`: the generation moved or the Capsule is not held that way, and
 /// nothing is written.
@@ -66,6 +67,13 @@ pub async fn record_written(
         r#"WITH advanced AS (
                UPDATE capsules
                   SET state_generation = $3, current_state_version_id = $1,
+                      -- what a drift check compares with from now on: the plan this state's
+                      -- Run carried out (or a one-step apply itself), none after a destroy
+                      -- or a Run that records no commit (migration 20261212000000)
+                      drift_baseline_run_id = (
+                          SELECT COALESCE(p.id, a.id) FROM runs a LEFT JOIN runs p ON p.id = a.plan_run_id
+                           WHERE a.id = $4 AND a.source_commit IS NOT NULL
+                             AND p.kind IS DISTINCT FROM 'destroy'),
                       running_apply_id = NULL, stale = stale AND $15::uuid IS NULL,
                       updated_at = now()
                 WHERE id = $2 AND state_generation = $8 AND $3 = $8 + 1
