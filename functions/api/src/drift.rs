@@ -9,7 +9,7 @@ use axum::http::Method;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde_json::{Value, json};
-use takosumi_core::{CapsuleId, RunKind};
+use takosumi_core::RunKind;
 use takosumi_store::{drift, runs};
 
 use crate::auth::{Action, Caller};
@@ -59,7 +59,7 @@ async fn capsule_drift_check(
     // Reality is compared with what was applied; a Capsule never applied (or destroyed)
     // has nothing to drift from, and planning its branch instead would report changes
     // nobody applied.
-    if !has_baseline(&st, capsule.id).await? {
+    if capsule.drift_baseline_run_id.is_none() {
         return Err(ApiError::conflict(
             ErrorCode::NotApplied,
             format!("Capsule {}: {}", capsule.id, runs::source::NOT_APPLIED),
@@ -80,10 +80,6 @@ async fn capsule_drift_check(
     let id = proposals::start_run(&mut tx, &start).await?;
     let run = proposals::commit_started(&st, tx, id).await?;
     Ok((StatusCode::ACCEPTED, views::run_json(&run)))
-}
-
-pub(crate) async fn has_baseline(st: &AppState, capsule: CapsuleId) -> Result<bool, ApiError> {
-    Ok(runs::source::has_drift_baseline(&st.pool, capsule).await?)
 }
 
 async fn workspace_drift_check(

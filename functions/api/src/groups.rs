@@ -84,7 +84,7 @@ pub(crate) async fn start_group(
         let Some(capsule) = capsules::get(tx.db(), id).await? else {
             continue;
         };
-        if kind == RunKind::DriftCheck && !crate::drift::has_baseline(st, capsule.id).await? {
+        if kind == RunKind::DriftCheck && capsule.drift_baseline_run_id.is_none() {
             skipped.push(json!({ "capsuleId": capsule.id, "code": "not_applied" }));
             continue;
         }

@@ -32,6 +32,11 @@ pub struct Capsule {
     pub current_state_version_id: Option<StateVersionId>,
     /// The apply that holds the Capsule right now.
     pub running_apply_id: Option<RunId>,
+    /// What a drift check compares reality with: the Run whose plan the current
+    /// StateVersion carried out (written with the state by
+    /// `states::versions::record_written`); `None` when nothing was applied, the
+    /// StateVersion records no commit, or the last apply was a destroy.
+    pub drift_baseline_run_id: Option<RunId>,
     /// A push moved the branch since the last plan.
     pub stale: bool,
     /// The variables its configuration declares `sensitive = true`, as its latest plan
@@ -112,7 +117,8 @@ where
         r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
                   branch, dir, tool as "tool: Tool", vars, state_generation,
                   current_state_version_id as "current_state_version_id: StateVersionId",
-                  running_apply_id as "running_apply_id: RunId", stale, sensitive_var_names,
+                  running_apply_id as "running_apply_id: RunId",
+                  drift_baseline_run_id as "drift_baseline_run_id: RunId", stale, sensitive_var_names,
                   created_at
              FROM capsules
             WHERE id = COALESCE($1, (SELECT capsule_id FROM runs WHERE id = $2))"#,
@@ -130,7 +136,8 @@ pub async fn list(pool: &crate::Pool, ws: WorkspaceId) -> Result<Vec<Capsule>, S
         r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
                   branch, dir, tool as "tool: Tool", vars, state_generation,
                   current_state_version_id as "current_state_version_id: StateVersionId",
-                  running_apply_id as "running_apply_id: RunId", stale, sensitive_var_names,
+                  running_apply_id as "running_apply_id: RunId",
+                  drift_baseline_run_id as "drift_baseline_run_id: RunId", stale, sensitive_var_names,
                   created_at
              FROM capsules WHERE workspace_id = $1 ORDER BY created_at, id"#,
         ws.as_uuid()

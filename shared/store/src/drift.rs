@@ -42,9 +42,9 @@ pub async fn set_workspace_drift_interval(
 /// (in id order; `None`: from the first, to the last) in one statement: due means an
 /// interval is set (the Capsule's, else its Workspace's), it has passed since the last
 /// sweep enqueued one, no check of the Capsule is queued or running, and something was
-/// applied to check against (it has a drift baseline, see `runs::source`). Returns how many were enqueued and the last Capsule taken,
-/// where the next batch starts. Read-only towards infrastructure: it only creates
-/// drift-check Runs.
+/// applied to check against (it has a drift baseline). Returns how many were enqueued and
+/// the last Capsule taken, where the next batch starts. Read-only towards infrastructure:
+/// it only creates drift-check Runs.
 ///
 /// Batches walk the Capsules' primary key, so a pass over n Capsules reads each once:
 /// ordered by anything else, every batch sorted every due Capsule again and the pass grew

@@ -2,7 +2,7 @@
 //! request's plan is speculative and can never be applied), and for a drift check the
 //! commit that was last applied.
 
-use takosumi_core::{CapsuleId, RunId, RunKind};
+use takosumi_core::{RunId, RunKind};
 
 use crate::{StoreError, Tx};
 
@@ -48,23 +48,6 @@ pub struct RunSource {
 /// Why a drift check of a Capsule with no baseline does not plan (the Run's error, and the
 /// API's 409 `not_applied`).
 pub const NOT_APPLIED: &str = "nothing was applied to this Capsule (no StateVersion, or its last apply destroyed everything), so there is nothing to check drift against; plan and apply it first";
-
-/// Whether a drift check of `capsule` has something to compare reality with: the Capsule's
-/// drift baseline, the Run whose plan its current StateVersion carried out, written with
-/// that state (`states::versions::record_written`). `false` when nothing was ever applied,
-/// the StateVersion records no commit, or the last apply was a destroy.
-pub async fn has_drift_baseline<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
-    capsule: CapsuleId,
-) -> Result<bool, StoreError> {
-    let row = sqlx::query_scalar!(
-        r#"SELECT drift_baseline_run_id IS NOT NULL as "has!" FROM capsules WHERE id = $1"#,
-        capsule.as_uuid()
-    )
-    .fetch_optional(executor)
-    .await?;
-    Ok(row.unwrap_or(false))
-}
 
 /// What a plan step must check out, and whether the plan is speculative. A drift check
 /// plans the commit that was last applied, never the branch head: it reports what changed

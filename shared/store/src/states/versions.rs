@@ -38,9 +38,8 @@ pub enum Writer<'a> {
 /// Gives the Capsule the state `sv`, in one statement: the state-generation compare-and-set
 /// (the Capsule moves from `expected` to `sv.generation` and points at `sv` and at the drift
 /// baseline `sv`'s Run makes, only where the generation is still `expected` and the Capsule
-/// is held as `writer` says), the
-/// StateVersion row, its `state_version_written` event on `sv.run_id` and the Workspace's
-/// activity entry. `false`: the generation moved or the Capsule is not held that way, and
+/// is held as `writer` says), the StateVersion row, its `state_version_written` event on
+/// `sv.run_id` and the Workspace's activity entry. `false`: the generation moved or the Capsule is not held that way, and
 /// nothing is written.
 pub async fn record_written(
     tx: &mut Tx,
