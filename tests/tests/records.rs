@@ -1421,6 +1421,89 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
     stack.stop().await
 }
 
+/// A watcher follows a Run's events and its log by id (`takosumi watch`, the Run page's
+/// stream: `id > cursor`), so a Run's rows must become visible in id order. Here a writer in
+/// a transaction (a cancel request, an approval) takes its ids first and commits last, and a
+/// step's progress is written meanwhile: the progress waits for the transaction (the Run's
+/// row lock), and a watcher that read in between, and then after both, has seen every row.
+/// Without the lock the progress commits first with the higher ids, the watcher's cursor
+/// passes the transaction's rows and it never sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_following_a_run_by_id_misses_nothing_committed_out_of_order()
+-> anyhow::Result<()> {
+    use takosumi_core::{EventKind, RunId};
+    use takosumi_store::{StoreError, events, logs};
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let pool = stack.ctx.pool.clone();
+    let run = RunId::from_uuid(takosumi_tests::seed::one_queued_run(&pool, "order").await?);
+
+    let mut tx = pool.begin().await?;
+    events::append(
+        tx.db(),
+        run,
+        EventKind::CancelRequested,
+        "test:first",
+        json!({}),
+    )
+    .await?;
+    logs::append(tx.db(), run, "plan", "first\n").await?;
+    let progress = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            events::append_progress(&pool, run, EventKind::ToolStarted, "test:second", json!({}))
+                .await?;
+            logs::append_progress(&pool, run, &[("plan", "second\n")]).await
+        }
+    });
+    // Time for the progress to commit if it could; what is asserted below holds either way.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seen_events = events::list_after(&pool, run, 0).await?;
+    let mut seen_log = logs::read_after(&pool, run, 0).await?;
+    assert!(
+        !progress.is_finished(),
+        "the progress was written while a transaction holding the Run's earlier rows was open"
+    );
+    tx.commit().await?;
+    progress.await??;
+    let cursor = seen_events.last().map_or(0, |e| e.id);
+    seen_events.extend(events::list_after(&pool, run, cursor).await?);
+    let cursor = seen_log.last().map_or(0, |c| c.id);
+    seen_log.extend(logs::read_after(&pool, run, cursor).await?);
+
+    let actors: Vec<&str> = seen_events.iter().map(|e| e.actor.as_str()).collect();
+    let all: Vec<i64> = events::list(&pool, run)
+        .await?
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(
+        seen_events.iter().map(|e| e.id).collect::<Vec<_>>(),
+        all,
+        "{actors:?}"
+    );
+    assert_eq!(actors[actors.len() - 2..], ["test:first", "test:second"]);
+    let texts: Vec<&str> = seen_log.iter().map(|c| c.text.as_str()).collect();
+    assert_eq!(texts, ["first\n", "second\n"]);
+
+    // An append names a Run that exists, or is refused with nothing written.
+    let nobody = RunId::from_uuid(uuid::Uuid::now_v7());
+    let refused = events::append(&pool, nobody, EventKind::Queued, "test", json!({})).await;
+    assert!(
+        matches!(refused, Err(StoreError::NotFound("run"))),
+        "{refused:?}"
+    );
+    let refused = logs::append_progress(&pool, nobody, &[("plan", "x")]).await;
+    assert!(
+        matches!(refused, Err(StoreError::NotFound("run"))),
+        "{refused:?}"
+    );
+    stack.stop().await
+}
+
 /// The pool pings a connection idle for `PING_AFTER_IDLE` or more before it hands it out:
 /// one the server dropped meanwhile is replaced at the acquire and the statement runs. One
 /// used more recently goes out unpinged (a round trip saved on every busy acquire), so a

@@ -1,4 +1,16 @@
 //! Run events: the ordered record of every step and transition, with time and actor.
+//!
+//! A watcher follows a Run's events by id ([`list_after`]: `id > cursor`), which holds only
+//! if a Run's events become visible in id order. An id is taken from one sequence when its
+//! row is inserted and the row becomes visible when its transaction commits, so two writers
+//! of one Run (a step's progress and a cancel request, say) could commit out of id order,
+//! and a watcher that saw the later id would never see the earlier one. So every writer of
+//! a Run's events takes the id while it holds the Run's row lock, kept to its commit: the
+//! `UPDATE runs` of the same statement (a claim, a transition), or `FOR NO KEY UPDATE` here
+//! (which conflicts with neither the foreign keys' `KEY SHARE` nor readers). A Run's events
+//! are then written one transaction at a time, in id order; a new Run's first event is
+//! written with the Run, which nobody else sees before it commits. The log
+//! ([`crate::logs`]) is written the same way.
 
 use chrono::{DateTime, Utc};
 use takosumi_core::{EventKind, RunId};
@@ -30,8 +42,11 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
 ) -> Result<(), StoreError> {
     // An event may quote what a tool printed or planned (see takosumi_core::nul).
     let data = takosumi_core::json_without_nul(&data);
-    sqlx::query!(
-        "INSERT INTO run_events (run_id, kind, actor, data) VALUES ($1, $2, $3, $4)",
+    // The id is taken after the lock (see the module docs).
+    let done = sqlx::query!(
+        "WITH run AS (SELECT id FROM runs WHERE id = $1 FOR NO KEY UPDATE)
+         INSERT INTO run_events (run_id, kind, actor, data)
+         SELECT id, $2, $3, $4 FROM run",
         run_id.as_uuid(),
         kind as EventKind,
         actor,
@@ -39,7 +54,7 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     )
     .execute(executor)
     .await?;
-    Ok(())
+    crate::appended_to_run(done.rows_affected())
 }
 
 /// Appends an event as progress: one statement that commits without waiting for the disk
@@ -53,9 +68,11 @@ pub async fn append_progress(
 ) -> Result<(), StoreError> {
     // An event may quote what a tool printed or planned (see takosumi_core::nul).
     let data = takosumi_core::json_without_nul(&data);
-    sqlx::query!(
-        "INSERT INTO run_events (run_id, kind, actor, data)
-         SELECT $1, $2, $3, $4
+    // The id is taken after the lock (see the module docs).
+    let done = sqlx::query!(
+        "WITH run AS (SELECT id FROM runs WHERE id = $1 FOR NO KEY UPDATE)
+         INSERT INTO run_events (run_id, kind, actor, data)
+         SELECT id, $2, $3, $4 FROM run
           WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL",
         run_id.as_uuid(),
         kind as EventKind,
@@ -64,7 +81,7 @@ pub async fn append_progress(
     )
     .execute(pool)
     .await?;
-    Ok(())
+    crate::appended_to_run(done.rows_affected())
 }
 
 /// A Run's events in order.
@@ -72,7 +89,8 @@ pub async fn list(pool: &crate::Pool, run_id: RunId) -> Result<Vec<Event>, Store
     list_after(pool, run_id, 0).await
 }
 
-/// A Run's events after the one with id `after`, in order (what a watcher has not seen).
+/// A Run's events after the one with id `after`, in order (what a watcher has not seen;
+/// none committed later has a lower id: see the module docs).
 pub async fn list_after(
     pool: &crate::Pool,
     run_id: RunId,

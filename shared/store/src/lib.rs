@@ -58,6 +58,14 @@ pub use sqlx::Postgres;
 /// [`runs::plan_record::set_scan_report_progress`].
 pub mod progress {}
 
+/// What an append to a Run's events or log wrote: none found no Run to write to.
+pub(crate) fn appended_to_run(rows: u64) -> Result<(), StoreError> {
+    if rows == 0 {
+        return Err(StoreError::NotFound("run"));
+    }
+    Ok(())
+}
+
 /// The embedded migrations from `infra/migrations`.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../infra/migrations");
 

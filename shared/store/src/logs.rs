@@ -1,4 +1,7 @@
 //! Run logs: the tool's output as it was stored (callers store only masked text).
+//!
+//! A chunk's id is taken under the Run's row lock, as an event's is ([`crate::events`]), so
+//! a reader following the log by id (`id > cursor`) never passes a chunk committed later.
 
 use takosumi_core::RunId;
 
@@ -12,15 +15,16 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     chunk: &str,
 ) -> Result<(), StoreError> {
     let chunk = takosumi_core::without_nul(chunk);
-    sqlx::query!(
-        "INSERT INTO run_logs (run_id, step, chunk) VALUES ($1, $2, $3)",
+    let done = sqlx::query!(
+        "WITH run AS (SELECT id FROM runs WHERE id = $1 FOR NO KEY UPDATE)
+         INSERT INTO run_logs (run_id, step, chunk) SELECT id, $2, $3 FROM run",
         run_id.as_uuid(),
         step,
         chunk.as_ref()
     )
     .execute(executor)
     .await?;
-    Ok(())
+    crate::appended_to_run(done.rows_affected())
 }
 
 /// Appends chunks (step, already masked text) in order as progress: one statement that
@@ -38,11 +42,13 @@ pub async fn append_progress<S: AsRef<str>, T: AsRef<str>>(
         .iter()
         .map(|(_, chunk)| takosumi_core::without_nul(chunk.as_ref()).into_owned())
         .collect();
-    // `ORDER BY` the position: the ids (the log's order) are taken in the order rows arrive.
-    sqlx::query!(
-        "INSERT INTO run_logs (run_id, step, chunk)
-         SELECT $1, l.step, l.chunk
-           FROM UNNEST($2::text[], $3::text[]) WITH ORDINALITY AS l(step, chunk, n)
+    // `ORDER BY` the position: the ids (the log's order) are taken in the order rows arrive,
+    // after the Run's lock (see the module docs).
+    let done = sqlx::query!(
+        "WITH run AS (SELECT id FROM runs WHERE id = $1 FOR NO KEY UPDATE)
+         INSERT INTO run_logs (run_id, step, chunk)
+         SELECT run.id, l.step, l.chunk
+           FROM run, UNNEST($2::text[], $3::text[]) WITH ORDINALITY AS l(step, chunk, n)
           WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL
           ORDER BY l.n",
         run_id.as_uuid(),
@@ -51,7 +57,7 @@ pub async fn append_progress<S: AsRef<str>, T: AsRef<str>>(
     )
     .execute(pool)
     .await?;
-    Ok(())
+    crate::appended_to_run(done.rows_affected())
 }
 
 /// The whole log of a Run, in order.

@@ -81,9 +81,11 @@ pub async fn record_written(
            version AS (
                INSERT INTO state_versions (id, capsule_id, generation, run_id, object_key, digest, size_bytes)
                SELECT $1, $2, $3, $4, $5, $6, $7 FROM advanced),
+           -- the Run's event id is taken under its row lock (see `crate::events`)
+           run AS (SELECT id FROM runs WHERE id = $4 FOR NO KEY UPDATE),
            event AS (
                INSERT INTO run_events (run_id, kind, actor, data)
-               SELECT $4, $9, $10, $11 FROM advanced)
+               SELECT run.id, $9, $10, $11 FROM advanced, run)
            INSERT INTO activity (workspace_id, kind, subject, actor, data)
            SELECT $12, 'state_version_written', $14, $10, $13 FROM advanced
            RETURNING 1 AS "recorded!""#,
