@@ -458,3 +458,72 @@ async fn broker_callers_do_not_wait_behind_a_hanging_connect() -> anyhow::Result
     );
     Ok(())
 }
+
+/// A transaction begun while Postgres is paused fails within its bound and leaves no
+/// transaction open behind it. sqlx counts a transaction only once its `BEGIN` is answered,
+/// so a begin cut short after sending it handed its connection back to the pool with the
+/// server inside a transaction nobody would end: every later autocommit statement on that
+/// connection stayed uncommitted, unseen by anyone else and holding its locks (a Run's row
+/// lock, taken by each event, then stalled the Run's next step). Here the pool has one
+/// connection, so the statement after the failed begin runs on the same one, and another
+/// session must see what it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_cut_short_by_a_paused_postgres_leaves_no_transaction_open() -> anyhow::Result<()> {
+    let pg = tokio::task::spawn_blocking(PrivatePostgres::start).await??;
+    let admin = takosumi_store::connect(&pg.admin_url(), 1).await?;
+    sqlx::query("CREATE DATABASE begun").execute(&admin).await?;
+    let url = pg.admin_url().replace("/postgres", "/begun");
+    let timeouts = takosumi_store::PgTimeouts {
+        statement: Duration::from_millis(1000),
+        lock: Duration::from_millis(1000),
+        acquire: Duration::from_secs(2),
+    };
+    let pool = takosumi_store::connect_with(&url, "begun", 1, timeouts).await?;
+    let other = takosumi_store::connect_with(&url, "other", 1, timeouts).await?;
+    sqlx::query("CREATE TABLE written (n int)")
+        .execute(&pool)
+        .await?;
+    let bound = pool
+        .answer_bound()
+        .ok_or_else(|| anyhow::anyhow!("the pool has no answer bound"))?;
+    // The connection was just used, so the begin sends its BEGIN at once (no ping first).
+    let begun = {
+        let _paused = Paused::database(&admin, "begun").await?;
+        let t0 = Instant::now();
+        let begun = pool.begin().await;
+        let took = t0.elapsed();
+        assert!(
+            took < timeouts.acquire + bound + Duration::from_millis(1500),
+            "the begin failed after {took:?}"
+        );
+        begun
+    };
+    let err = begun.expect_err("a begin while Postgres is paused");
+    assert!(
+        takosumi_store::StoreError::from(err).retryable(),
+        "not retryable"
+    );
+    // Resumed: the next statement on the pool's one connection is its own transaction.
+    sqlx::query("INSERT INTO written VALUES (1)")
+        .execute(&pool)
+        .await?;
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM written")
+        .fetch_one(&other)
+        .await?;
+    assert_eq!(
+        seen, 1,
+        "a statement after the failed begin was left in its transaction"
+    );
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = 'begun' AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&admin)
+    .await?;
+    assert_eq!(open, 0, "a session of the pool is idle in a transaction");
+    pool.close().await;
+    other.close().await;
+    admin.close().await;
+    drop(pg);
+    Ok(())
+}

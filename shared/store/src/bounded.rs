@@ -103,8 +103,22 @@ impl Pool {
     }
 
     /// Begins a transaction whose statements, `COMMIT` included, carry the answer bound.
+    ///
+    /// The begin itself runs in a task the bound does not cancel. sqlx counts a transaction
+    /// only once its `BEGIN` is answered, so a begin cut short after sending it would hand
+    /// its connection back to the pool with the server inside a transaction nobody ends, and
+    /// every autocommit statement later run on that connection would stay uncommitted,
+    /// holding its locks. Past the bound the caller has its error; the task's transaction,
+    /// once the server answers, is dropped and rolled back as any other.
     pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
-        let inner = within(self.first_answer(), self.inner.begin()).await?;
+        let pool = self.inner.clone();
+        let begin = tokio::spawn(async move { pool.begin().await });
+        let begun = async {
+            begin
+                .await
+                .unwrap_or_else(|panicked| Err(sqlx::Error::Io(std::io::Error::other(panicked))))
+        };
+        let inner = within(self.first_answer(), begun).await?;
         Ok(Tx {
             inner,
             answer: self.answer_bound(),
