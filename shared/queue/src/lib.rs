@@ -13,7 +13,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 
 pub use consume::{ConsumeConfig, OnceLimits, OnceReport, consume, consume_once};
-pub use relay::{KEEP_SENT, relay_once, run_relay};
+pub use relay::{BATCH, KEEP_SENT, relay_once, run_relay};
 pub use topology::Topology;
 
 mod bus;

@@ -151,11 +151,16 @@ where
     move |msg| handler(ctx.clone(), msg)
 }
 
-/// Publishes due outbox rows until none are left (bounded: a broker that is away leaves
-/// them to the other relays). Returns how many this process sent.
+/// How long [`flush_outbox`] keeps trying while nothing it publishes gets through.
+const FLUSH_STALL: Duration = Duration::from_secs(20);
+
+/// Publishes due outbox rows until none are left: a `--once` process's wake-ups are out
+/// when it exits, however many it made (a sweep's 100,000 take longer than a fixed bound).
+/// A broker that is away for [`FLUSH_STALL`] leaves the rest to the other relays. Returns
+/// how many this process sent.
 pub async fn flush_outbox(ctx: &Ctx) -> usize {
     let mut sent = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut deadline = tokio::time::Instant::now() + FLUSH_STALL;
     while tokio::time::Instant::now() < deadline {
         let result = match ctx.bus.get().await {
             Ok(broker) => relay_once(&ctx.pool, &broker).await,
@@ -163,7 +168,10 @@ pub async fn flush_outbox(ctx: &Ctx) -> usize {
         };
         match result {
             Ok(0) => break,
-            Ok(n) => sent += n,
+            Ok(n) => {
+                sent += n;
+                deadline = tokio::time::Instant::now() + FLUSH_STALL;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "--once: outbox not flushed; another relay will publish it");
                 tokio::time::sleep(Duration::from_millis(500)).await;

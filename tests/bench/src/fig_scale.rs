@@ -228,7 +228,7 @@ async fn vacuum(pool: &takosumi_store::Pool) -> anyhow::Result<()> {
 /// after a checkpoint every page's first change writes the whole page, as on an instance
 /// whose last sweep or page read was before its last checkpoint. Says what it did, for
 /// the figure's notes; a role that may not checkpoint (`pg_checkpoint`) only skips it.
-async fn checkpoint(pool: &takosumi_store::Pool) -> String {
+pub(crate) async fn checkpoint(pool: &takosumi_store::Pool) -> String {
     let t = Instant::now();
     match takosumi_tests::seed::untimed(pool, "CHECKPOINT").await {
         Ok(()) => format!(
@@ -300,8 +300,11 @@ async fn measure_sweep(stack: &Stack, report: &mut Report, capsules: usize) -> a
             checks as usize == count,
             "takosumi-sweep --once enqueued {checks} checks for {count} due Capsules"
         );
+        let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+            .fetch_one(&stack.ctx.pool)
+            .await?;
         lines.push(format!(
-            "`takosumi-sweep --once` over {count} due Capsules: {secs:.2} s wall (process start, connect, sweep, outbox flush), peak RSS {:.1} MiB.",
+            "`takosumi-sweep --once` over {count} due Capsules: {secs:.2} s wall (process start, connect, sweep, outbox flush), {unsent} wake-ups left unpublished, peak RSS {:.1} MiB.",
             peak as f64 / 1024.0
         ));
         peaks.push(peak);

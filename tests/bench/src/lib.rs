@@ -9,6 +9,7 @@ pub mod fig_http;
 pub mod fig_memory;
 pub mod fig_overhead;
 pub mod fig_queue;
+pub mod fig_relay;
 pub mod fig_scale;
 pub mod fig_seal;
 pub mod fig_sweep;

@@ -8,7 +8,7 @@
 //! `--pipeline-runs N` (figure 3 per configuration, default 100), `--procs 1,2,4`,
 //! `--load-secs S` (figure 6 per endpoint, default 5), `--capsules N` (figure 4, default
 //! 10000), `--list-runs N` (figure 9, default 1000000), `--sweep-capsules N` (figure 10,
-//! default 100000), `--only 0,1,3,5` (a subset; 0 is the machine's unit costs), `--out FILE` (also
+//! default 100000), `--relay-wakeups N` (figure 11, default 100000), `--only 0,1,3,5` (a subset; 0 is the machine's unit costs), `--out FILE` (also
 //! write the markdown there).
 
 use std::collections::BTreeSet;
@@ -16,8 +16,8 @@ use std::collections::BTreeSet;
 use anyhow::{Context, bail};
 use takosumi_bench::report::Report;
 use takosumi_bench::{
-    fig_http, fig_memory, fig_overhead, fig_queue, fig_scale, fig_seal, fig_sweep, fig_throughput,
-    fig_units, machine,
+    fig_http, fig_memory, fig_overhead, fig_queue, fig_relay, fig_scale, fig_seal, fig_sweep,
+    fig_throughput, fig_units, machine,
 };
 
 struct Args {
@@ -29,6 +29,7 @@ struct Args {
     capsules: usize,
     list_runs: usize,
     sweep_capsules: usize,
+    relay_wakeups: usize,
     only: BTreeSet<u32>,
     out: Option<String>,
 }
@@ -43,7 +44,8 @@ fn parse_args() -> anyhow::Result<Args> {
         capsules: 10_000,
         list_runs: 1_000_000,
         sweep_capsules: 100_000,
-        only: (0..=10).collect(),
+        relay_wakeups: 100_000,
+        only: (0..=11).collect(),
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -63,6 +65,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--capsules" => a.capsules = value()?.parse()?,
             "--list-runs" => a.list_runs = value()?.parse()?,
             "--sweep-capsules" => a.sweep_capsules = value()?.parse()?,
+            "--relay-wakeups" => a.relay_wakeups = value()?.parse()?,
             "--only" => {
                 a.only = value()?
                     .split(',')
@@ -72,7 +75,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--out" => a.out = Some(value()?),
             "-h" | "--help" => {
                 println!(
-                    "takosumi-bench [--runs N] [--warmup N] [--pipeline-runs N] [--procs 1,2,4] [--load-secs S] [--capsules N] [--list-runs N] [--sweep-capsules N] [--only 1,2,…] [--out FILE]"
+                    "takosumi-bench [--runs N] [--warmup N] [--pipeline-runs N] [--procs 1,2,4] [--load-secs S] [--capsules N] [--list-runs N] [--sweep-capsules N] [--relay-wakeups N] [--only 1,2,…] [--out FILE]"
                 );
                 std::process::exit(0);
             }
@@ -140,6 +143,10 @@ async fn main() -> anyhow::Result<()> {
     if want(10) {
         step("figure 10: one sweep pass over many due Capsules");
         fig_scale::sweep(&mut report, args.sweep_capsules).await?;
+    }
+    if want(11) {
+        step("figure 11: the outbox relay publishing a sweep's wake-ups");
+        fig_relay::run(&mut report, args.relay_wakeups).await?;
     }
     if want(8) {
         fig_queue::report(&mut report, idle.as_ref(), load.as_ref());
