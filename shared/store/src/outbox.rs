@@ -54,8 +54,8 @@ pub async fn enqueue_after(
     Ok(())
 }
 
-/// Claims up to `limit` due rows for this relay for `lease_secs` seconds, in id order: other
-/// relays skip them until the claim lapses. One autocommit statement that does not wait for
+/// Claims up to `limit` due rows for this relay for `lease_secs` seconds, oldest due first
+/// (by when they became due, then by id): other relays skip them until the claim lapses. One autocommit statement that does not wait for
 /// the disk: a claim a crash loses only lets another relay publish the row too, which every
 /// handler survives (as a relay that dies before its [`mark_sent`] does, once the claim
 /// lapses). Rows another relay is claiming at this moment are skipped, not waited for.
@@ -72,7 +72,10 @@ pub async fn claim_due(
                       SELECT id FROM outbox
                        WHERE sent_at IS NULL AND available_at <= now()
                          AND (claimed_until IS NULL OR claimed_until <= now())
-                       ORDER BY id LIMIT $1
+                       -- the pending index's order: it holds only unsent rows, where the
+                       -- primary key's order walks every sent row still kept first (a
+                       -- sweep's 100,000: 37 ms a claim halfway through, not 2 ms)
+                       ORDER BY available_at, id LIMIT $1
                          FOR UPDATE SKIP LOCKED))
               AND set_config('synchronous_commit', 'off', true) IS NOT NULL
         RETURNING id, topic, payload, traceparent,
@@ -82,8 +85,8 @@ pub async fn claim_due(
     )
     .fetch_all(pool)
     .await?;
-    // RETURNING keeps no order; wake-ups go out in the order they were committed.
-    rows.sort_unstable_by_key(|r| r.id);
+    // RETURNING keeps no order; wake-ups go out in the order they were claimed.
+    rows.sort_unstable_by_key(|r| (r.due_ms, r.id));
     Ok(rows)
 }
 
