@@ -1967,3 +1967,63 @@ async fn a_wake_up_a_dead_relay_claimed_is_sent_once_the_claim_lapses() -> anyho
     );
     stack.stop().await
 }
+
+/// A relay publishes a batch in the order it claimed it: the batch's sends run side by side
+/// (`Broker::publish_all`), each queueing its frames when first polled, in order. A hundred
+/// wake-ups (past the 30 where `join_all` changes how it drives its futures) reach their
+/// queue in the order they were written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_publishes_a_batch_in_the_order_it_was_written() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let pool = &stack.ctx.pool;
+    // Written claimed, then released together, so one relay pass (the API's or this test's)
+    // takes all of them.
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO outbox (topic, payload, claimed_until)
+         SELECT 'run.drift', jsonb_build_object('n', g), now() + interval '1 hour'
+           FROM generate_series(1, 100) g ORDER BY g RETURNING id",
+    )
+    .fetch_all(pool)
+    .await?;
+    sqlx::query("UPDATE outbox SET claimed_until = NULL WHERE id = ANY($1)")
+        .bind(&ids)
+        .execute(pool)
+        .await?;
+    let broker = stack.ctx.bus.get().await?;
+    takosumi_queue::relay_once(pool, &broker).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let unsent: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox WHERE id = ANY($1) AND sent_at IS NULL",
+        )
+        .bind(&ids)
+        .fetch_one(pool)
+        .await?;
+        if unsent == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{unsent} wake-ups not sent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ch = broker.channel().await?;
+    let mut order = Vec::new();
+    while let Some(got) = ch
+        .basic_get(
+            "run.drift".into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await?
+    {
+        let body: Value = serde_json::from_slice(&got.delivery.data)?;
+        order.push(body["n"].as_i64().unwrap_or(-1));
+    }
+    assert_eq!(order, (1..=100).collect::<Vec<i64>>());
+    stack.stop().await
+}

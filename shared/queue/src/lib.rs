@@ -142,18 +142,20 @@ impl Broker {
         &self,
         messages: Vec<(&str, Vec<u8>, Option<String>, FieldTable)>,
     ) -> Vec<Result<(), QueueError>> {
-        let sends = messages.iter().map(|(queue, body, id, headers)| async move {
-            let confirm = self
-                .send(
-                    &self.topology.exchange,
-                    queue,
-                    body,
-                    id.clone(),
-                    headers.clone(),
-                )
-                .await?;
-            Self::confirmed(queue, confirm).await
-        });
+        let sends = messages
+            .iter()
+            .map(|(queue, body, id, headers)| async move {
+                let confirm = self
+                    .send(
+                        &self.topology.exchange,
+                        queue,
+                        body,
+                        id.clone(),
+                        headers.clone(),
+                    )
+                    .await?;
+                Self::confirmed(queue, confirm).await
+            });
         futures::future::join_all(sends).await
     }
 
