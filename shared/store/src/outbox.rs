@@ -55,10 +55,11 @@ pub async fn enqueue_after(
 }
 
 /// Claims up to `limit` due rows for this relay for `lease_secs` seconds, oldest due first
-/// (by when they became due, then by id): other relays skip them until the claim lapses. One autocommit statement that does not wait for
-/// the disk: a claim a crash loses only lets another relay publish the row too, which every
-/// handler survives (as a relay that dies before its [`mark_sent`] does, once the claim
-/// lapses). Rows another relay is claiming at this moment are skipped, not waited for.
+/// (by when they became due, then by id): other relays skip them until the claim lapses.
+/// One autocommit statement that does not wait for the disk: a claim a crash loses only
+/// lets another relay publish the row too, which every handler survives (as a relay that
+/// dies before its [`mark_sent`] does, once the claim lapses). Rows another relay is
+/// claiming at this moment are skipped, not waited for.
 pub async fn claim_due(
     pool: &crate::Pool,
     limit: i64,
