@@ -33,6 +33,9 @@ const SERVICES: &[&[&str]] = &[
     &["s3s-fs"],
 ];
 
+/// The step processes the figure starts.
+const STEPS: [&str; 3] = ["plan", "gate", "apply"];
+
 /// What one configuration measured.
 #[derive(Debug)]
 pub struct Config {
@@ -81,15 +84,15 @@ async fn measure(
     let ws = harness::workspace(stack).await?;
     let mut configs = Vec::new();
     let mut lines = vec![
-        "CPU time per pipeline run over the timed interval, by process: the step processes' own time and their reaped children's (git and the no-op tool), the bench process (API + driver), the services, and the rest (kernel, anything else running on the machine). Then the median time each Run spent waiting and working.".to_owned(),
+        "CPU time per pipeline run over the timed interval, by process: each step process's own time and its sandboxes' (bubblewrap, git, the launcher and the no-op tool: everything it started, counted through a cgroup per step; where the bench could not make one, only the children the step reaped, which leaves the sandboxes in \"rest\"), the bench process (API + driver), the services, and the rest (the kernel's own threads, anything else running on the machine). Then the median time each Run spent waiting and working.".to_owned(),
         String::new(),
-        "| processes/step | runs/s | plan own + children | gate | apply own + children | bench (API + driver) | Postgres | RabbitMQ | s3s-fs | rest | machine busy | plan: queued→claimed / claimed→planned | apply: queued→gate / gate→claimed / claimed→applied (median ms) |".to_owned(),
+        "| processes/step | runs/s | plan own + sandboxes | gate | apply own + sandboxes | bench (API + driver) | Postgres | RabbitMQ | s3s-fs | rest | machine busy | plan: queued→claimed / claimed→planned | apply: queued→gate / gate→claimed / claimed→applied (median ms) |".to_owned(),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_owned(),
     ];
     let mut sequential_lines = Vec::new();
     let mut load = LoadQueue::default();
     for (ci, &k) in procs.iter().enumerate() {
-        let children = Processes::spawn(stack, &["plan", "gate", "apply"], k)?;
+        let children = Processes::spawn(stack, &STEPS, k)?;
         let ready = harness::wait_consumers(
             stack,
             &[("run.plan", k), ("run.gate", k), ("run.apply", k)],
@@ -213,6 +216,7 @@ async fn one_config(
         .iter()
         .map(|(_, p)| procfs::cpu(*p))
         .collect::<Result<_, _>>()?;
+    let groups_before = STEPS.map(|s| children.group_cpu(s));
     let self_before = procfs::cpu_of_path(std::path::Path::new("/proc/self/stat"))?;
     let services_before = procfs::cpu_by_comm(SERVICES);
     let (busy0, total0) = procfs::machine_cpu()?;
@@ -281,6 +285,7 @@ async fn one_config(
         applies.len()
     );
     let (busy1, total1) = procfs::machine_cpu()?;
+    let groups_after = STEPS.map(|s| children.group_cpu(s));
     let self_after = procfs::cpu_of_path(std::path::Path::new("/proc/self/stat"))?;
     let services_after = procfs::cpu_by_comm(SERVICES);
     let cpu_after: Vec<procfs::CpuTime> = pids
@@ -331,16 +336,20 @@ async fn one_config(
     let secs = ms(t0, end) / 1000.0;
     let rate = runs as f64 / secs;
 
-    // (own, children) per step.
+    // (own, sandboxes) per step: the cgroup's total less the processes' own time, or
+    // without a cgroup the children they reaped.
     let mut per_step: HashMap<&str, (f64, f64)> = HashMap::new();
-    let mut handlers_total = 0.0;
     for (((step, _), b), a) in pids.iter().zip(&cpu_before).zip(&cpu_after) {
-        let (own, kids) = (a.own - b.own, a.children - b.children);
-        handlers_total += own + kids;
         let e = per_step.entry(step.as_str()).or_default();
-        e.0 += own;
-        e.1 += kids;
+        e.0 += a.own - b.own;
+        e.1 += a.children - b.children;
     }
+    for ((step, before), after) in STEPS.iter().zip(groups_before).zip(groups_after) {
+        if let (Some(before), Some(after), Some(e)) = (before, after, per_step.get_mut(step)) {
+            e.1 = (after - before - e.0).max(0.0);
+        }
+    }
+    let handlers_total: f64 = per_step.values().map(|(own, kids)| own + kids).sum();
     let bench_used =
         (self_after.own - self_before.own) + (self_after.children - self_before.children);
     let services: Vec<f64> = services_after

@@ -12,6 +12,8 @@ use takosumi_client::{Capsule, NewCapsule, Source};
 use takosumi_core::{RunId, WorkspaceId};
 use takosumi_tests::{GitRepo, Stack};
 
+use crate::cgroup::CpuGroup;
+
 /// A stack of the figure's own (database, vhost, bucket) with no API and no step
 /// running: the figure calls what it measures itself.
 pub async fn quiet_stack() -> anyhow::Result<Stack> {
@@ -149,6 +151,9 @@ pub fn ms(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
 pub struct Processes {
     /// `(step, child)`.
     pub children: Vec<(String, tokio::process::Child)>,
+    /// A cgroup per step holding its processes and everything they start, where the
+    /// machine lets the bench make one (see [`CpuGroup`]). Dropped after the processes.
+    groups: Vec<(String, CpuGroup)>,
 }
 
 impl Processes {
@@ -160,6 +165,7 @@ impl Processes {
     pub fn spawn(stack: &Stack, steps: &[&str], count: usize) -> anyhow::Result<Self> {
         let mut p = Self::default();
         for step in steps {
+            let group = CpuGroup::create(&format!("takosumi-bench-{}-{step}", std::process::id()));
             for _ in 0..count {
                 let child = stack.spawn_process_with(
                     step,
@@ -169,10 +175,26 @@ impl Processes {
                         ("TAKOSUMI_REAPER_INTERVAL_MS", "2000"),
                     ],
                 )?;
+                if let (Some(group), Some(pid)) = (&group, child.id()) {
+                    // Before it has a Run: nothing it starts for one escapes the group.
+                    group.add(pid)?;
+                }
                 p.children.push(((*step).to_owned(), child));
+            }
+            if let Some(group) = group {
+                p.groups.push(((*step).to_owned(), group));
             }
         }
         Ok(p)
+    }
+
+    /// CPU seconds `step`'s processes and everything they started (sandboxes included)
+    /// have used, when the machine gave the bench a cgroup for it.
+    pub fn group_cpu(&self, step: &str) -> Option<f64> {
+        self.groups
+            .iter()
+            .find(|(s, _)| s == step)
+            .and_then(|(_, g)| g.usage_secs())
     }
 
     /// `(step, pid)` of every process still running.

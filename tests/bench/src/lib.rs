@@ -5,6 +5,7 @@
 //! orchestration-only stand-in for the tool. Benchmarks print figures: nothing here fails
 //! because something is slow, and nothing here is a timed assertion.
 
+pub mod cgroup;
 pub mod fig_http;
 pub mod fig_memory;
 pub mod fig_overhead;
