@@ -152,8 +152,9 @@ pub struct Processes {
     /// `(step, child)`.
     pub children: Vec<(String, tokio::process::Child)>,
     /// A cgroup per step holding its processes and everything they start, where the
-    /// machine lets the bench make one (see [`CpuGroup`]). Dropped after the processes.
-    groups: Vec<(String, CpuGroup)>,
+    /// machine lets the bench make one (see [`CpuGroup`]), and whether every process of
+    /// the step went into it. Dropped after the processes.
+    groups: Vec<(String, CpuGroup, bool)>,
 }
 
 impl Processes {
@@ -166,6 +167,7 @@ impl Processes {
         let mut p = Self::default();
         for step in steps {
             let group = CpuGroup::create(&format!("takosumi-bench-{}-{step}", std::process::id()));
+            let mut whole = group.is_some();
             for _ in 0..count {
                 let child = stack.spawn_process_with(
                     step,
@@ -175,14 +177,19 @@ impl Processes {
                         ("TAKOSUMI_REAPER_INTERVAL_MS", "2000"),
                     ],
                 )?;
-                if let (Some(group), Some(pid)) = (&group, child.id()) {
+                if let (Some(group), Some(pid), true) = (&group, child.id(), whole) {
                     // Before it has a Run: nothing it starts for one escapes the group.
-                    group.add(pid)?;
+                    if let Err(e) = group.add(pid) {
+                        eprintln!(
+                            "bench: {step}'s processes cannot join a cgroup ({e}): its sandboxes are counted only as reaped children"
+                        );
+                        whole = false;
+                    }
                 }
                 p.children.push(((*step).to_owned(), child));
             }
             if let Some(group) = group {
-                p.groups.push(((*step).to_owned(), group));
+                p.groups.push(((*step).to_owned(), group, whole));
             }
         }
         Ok(p)
@@ -193,8 +200,8 @@ impl Processes {
     pub fn group_cpu(&self, step: &str) -> Option<f64> {
         self.groups
             .iter()
-            .find(|(s, _)| s == step)
-            .and_then(|(_, g)| g.usage_secs())
+            .find(|(s, _, whole)| s == step && *whole)
+            .and_then(|(_, g, _)| g.usage_secs())
     }
 
     /// `(step, pid)` of every process still running.
