@@ -145,6 +145,9 @@ pub fn ms(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
     (b - a).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0
 }
 
+/// Cgroups [`Processes::spawn`] made so far in this process.
+static GROUPS_MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Step processes a figure started, stopped with SIGTERM (graceful: in-flight work ends,
 /// connections close) and killed only if they do not exit within 10 s.
 #[derive(Debug, Default)]
@@ -166,7 +169,13 @@ impl Processes {
     pub fn spawn(stack: &Stack, steps: &[&str], count: usize) -> anyhow::Result<Self> {
         let mut p = Self::default();
         for step in steps {
-            let group = CpuGroup::create(&format!("takosumi-bench-{}-{step}", std::process::id()));
+            // A name of its own each time: a group the last figure could not remove yet
+            // (a sandbox still on its way out) does not stop this one.
+            let seq = GROUPS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let group = CpuGroup::create(&format!(
+                "takosumi-bench-{}-{seq}-{step}",
+                std::process::id()
+            ));
             let mut whole = group.is_some();
             for _ in 0..count {
                 let child = stack.spawn_process_with(
