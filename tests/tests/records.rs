@@ -289,6 +289,55 @@ async fn queued_run_is_canceled_at_once_and_a_finished_one_is_409() -> anyhow::R
     stack.stop().await
 }
 
+/// A plan's admission answers with the Run as it was recorded: the `202`'s body is what
+/// `GET /runs/{id}` shows of the new Run (its status, pins, variable names, actor,
+/// times), and the row's `queued` event was written with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_admission_answers_the_run_as_recorded() -> anyhow::Result<()> {
+    let stack = Stack::start_with(Options {
+        steps: Steps::API_ONLY,
+        ..Options::default()
+    })
+    .await?;
+    let repo = GitRepo::with_example("network")?;
+    let capsule = register(&stack, &repo, "infra/network", json!({ "region": "eu" })).await?;
+    let (status, answered) = call(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/api/v1/capsules/{}/plan", capsule.id),
+        &stack.admin_token,
+        Some(json!({ "vars": { "region": "us" }, "autoApplyRequested": true })),
+    )
+    .await?;
+    assert_eq!(status, 202, "{answered}");
+    let run: takosumi_core::RunId = answered["id"].as_str().unwrap().parse()?;
+    let (status, recorded) = call(
+        &stack,
+        reqwest::Method::GET,
+        &format!("/api/v1/runs/{run}"),
+        &stack.admin_token,
+        None,
+    )
+    .await?;
+    assert_eq!(status, 200, "{recorded}");
+    assert_eq!(
+        answered, recorded,
+        "the admission's answer is the recorded Run"
+    );
+    assert_eq!(
+        (&answered["status"], &answered["autoApplyRequested"]),
+        (&json!("queued"), &json!(true)),
+        "{answered}"
+    );
+    assert!(
+        !answered.to_string().contains("\"us\""),
+        "a variable's value is not served: {answered}"
+    );
+    let events = stack.client.events(run).await?;
+    assert_eq!(kinds(&events), ["queued"]);
+    Ok(())
+}
+
 /// A held Run (an agent's plan, held before anything plans) is canceled at once too, and
 /// a later approval cannot bring it back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -133,7 +133,7 @@ async fn apply_capsule(
     };
     let mut tx = st.pool.begin().await?;
     let run_id = match runs::start(tx.db(), &new, start).await {
-        Ok(id) => id,
+        Ok(run) => run.id,
         Err(e) if e.is_unique_violation() && key.is_some() => {
             drop(tx);
             let run = replay(&st, &capsule, key.as_deref())

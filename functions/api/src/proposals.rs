@@ -117,7 +117,9 @@ pub(crate) async fn submit_plan(
         // The hold and the sealed values commit with the Run or not at all.
         let mut tx = st.pool.begin().await?;
         match runs::start(tx.db(), &new, start).await {
-            Ok(id) => {
+            Ok(run) => {
+                // A hold changes the row, so the answer reads it again before the commit.
+                let id = run.id;
                 inputs.store_sensitive(&st, &mut tx, id).await?;
                 if hold_agent {
                     crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
@@ -127,19 +129,15 @@ pub(crate) async fn submit_plan(
             Err(e) => Err(e),
         }
     } else {
-        // A Run started alone is one statement: no transaction around it, so the answer
-        // costs two round trips after the connection's, not four (BEGIN, the start, the
-        // read, COMMIT).
+        // A Run started alone is one statement that answers its row: no transaction
+        // around it and no read after it, so the answer costs one round trip after the
+        // connection's, not four (BEGIN, the start, the read, COMMIT).
         let mut conn = st.pool.acquire().await?;
-        match runs::start(conn.db(), &new, start).await {
-            Ok(id) => {
-                st.relay_wake.notify_one();
-                Ok(runs::get(conn.db(), id)
-                    .await?
-                    .ok_or_else(|| ApiError::not_found("the new Run"))?)
-            }
-            Err(e) => Err(e),
+        let started = runs::start(conn.db(), &new, start).await;
+        if started.is_ok() {
+            st.relay_wake.notify_one();
         }
+        started
     };
     let run = match started {
         Ok(run) => run,
@@ -335,7 +333,7 @@ pub(crate) async fn start_run(tx: &mut Tx, s: &RunStart<'_>) -> Result<RunId, Ap
             Some(topic)
         },
     };
-    let id = runs::start(tx.db(), &new, start).await?;
+    let id = runs::start(tx.db(), &new, start).await?.id;
     if let Some(agent) = s.hold_for {
         crate::gates::hold_agent_plan(tx, id, agent).await?;
     }

@@ -156,12 +156,19 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
 
 /// `sqlx::query_as!(Run, …)` over `runs` with the one column list every read of a whole Run
 /// shares; `$rest` is the statement after `FROM runs` (a literal, so the query is still
-/// checked against the schema).
+/// checked against the schema). `with $with, from $from`: the same columns read from a
+/// relation the statement `$with` names instead (a `WITH … RETURNING *` of `runs`).
 macro_rules! select_runs {
     ($rest:literal $(, $arg:expr)* $(,)?) => {
+        $crate::runs::select_runs!(@columns "", "FROM runs ", $rest $(, $arg)*)
+    };
+    (with $with:literal, from $from:literal $(, $arg:expr)* $(,)?) => {
+        $crate::runs::select_runs!(@columns $with, $from, "" $(, $arg)*)
+    };
+    (@columns $with:literal, $from:literal, $rest:literal $(, $arg:expr)*) => {
         sqlx::query_as!(
             $crate::runs::Run,
-            r#"SELECT id as "id: takosumi_core::RunId", kind as "kind: takosumi_core::RunKind", status as "status: takosumi_core::RunStatus",
+            $with + r#"SELECT id as "id: takosumi_core::RunId", kind as "kind: takosumi_core::RunKind", status as "status: takosumi_core::RunStatus",
                   workspace_id as "workspace_id: takosumi_core::WorkspaceId", capsule_id as "capsule_id: takosumi_core::CapsuleId",
                   run_group_id as "run_group_id: takosumi_core::RunGroupId", plan_run_id as "plan_run_id: takosumi_core::RunId",
                   actor_kind as "actor_kind: takosumi_core::ActorKind", actor_id, auto_apply_requested,
@@ -173,7 +180,7 @@ macro_rules! select_runs {
                   canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode as "apply_mode: takosumi_core::ApplyMode",
                   cancel_requested_at, cancel_requested_by, resolution_action, resolution_note,
                   resolved_by, resolved_at
-             FROM runs "# + $rest
+             "# + $from + $rest
             $(, $arg)*
         )
     };
@@ -256,21 +263,24 @@ pub struct Start<'a> {
 
 /// Starts a Run: the row, its `queued` event, the Workspace's `run_started`
 /// activity and its wake-up, in one statement (in the caller's transaction when it passes
-/// one: a Run started alone needs none). The one way a Run is created (the sweep's bulk
-/// drift checks write the same four in one statement per batch).
+/// one: a Run started alone needs none), and answers the row as written. The one way a
+/// Run is created (the sweep's bulk drift checks write the same four in one statement per
+/// batch).
 pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     new: &NewRun,
     start: Start<'_>,
-) -> Result<RunId, StoreError> {
+) -> Result<Run, StoreError> {
     // The row takes the column's default status, which is where the lifecycle starts.
     const _: () = assert!(matches!(RunStatus::INITIAL, RunStatus::Queued));
     let id = new.id;
     // The row, its event, its activity entry and its wake-up are one statement (one round
-    // trip, where four appends cost four); an Apply Run copies its plan's pins so the
-    // record shows what it is bound to from the start.
-    sqlx::query!(
-        r#"WITH run AS (
+    // trip, where four appends cost four), and it reads the row back as it wrote it: a
+    // submission that changes nothing after the start answers without a second read. An
+    // Apply Run copies its plan's pins so the record shows what it is bound to from the
+    // start.
+    Ok(select_runs!(
+        with r#"WITH run AS (
                INSERT INTO runs (id, kind, workspace_id, capsule_id, run_group_id, plan_run_id, actor_kind,
                                  actor_id, auto_apply_requested, idempotency_key,
                                  source_commit, tree_digest, plan_digest, state_generation,
@@ -283,7 +293,7 @@ pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
                       COALESCE($11, p.traceparent), $17, $18
                  FROM (SELECT 1) one
                  LEFT JOIN runs p ON p.id = $6
-               RETURNING id, workspace_id, capsule_id, traceparent),
+               RETURNING *),
            queued AS (
                INSERT INTO run_events (run_id, kind, actor, data)
                SELECT id, $12, $13, $14 FROM run),
@@ -293,9 +303,12 @@ pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
                SELECT wake_topic($19, w.pool_name), $20, run.traceparent
                  FROM run
                  LEFT JOIN capsule_wake_routes w ON w.capsule_id = run.capsule_id
-                WHERE $19::text IS NOT NULL)
-           INSERT INTO activity (workspace_id, kind, subject, actor, data)
-           SELECT workspace_id, 'run_started', $15, $13, $16 FROM run"#,
+                WHERE $19::text IS NOT NULL),
+           started AS (
+               INSERT INTO activity (workspace_id, kind, subject, actor, data)
+               SELECT workspace_id, 'run_started', $15, $13, $16 FROM run)
+           "#,
+        from "FROM run",
         id.as_uuid(),
         new.kind as RunKind,
         new.workspace_id.as_uuid(),
@@ -317,9 +330,8 @@ pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
         start.wake.map(Topic::queue_name),
         RunMessage { run_id: id }.to_json(),
     )
-    .execute(executor)
-    .await?;
-    Ok(id)
+    .fetch_one(executor)
+    .await?)
 }
 
 /// The Run a previous submission with the same `Idempotency-Key` created.

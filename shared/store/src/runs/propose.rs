@@ -75,7 +75,7 @@ pub async fn propose_apply(
         activity: Value::Object(activity),
         wake: p.wake,
     };
-    let id = super::start(tx.db(), &new, start).await?;
+    let id = super::start(tx.db(), &new, start).await?.id;
     if p.require_approval {
         super::hold::set_require_approval(tx, id).await?;
     }
