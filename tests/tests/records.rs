@@ -289,9 +289,9 @@ async fn queued_run_is_canceled_at_once_and_a_finished_one_is_409() -> anyhow::R
     stack.stop().await
 }
 
-/// A plan's admission answers with the Run as it was recorded: the `202`'s body is what
-/// `GET /runs/{id}` shows of the new Run (its status, pins, variable names, actor,
-/// times), and the row's `queued` event was written with it.
+/// A plan's admission, and an apply's, answers with the Run as it was recorded: the
+/// `202`'s body is what `GET /runs/{id}` shows of the new Run (its status, pins, variable
+/// names, actor, times), and the row's `queued` event was written with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plan_admission_answers_the_run_as_recorded() -> anyhow::Result<()> {
     let stack = Stack::start_with(Options {
@@ -306,7 +306,7 @@ async fn a_plan_admission_answers_the_run_as_recorded() -> anyhow::Result<()> {
         reqwest::Method::POST,
         &format!("/api/v1/capsules/{}/plan", capsule.id),
         &stack.admin_token,
-        Some(json!({ "vars": { "region": "us" }, "autoApplyRequested": true })),
+        Some(json!({ "vars": { "region": "us" } })),
     )
     .await?;
     assert_eq!(status, 202, "{answered}");
@@ -324,17 +324,59 @@ async fn a_plan_admission_answers_the_run_as_recorded() -> anyhow::Result<()> {
         answered, recorded,
         "the admission's answer is the recorded Run"
     );
-    assert_eq!(
-        (&answered["status"], &answered["autoApplyRequested"]),
-        (&json!("queued"), &json!(true)),
-        "{answered}"
-    );
+    assert_eq!(answered["status"], "queued", "{answered}");
     assert!(
         !answered.to_string().contains("\"us\""),
         "a variable's value is not served: {answered}"
     );
     let events = stack.client.events(run).await?;
     assert_eq!(kinds(&events), ["queued"]);
+
+    // The plan planned and released (its handlers called here, none runs on its own), its
+    // apply proposed: the answer carries the plan's pins as the record does.
+    let msg = takosumi_core::RunMessage { run_id: run };
+    takosumi_plan::handle(&stack.ctx, msg).await?;
+    takosumi_gate::handle(&stack.ctx, msg).await?;
+    assert_eq!(stack.client.get_run(run).await?.status, RunStatus::Planned);
+    let (status, answered) = call(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/api/v1/runs/{run}/apply"),
+        &stack.admin_token,
+        Some(json!({})),
+    )
+    .await?;
+    assert_eq!(status, 202, "{answered}");
+    let apply: takosumi_core::RunId = answered["id"].as_str().unwrap().parse()?;
+    let (_, recorded) = call(
+        &stack,
+        reqwest::Method::GET,
+        &format!("/api/v1/runs/{apply}"),
+        &stack.admin_token,
+        None,
+    )
+    .await?;
+    assert_eq!(answered, recorded, "the apply's answer is the recorded Run");
+    assert_eq!(
+        (&answered["status"], &answered["planRunId"]),
+        (&json!("queued"), &json!(run)),
+        "{answered}"
+    );
+    let (_, plan) = call(
+        &stack,
+        reqwest::Method::GET,
+        &format!("/api/v1/runs/{run}"),
+        &stack.admin_token,
+        None,
+    )
+    .await?;
+    assert!(plan["planDigest"].is_string(), "{plan}");
+    assert_eq!(
+        (&answered["planDigest"], &answered["sourceSnapshot"]),
+        (&plan["planDigest"], &plan["sourceSnapshot"]),
+        "the apply is pinned to its plan from its first answer: {answered}"
+    );
+    assert_eq!(kinds(&stack.client.events(apply).await?), ["queued"]);
     Ok(())
 }
 

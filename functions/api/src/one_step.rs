@@ -108,6 +108,7 @@ async fn apply_capsule(
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: false,
         idempotency_key: key.clone(),
+        require_approval: req.require_approval,
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
         vars: None,
     };
@@ -144,9 +145,6 @@ async fn apply_capsule(
         Err(e) => return Err(e.into()),
     };
     runs::apply_mode::set(&mut tx, run_id, mode).await?;
-    if req.require_approval {
-        runs::hold::set_require_approval(&mut tx, run_id).await?;
-    }
     if !one_step && hold_agent {
         crate::gates::hold_agent_plan(&mut tx, run_id, &caller).await?;
     }

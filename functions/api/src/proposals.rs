@@ -102,6 +102,7 @@ pub(crate) async fn submit_plan(
         actor_id: caller.0.id.to_string(),
         auto_apply_requested: inputs.auto_apply_requested,
         idempotency_key: key.clone(),
+        require_approval: false,
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
         vars: Some(inputs.seal_vars(&st, id, &vars)?),
     };
@@ -150,7 +151,8 @@ pub(crate) async fn submit_plan(
 }
 
 /// Creates the Apply Run pinned to `plan` (or returns the one an earlier submission with
-/// the same Idempotency-Key created), with its gate wake-up, in one transaction.
+/// the same Idempotency-Key created), with its gate wake-up: one statement, or one
+/// transaction that fails it at once when its pool can never receive the plan.
 pub(crate) async fn propose_apply(
     st: &AppState,
     caller: &Caller,
@@ -188,17 +190,22 @@ pub(crate) async fn propose_apply(
             ),
         ));
     }
+    // What the answer depends on besides the plan, read side by side (one round trip's
+    // wait, not four), then judged in the order below.
+    let (blocking, speculative, existing, pool) = tokio::try_join!(
+        takosumi_store::runs::unknown::unresolved_unknown_apply(&st.pool, plan.capsule_id),
+        takosumi_store::runs::source::speculative(&st.pool, plan.id),
+        runs::live_apply_of(&st.pool, plan.id),
+        takosumi_store::pools::of_capsule(&st.pool, plan.capsule_id),
+    )?;
     // An unresolved unknown_outcome apply locks the Capsule against applies until an
     // operator resolves it; say so now rather than queue an apply that will be refused.
-    if let Some(blocking) =
-        takosumi_store::runs::unknown::unresolved_unknown_apply(&st.pool, plan.capsule_id).await?
-    {
+    if let Some(blocking) = blocking {
         return Err(ApiError::conflict(
             ErrorCode::CapsuleNeedsInspection,
             takosumi_store::runs::unknown::needs_inspection_message(blocking),
         ));
     }
-    let speculative = takosumi_store::runs::source::speculative(&st.pool, plan.id).await?;
     if speculative {
         return Err(ApiError::conflict(
             ErrorCode::SpeculativePlan,
@@ -237,13 +244,16 @@ pub(crate) async fn propose_apply(
             ),
         ));
     }
-    if let Some(existing) = runs::live_apply_of(&st.pool, plan.id).await? {
+    if let Some(existing) = existing {
         return Err(ApiError::conflict(
             ErrorCode::ApplyExists,
             format!("{existing} already applies this plan"),
         ));
     }
     let actor = caller.actor();
+    // A pool with no delivery key can never receive the saved plan: the apply fails at
+    // once, with a code that says so, instead of being woken.
+    let undeliverable = pool.is_some_and(|p| p.delivery_key_id.is_none());
     let proposal = runs::ApplyProposal {
         actor_kind: actor_kind(caller),
         actor_id: caller.0.id.to_string(),
@@ -253,14 +263,34 @@ pub(crate) async fn propose_apply(
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
         require_approval,
         proposed_by: None,
-        // Woken below, unless its pool can never receive the plan.
-        wake: None,
+        wake: (!undeliverable).then_some(Topic::Gate),
     };
-    let mut tx = st.pool.begin().await?;
-    let id = match runs::propose_apply(&mut tx, plan, proposal).await {
-        Ok(id) => id,
+    let proposed = if undeliverable {
+        let mut tx = st.pool.begin().await?;
+        match runs::propose_apply(tx.db(), plan, proposal).await {
+            Ok(run) => {
+                // The failure changes the row: the answer reads it again before the commit.
+                // A key registered since the read above: woken after all.
+                if !crate::relay::fail_if_pool_has_no_key(&mut tx, run.id, plan.capsule_id).await? {
+                    outbox::enqueue(&mut tx, Topic::Gate, run.id).await?;
+                }
+                return commit_started(st, tx, run.id).await;
+            }
+            Err(e) => Err(e),
+        }
+    } else {
+        // The usual apply is one statement that answers its row (as a plan's admission):
+        // no transaction, no read after it.
+        let mut conn = st.pool.acquire().await?;
+        let proposed = runs::propose_apply(conn.db(), plan, proposal).await;
+        if proposed.is_ok() {
+            st.relay_wake.notify_one();
+        }
+        proposed
+    };
+    match proposed {
+        Ok(run) => Ok(run),
         Err(e) if e.is_unique_violation() => {
-            drop(tx);
             if let Some(run) = replay(
                 st,
                 plan.workspace_id,
@@ -272,19 +302,13 @@ pub(crate) async fn propose_apply(
             {
                 return Ok(run);
             }
-            return Err(ApiError::conflict(
+            Err(ApiError::conflict(
                 ErrorCode::ApplyExists,
                 format!("another apply of {} was just submitted", plan.id),
-            ));
+            ))
         }
-        Err(e) => return Err(e.into()),
-    };
-    // A pool with no delivery key can never receive the saved plan: the apply fails at
-    // once, with a code that says so.
-    if !crate::relay::fail_if_pool_has_no_key(&mut tx, id, plan.capsule_id).await? {
-        outbox::enqueue(&mut tx, Topic::Gate, id).await?;
+        Err(e) => Err(e.into()),
     }
-    commit_started(st, tx, id).await
 }
 
 /// What a new Run is, for [`start_run`].
@@ -315,6 +339,7 @@ pub(crate) async fn start_run(tx: &mut Tx, s: &RunStart<'_>) -> Result<RunId, Ap
         actor_id: s.actor_id.clone(),
         auto_apply_requested: s.auto_apply,
         idempotency_key: None,
+        require_approval: false,
         traceparent: takosumi_telemetry::current_trace().map(|t| t.to_string()),
         vars: None,
     };

@@ -73,7 +73,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             proposed_by: None,
             wake: Some(Topic::Gate),
         };
-        runs::propose_apply(&mut tx, &run, proposal).await?;
+        runs::propose_apply(tx.db(), &run, proposal).await?;
         tx.commit().await.map_err(StoreError::from)?;
         ctx.relay_wake.notify_one();
         return Ok(Outcome::Done);

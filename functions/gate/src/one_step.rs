@@ -125,7 +125,7 @@ pub(crate) async fn propose_apply(
             proposed_by: Some("apply_submission"),
             wake: Some(Topic::Gate),
         };
-        runs::propose_apply(&mut tx, run, proposal).await?;
+        runs::propose_apply(tx.db(), run, proposal).await?;
     }
     tx.commit().await.map_err(StoreError::from)?;
     ctx.relay_wake.notify_one();

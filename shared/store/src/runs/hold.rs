@@ -118,21 +118,10 @@ pub async fn release_at_gate<'e, E: sqlx::PgExecutor<'e>>(
     Ok(done == 1)
 }
 
-/// Marks a submission as asking for approval.
-pub async fn set_require_approval(tx: &mut Tx, id: RunId) -> Result<(), StoreError> {
-    sqlx::query!(
-        "UPDATE runs SET require_approval = true WHERE id = $1",
-        id.as_uuid()
-    )
-    .execute(tx.db())
-    .await?;
-    Ok(())
-}
-
 /// The gate's view of a Run's private fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GateFields {
-    /// The submission asked for approval ([`set_require_approval`]).
+    /// The submission asked for approval (`NewRun::require_approval`).
     pub require_approval: bool,
     /// Private: where the sealed `show -json` of the plan lives.
     pub plan_json_object_key: Option<String>,

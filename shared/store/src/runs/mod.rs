@@ -229,6 +229,9 @@ pub struct NewRun {
     pub auto_apply_requested: bool,
     /// The submission's `Idempotency-Key`.
     pub idempotency_key: Option<String>,
+    /// The submission asked for a person's approval whatever the rules say (the gate
+    /// reads it; not part of the Run's view).
+    pub require_approval: bool,
     /// The W3C `traceparent` of the request that made it; `None` takes the plan's (an
     /// apply a step makes continues its plan's trace).
     pub traceparent: Option<String>,
@@ -282,11 +285,11 @@ pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
     Ok(select_runs!(
         with r#"WITH run AS (
                INSERT INTO runs (id, kind, workspace_id, capsule_id, run_group_id, plan_run_id, actor_kind,
-                                 actor_id, auto_apply_requested, idempotency_key,
+                                 actor_id, auto_apply_requested, idempotency_key, require_approval,
                                  source_commit, tree_digest, plan_digest, state_generation,
                                  provider_lock_state, provider_lock_digest, dependency_snapshot, tool_version,
                                  changes, injected_env_names, traceparent, var_names, vars_sealed)
-               SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+               SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $21,
                       p.source_commit, p.tree_digest, p.plan_digest, p.state_generation,
                       COALESCE(p.provider_lock_state, 'unknown'), p.provider_lock_digest, p.dependency_snapshot,
                       p.tool_version, p.changes, COALESCE(p.injected_env_names, '{}'),
@@ -329,6 +332,7 @@ pub async fn start<'e, E: sqlx::PgExecutor<'e>>(
         new.vars.as_ref().map(|v| v.sealed.as_slice()),
         start.wake.map(Topic::queue_name),
         RunMessage { run_id: id }.to_json(),
+        new.require_approval,
     )
     .fetch_one(executor)
     .await?)

@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 use takosumi_core::{ActorKind, RunId, RunKind, Topic};
 
 use super::{NewRun, Run, Start};
-use crate::{StoreError, Tx};
+use crate::StoreError;
 
 /// Who proposes an apply, and how it starts.
 #[derive(Debug)]
@@ -33,14 +33,15 @@ pub struct ApplyProposal<'a> {
 }
 
 /// Starts an Apply Run that carries out `plan`'s saved plan, through [`super::start`]
-/// (row with the plan's pins, `queued` event, activity, wake-up), plus the approval the
-/// proposal requires, in the caller's transaction. A second live apply of the same plan
-/// (or a reused Idempotency-Key) is a unique violation the caller answers.
-pub async fn propose_apply(
-    tx: &mut Tx,
+/// (row with the plan's pins and the approval the proposal requires, `queued` event,
+/// activity, wake-up): one statement, in the caller's transaction when it passes one.
+/// Answers the new Run as written. A second live apply of the same plan (or a reused
+/// Idempotency-Key) is a unique violation the caller answers.
+pub async fn propose_apply<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
     plan: &Run,
     p: ApplyProposal<'_>,
-) -> Result<RunId, StoreError> {
+) -> Result<Run, StoreError> {
     let new = NewRun {
         id: RunId::new(),
         kind: RunKind::Apply,
@@ -52,6 +53,7 @@ pub async fn propose_apply(
         actor_id: p.actor_id,
         auto_apply_requested: p.auto_apply_requested,
         idempotency_key: p.idempotency_key,
+        require_approval: p.require_approval,
         traceparent: p.traceparent,
         vars: None,
     };
@@ -75,9 +77,5 @@ pub async fn propose_apply(
         activity: Value::Object(activity),
         wake: p.wake,
     };
-    let id = super::start(tx.db(), &new, start).await?.id;
-    if p.require_approval {
-        super::hold::set_require_approval(tx, id).await?;
-    }
-    Ok(id)
+    super::start(executor, &new, start).await
 }
