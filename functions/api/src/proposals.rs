@@ -190,23 +190,20 @@ pub(crate) async fn propose_apply(
             ),
         ));
     }
-    // What the answer depends on besides the plan, read side by side (one round trip's
-    // wait, not four), then judged in the order below.
-    let (blocking, speculative, existing, pool) = tokio::try_join!(
-        takosumi_store::runs::unknown::unresolved_unknown_apply(&st.pool, plan.capsule_id),
-        takosumi_store::runs::source::speculative(&st.pool, plan.id),
-        runs::live_apply_of(&st.pool, plan.id),
-        takosumi_store::pools::of_capsule(&st.pool, plan.capsule_id),
-    )?;
+    // The checks and the proposal share one connection: one acquire, and no statement of
+    // the usual apply waits for another's connection.
+    let mut conn = st.pool.acquire().await?;
     // An unresolved unknown_outcome apply locks the Capsule against applies until an
     // operator resolves it; say so now rather than queue an apply that will be refused.
-    if let Some(blocking) = blocking {
+    if let Some(blocking) =
+        takosumi_store::runs::unknown::unresolved_unknown_apply(conn.db(), plan.capsule_id).await?
+    {
         return Err(ApiError::conflict(
             ErrorCode::CapsuleNeedsInspection,
             takosumi_store::runs::unknown::needs_inspection_message(blocking),
         ));
     }
-    if speculative {
+    if takosumi_store::runs::source::speculative(conn.db(), plan.id).await? {
         return Err(ApiError::conflict(
             ErrorCode::SpeculativePlan,
             format!(
@@ -244,7 +241,7 @@ pub(crate) async fn propose_apply(
             ),
         ));
     }
-    if let Some(existing) = existing {
+    if let Some(existing) = runs::live_apply_of(conn.db(), plan.id).await? {
         return Err(ApiError::conflict(
             ErrorCode::ApplyExists,
             format!("{existing} already applies this plan"),
@@ -253,7 +250,9 @@ pub(crate) async fn propose_apply(
     let actor = caller.actor();
     // A pool with no delivery key can never receive the saved plan: the apply fails at
     // once, with a code that says so, instead of being woken.
-    let undeliverable = pool.is_some_and(|p| p.delivery_key_id.is_none());
+    let undeliverable = takosumi_store::pools::of_capsule(conn.db(), plan.capsule_id)
+        .await?
+        .is_some_and(|p| p.delivery_key_id.is_none());
     let proposal = runs::ApplyProposal {
         actor_kind: actor_kind(caller),
         actor_id: caller.0.id.to_string(),
@@ -266,6 +265,7 @@ pub(crate) async fn propose_apply(
         wake: (!undeliverable).then_some(Topic::Gate),
     };
     let proposed = if undeliverable {
+        drop(conn);
         let mut tx = st.pool.begin().await?;
         match runs::propose_apply(tx.db(), plan, proposal).await {
             Ok(run) => {
@@ -281,8 +281,8 @@ pub(crate) async fn propose_apply(
     } else {
         // The usual apply is one statement that answers its row (as a plan's admission):
         // no transaction, no read after it.
-        let mut conn = st.pool.acquire().await?;
         let proposed = runs::propose_apply(conn.db(), plan, proposal).await;
+        drop(conn);
         if proposed.is_ok() {
             st.relay_wake.notify_one();
         }
