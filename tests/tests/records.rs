@@ -83,6 +83,20 @@ async fn call(
     ))
 }
 
+/// `GET /runs/{id}` as the admin sees it (200 asserted).
+async fn run_view(stack: &Stack, run: takosumi_core::RunId) -> anyhow::Result<Value> {
+    let (status, body) = call(
+        stack,
+        reqwest::Method::GET,
+        &format!("/api/v1/runs/{run}"),
+        &stack.admin_token,
+        None,
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    Ok(body)
+}
+
 async fn token(stack: &Stack, role: &str) -> anyhow::Result<String> {
     let token = format!("tks_{role}_{}", uuid::Uuid::new_v4().simple());
     takosumi_store::tokens::upsert(&stack.ctx.pool, &token, role, role, None).await?;
@@ -311,17 +325,9 @@ async fn a_plan_admission_answers_the_run_as_recorded() -> anyhow::Result<()> {
     .await?;
     assert_eq!(status, 202, "{answered}");
     let run: takosumi_core::RunId = answered["id"].as_str().unwrap().parse()?;
-    let (status, recorded) = call(
-        &stack,
-        reqwest::Method::GET,
-        &format!("/api/v1/runs/{run}"),
-        &stack.admin_token,
-        None,
-    )
-    .await?;
-    assert_eq!(status, 200, "{recorded}");
     assert_eq!(
-        answered, recorded,
+        answered,
+        run_view(&stack, run).await?,
         "the admission's answer is the recorded Run"
     );
     assert_eq!(answered["status"], "queued", "{answered}");
@@ -348,28 +354,17 @@ async fn a_plan_admission_answers_the_run_as_recorded() -> anyhow::Result<()> {
     .await?;
     assert_eq!(status, 202, "{answered}");
     let apply: takosumi_core::RunId = answered["id"].as_str().unwrap().parse()?;
-    let (_, recorded) = call(
-        &stack,
-        reqwest::Method::GET,
-        &format!("/api/v1/runs/{apply}"),
-        &stack.admin_token,
-        None,
-    )
-    .await?;
-    assert_eq!(answered, recorded, "the apply's answer is the recorded Run");
+    assert_eq!(
+        answered,
+        run_view(&stack, apply).await?,
+        "the apply's answer is the recorded Run"
+    );
     assert_eq!(
         (&answered["status"], &answered["planRunId"]),
         (&json!("queued"), &json!(run)),
         "{answered}"
     );
-    let (_, plan) = call(
-        &stack,
-        reqwest::Method::GET,
-        &format!("/api/v1/runs/{run}"),
-        &stack.admin_token,
-        None,
-    )
-    .await?;
+    let plan = run_view(&stack, run).await?;
     assert!(plan["planDigest"].is_string(), "{plan}");
     assert_eq!(
         (&answered["planDigest"], &answered["sourceSnapshot"]),
