@@ -119,13 +119,17 @@ pub(crate) async fn submit_plan(
         let mut tx = st.pool.begin().await?;
         match runs::start(tx.db(), &new, start).await {
             Ok(run) => {
-                // A hold changes the row, so the answer reads it again before the commit.
-                let id = run.id;
-                inputs.store_sensitive(&st, &mut tx, id).await?;
+                // The sensitive values have a table of their own; a hold changes the row,
+                // so only then does the answer read it again before the commit.
+                inputs.store_sensitive(&st, &mut tx, run.id).await?;
                 if hold_agent {
-                    crate::gates::hold_agent_plan(&mut tx, id, &caller).await?;
+                    crate::gates::hold_agent_plan(&mut tx, run.id, &caller).await?;
+                    Ok(commit_started(&st, tx, run.id).await?)
+                } else {
+                    tx.commit().await?;
+                    st.relay_wake.notify_one();
+                    Ok(run)
                 }
-                Ok(commit_started(&st, tx, id).await?)
             }
             Err(e) => Err(e),
         }
