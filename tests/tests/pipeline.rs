@@ -71,15 +71,51 @@ async fn network_example_plans_and_applies() -> anyhow::Result<()> {
     // The outputs above come from the state the apply wrote: no tool start to print them.
     assert_eq!(stack.tool_count("output"), 0);
 
-    // The sealed plan is wiped once its apply ends, and no object key is in any projection.
+    // The apply learnt the plan's sensitive values from its sealed JSON: no second `show`.
+    assert_eq!(stack.tool_count("show"), 1);
+    // Every pin in one order, whatever ran beside what: the plan file (placed beside the
+    // checkout, with the state and the environment), the source, the modules.
+    let steps: Vec<String> = stack
+        .client
+        .events(apply.id)
+        .await?
+        .into_iter()
+        .map(|e| match (e.data["pin"].as_str(), e.data["command"].as_str()) {
+            (Some(pin), _) => format!("{}:{pin}", e.kind),
+            (None, Some(command)) => format!("{}:{command}", e.kind),
+            _ => e.kind.to_string(),
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "queued",
+            "gate_decision",
+            "claimed",
+            "pin_checked:planDigest",
+            "environment_prepared",
+            "pin_checked:sourceSnapshot",
+            "pin_checked:dependencySnapshot",
+            "tool_started:init",
+            "tool_started:apply",
+            "state_version_written",
+            "applied"
+        ],
+        "{steps:?}"
+    );
+
+    // The sealed plan and its sealed JSON are wiped once its apply ends, and no object key
+    // is in any projection.
     let objects = stack
         .ctx
         .objects
         .list(&format!("runs/{}/", plan.id))
         .await?;
     assert!(
-        objects.iter().all(|k| !k.contains("plan.")),
-        "plan file not wiped: {objects:?}"
+        objects
+            .iter()
+            .all(|k| !k.contains("plan.") && !k.contains("show.")),
+        "plan file or plan JSON not wiped: {objects:?}"
     );
     let raw = reqwest::Client::new()
         .get(format!("{}/api/v1/runs/{}", stack.api_url, plan.id))

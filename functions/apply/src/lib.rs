@@ -158,12 +158,16 @@ fn fail(code: FailureCode, message: impl Into<String>) -> ApplyError {
 
 async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome, ApplyError> {
     let run_id = run.id;
-    let plan_run = runs::get(&ctx.pool, plan_run_id)
-        .await?
-        .ok_or_else(|| StepError::Poison(format!("plan {plan_run_id} is gone")))?;
-    let capsule = capsules::get(&ctx.pool, run.capsule_id)
-        .await?
-        .ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
+    // The plan, its sealed JSON's key and the Capsule, in one round trip's time.
+    let (plan_run, plan_fields, capsule) = tokio::try_join!(
+        runs::get(&ctx.pool, plan_run_id),
+        runs::hold::gate_fields(&ctx.pool, plan_run_id),
+        capsules::get(&ctx.pool, run.capsule_id),
+    )?;
+    let plan_run =
+        plan_run.ok_or_else(|| StepError::Poison(format!("plan {plan_run_id} is gone")))?;
+    let capsule =
+        capsule.ok_or_else(|| StepError::Poison(format!("capsule of {run_id} is gone")))?;
     let tool = capsule.tool;
     let (Some(plan_digest), Some(commit), Some(tree_digest), Some(generation)) = (
         plan_run.plan_digest.as_deref(),
@@ -177,7 +181,7 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         ));
     };
 
-    // Pin 1: the sealed plan opens under the plan Run's id and hashes to planDigest.
+    // Pin 1 is checked when the pipeline places the plan (NodeApplyHost::place_plan).
     let Some(plan_key) = plan_run.plan_object_key.as_deref() else {
         return Err(fail(
             FailureCode::StalePlan,
@@ -188,44 +192,8 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         .runner
         .workdir(&run_id.to_string())
         .map_err(runner_err)?;
-    // Streamed from storage into the run directory: memory stays bounded whatever the
-    // plan's size.
-    match plan_commit::fetch_plan_file(ctx, plan_run_id, plan_key, plan_digest, &wd).await {
-        Ok(()) => {}
-        Err(PlanFetchError::Missing) => {
-            return Err(fail(
-                FailureCode::PlanDigestMismatch,
-                "the sealed plan file is missing from storage; plan again",
-            ));
-        }
-        Err(PlanFetchError::UnknownKey) => {
-            return Err(fail(
-                FailureCode::PlanDigestMismatch,
-                "the sealed plan was sealed with a key this server does not hold; plan again",
-            ));
-        }
-        Err(PlanFetchError::DoesNotOpen) => {
-            return Err(fail(
-                FailureCode::PlanDigestMismatch,
-                "the sealed plan file does not open for this plan (altered, or moved from another run); nothing was applied; plan again",
-            ));
-        }
-        Err(PlanFetchError::DigestMismatch) => {
-            return Err(fail(
-                FailureCode::PlanDigestMismatch,
-                "the saved plan does not match the digest that was reviewed; nothing was applied; plan again",
-            ));
-        }
-        Err(PlanFetchError::Step(e)) => return Err(e.into()),
-    }
-    ctx.event(
-        run_id,
-        EventKind::PinChecked,
-        serde_json::json!({ "pin": "planDigest", "planDigest": plan_digest }),
-    )
-    .await;
 
-    // Pins 2–6 and the tool: the pipeline both hosts run (takosumi_steps::apply).
+    // Pins 1–6 and the tool: the pipeline both hosts run (takosumi_steps::apply).
     let host = NodeApplyHost {
         ctx,
         run_id,
@@ -233,6 +201,8 @@ async fn apply(ctx: &Ctx, run: &runs::Run, plan_run_id: RunId) -> Result<Outcome
         plan_run: &plan_run,
         generation,
         plan_key,
+        plan_json_key: plan_fields.and_then(|f| f.plan_json_object_key),
+        plan_digest,
     };
     let inputs = takosumi_steps::ApplyInputs {
         tool,
@@ -270,6 +240,11 @@ struct NodeApplyHost<'a> {
     generation: i64,
     /// The plan Run's sealed plan, wiped once the tool ran.
     plan_key: &'a str,
+    /// The plan Run's sealed `show -json` (none: an older plan's, or none kept), read
+    /// before the tool runs and wiped with the plan.
+    plan_json_key: Option<String>,
+    /// The reviewed plan's digest.
+    plan_digest: &'a str,
 }
 
 impl takosumi_steps::Host for NodeApplyHost<'_> {
@@ -313,6 +288,49 @@ impl takosumi_steps::Host for NodeApplyHost<'_> {
 }
 
 impl takosumi_steps::ApplyHost for NodeApplyHost<'_> {
+    async fn place_plan(&self, wd: &Workdir) -> Result<(), ApplyError> {
+        // Pin 1: the sealed plan opens under the plan Run's id and hashes to planDigest.
+        // Streamed from storage into the run directory: memory stays bounded whatever the
+        // plan's size.
+        let (plan_run_id, digest) = (self.plan_run.id, self.plan_digest);
+        match plan_commit::fetch_plan_file(self.ctx, plan_run_id, self.plan_key, digest, wd).await {
+            Ok(()) => {}
+            Err(PlanFetchError::Missing) => {
+                return Err(fail(
+                    FailureCode::PlanDigestMismatch,
+                    "the sealed plan file is missing from storage; plan again",
+                ));
+            }
+            Err(PlanFetchError::UnknownKey) => {
+                return Err(fail(
+                    FailureCode::PlanDigestMismatch,
+                    "the sealed plan was sealed with a key this server does not hold; plan again",
+                ));
+            }
+            Err(PlanFetchError::DoesNotOpen) => {
+                return Err(fail(
+                    FailureCode::PlanDigestMismatch,
+                    "the sealed plan file does not open for this plan (altered, or moved from another run); nothing was applied; plan again",
+                ));
+            }
+            Err(PlanFetchError::DigestMismatch) => {
+                return Err(fail(
+                    FailureCode::PlanDigestMismatch,
+                    "the saved plan does not match the digest that was reviewed; nothing was applied; plan again",
+                ));
+            }
+            Err(PlanFetchError::Step(e)) => return Err(e.into()),
+        }
+        self.ctx
+            .event(
+                self.run_id,
+                EventKind::PinChecked,
+                serde_json::json!({ "pin": "planDigest", "planDigest": digest }),
+            )
+            .await;
+        Ok(())
+    }
+
     async fn install_lockfile(&self, wd: &Workdir) -> Result<Option<String>, ApplyError> {
         // Pin 4: the provider lockfile the plan recorded, installed before init.
         install_lockfile(self.ctx, wd, self.plan_run).await
@@ -321,7 +339,11 @@ impl takosumi_steps::ApplyHost for NodeApplyHost<'_> {
     async fn plan_show(&self) -> Option<serde_json::Value> {
         // Sealed with the server key beside the plan file, by the same plan step: what
         // `show -json` of the verified plan file would print. Unreadable, the tool is asked.
-        match plan_commit::read_plan_json(self.ctx, self.plan_run.id).await {
+        let Some(key) = self.plan_json_key.as_deref() else {
+            tracing::warn!(run_id = %self.run_id, "the plan kept no sealed JSON; running show -json instead");
+            return None;
+        };
+        match plan_commit::read_plan_json_at(self.ctx, self.plan_run.id, key).await {
             Ok(show) => Some(show),
             Err(e) => {
                 tracing::warn!(run_id = %self.run_id, error = %e, "the plan's sealed JSON is unreadable; running show -json instead");
@@ -331,7 +353,8 @@ impl takosumi_steps::ApplyHost for NodeApplyHost<'_> {
     }
 
     async fn after_tool(&self) {
-        unrecorded::wipe_sealed_plan(self.ctx, self.plan_run.id, self.plan_key).await;
+        let json = self.plan_json_key.as_deref();
+        unrecorded::wipe_sealed_plan(self.ctx, self.plan_run.id, self.plan_key, json).await;
     }
 }
 

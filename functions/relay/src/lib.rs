@@ -745,6 +745,32 @@ impl takosumi_steps::Host for RelayHost<'_> {
 }
 
 impl takosumi_steps::ApplyHost for RelayHost<'_> {
+    async fn place_plan(&self, wd: &Workdir) -> Result<(), JobFailure> {
+        let JobWork::Apply(work) = &self.spec.work else {
+            return Err(internal("a job without a plan has no plan to place"));
+        };
+        // The saved plan, sealed to this pool's delivery key; it must hash to the reviewed
+        // digest.
+        let mut plan_bytes = open(
+            self.settings,
+            self.spec,
+            "plan",
+            Some(&work.plan),
+            Purpose::Plan,
+        )?
+        .ok_or_else(|| failure("delivery_key_unopenable", "the job carries no plan file"))?;
+        if sha256_hex(&plan_bytes) != work.plan_digest {
+            plan_bytes.zeroize();
+            return Err(failure(
+                "stale_plan",
+                "the delivered plan does not match the reviewed digest; nothing was applied; plan again",
+            ));
+        }
+        let written = self.runner.write_plan_file(wd, &plan_bytes);
+        plan_bytes.zeroize();
+        written.map_err(internal)
+    }
+
     async fn install_lockfile(&self, wd: &Workdir) -> Result<Option<String>, JobFailure> {
         // A one-step apply has no plan and so no lockfile of its own.
         let JobWork::Apply(pinned) = &self.spec.work else {
@@ -981,7 +1007,7 @@ async fn apply(
             };
             takosumi_steps::one_step_apply(&host, runner, wd, &inputs).await
         }
-        Pinned::Plan(work) => pinned_apply(&host, runner, work, wd, tool).await?,
+        Pinned::Plan(work) => pinned_apply(&host, runner, work, wd, tool).await,
     }
     .map_err(|e| match e {
         takosumi_steps::PlanError::Runner(e) => {
@@ -999,22 +1025,9 @@ async fn pinned_apply(
     work: &ApplyJob,
     wd: &Workdir,
     tool: Tool,
-) -> Result<Result<takosumi_steps::ApplyOutput, takosumi_steps::PlanError<JobFailure>>, JobFailure>
-{
-    let settings = host.settings;
-    // The saved plan, sealed to this pool's delivery key; it must hash to the reviewed digest.
-    let mut plan_bytes = open(settings, host.spec, "plan", Some(&work.plan), Purpose::Plan)?
-        .ok_or_else(|| failure("delivery_key_unopenable", "the job carries no plan file"))?;
-    if sha256_hex(&plan_bytes) != work.plan_digest {
-        plan_bytes.zeroize();
-        return Err(failure(
-            "stale_plan",
-            "the delivered plan does not match the reviewed digest; nothing was applied; plan again",
-        ));
-    }
-    let written = runner.write_plan_file(wd, &plan_bytes);
-    plan_bytes.zeroize();
-    written.map_err(internal)?;
+) -> Result<takosumi_steps::ApplyOutput, takosumi_steps::PlanError<JobFailure>> {
+    // The delivered plan is placed (and checked) by the pipeline, beside the checkout
+    // (RelayHost::place_plan).
     let src = &work.source;
     let inputs = takosumi_steps::ApplyInputs {
         tool,
@@ -1028,7 +1041,7 @@ async fn pinned_apply(
         plan_kind: work.plan_kind,
         plan_digest: work.plan_digest.clone(),
     };
-    Ok(takosumi_steps::apply(host, runner, wd, inputs).await)
+    takosumi_steps::apply(host, runner, wd, inputs).await
 }
 
 /// What the apply left, handed back to the control node (which seals and records it).

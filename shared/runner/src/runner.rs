@@ -818,6 +818,16 @@ impl Runner {
         workdir::wipe_file(wd.plan_path())
     }
 
+    /// [`Self::wipe_plan_file`] on the blocking pool: its sync to the disk holds no async
+    /// thread, and whatever runs beside it goes on.
+    pub async fn wipe_plan_file_async(&self, wd: &Workdir) -> Result<(), RunnerError> {
+        workdir::ensure_inside(wd.root(), wd.plan_path())?;
+        let path = wd.plan_path().to_owned();
+        tokio::task::spawn_blocking(move || workdir::wipe_file(&path))
+            .await
+            .map_err(|e| RunnerError::io("wiping the plan file", std::io::Error::other(e)))?
+    }
+
     // ---- processes ------------------------------------------------------------------
 
     /// The tool's entire environment: the fixed entries, then the run's own.

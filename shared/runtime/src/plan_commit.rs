@@ -495,9 +495,18 @@ pub async fn read_plan_json(
     let key = fields.plan_json_object_key.ok_or_else(|| {
         StepError::Internal(format!("plan {plan_run_id} kept no plan JSON").into())
     })?;
+    read_plan_json_at(ctx, plan_run_id, &key).await
+}
+
+/// [`read_plan_json`] when its key (the plan Run's `plan_json_object_key`) is known.
+pub async fn read_plan_json_at(
+    ctx: &Ctx,
+    plan_run_id: takosumi_core::RunId,
+    key: &str,
+) -> Result<serde_json::Value, StepError> {
     let sealed = ctx
         .objects
-        .get(&key, MAX_PLAN_JSON)
+        .get(key, MAX_PLAN_JSON)
         .await
         .map_err(object_err)?;
     let bytes = ctx

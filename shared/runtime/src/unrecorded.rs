@@ -197,15 +197,25 @@ pub async fn end_unknown_outcome(
 }
 
 /// The plan file is a secret: once its apply ends, the sealed plan and the sealed plan
-/// JSON (which carries the same values) go too. A failed delete leaves them sealed.
-pub async fn wipe_sealed_plan(ctx: &Ctx, plan_run_id: RunId, plan_key: &str) {
-    if let Err(e) = ctx.objects.delete(plan_key).await {
-        tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan; it stays sealed");
-    }
-    if let Ok(Some(fields)) = takosumi_store::runs::hold::gate_fields(&ctx.pool, plan_run_id).await
-        && let Some(show_key) = fields.plan_json_object_key
-        && let Err(e) = ctx.objects.delete(&show_key).await
-    {
-        tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan JSON; it stays sealed");
-    }
+/// JSON (`json_key`, the plan Run's `plan_json_object_key`; it carries the same values) go
+/// too, side by side. A failed delete leaves them sealed.
+pub async fn wipe_sealed_plan(
+    ctx: &Ctx,
+    plan_run_id: RunId,
+    plan_key: &str,
+    json_key: Option<&str>,
+) {
+    let plan = async {
+        if let Err(e) = ctx.objects.delete(plan_key).await {
+            tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan; it stays sealed");
+        }
+    };
+    let json = async {
+        if let Some(key) = json_key
+            && let Err(e) = ctx.objects.delete(key).await
+        {
+            tracing::warn!(%plan_run_id, error = %e, "could not delete the sealed plan JSON; it stays sealed");
+        }
+    };
+    tokio::join!(plan, json);
 }

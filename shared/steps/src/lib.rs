@@ -133,6 +133,11 @@ pub trait PlanHost: Host {
 
 /// What a pinned apply needs of its host besides [`Host`].
 pub trait ApplyHost: Host {
+    /// Puts the reviewed saved plan at the run directory's `plan_path()`, checked against
+    /// its digest (a failure names the pin), and reports that pin. Runs beside the checkout,
+    /// which neither reads nor writes the plan file: its fetch and unsealing do not delay git.
+    fn place_plan(&self, wd: &Workdir) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
     /// Installs the provider lockfile the plan recorded into the Capsule directory, before
     /// init; returns its digest (`None`: the plan was provider-free).
     fn install_lockfile(
@@ -142,10 +147,11 @@ pub trait ApplyHost: Host {
 
     /// The saved plan's `show -json` as its plan sealed it, when this host has it: the
     /// apply then learns the plan's sensitive values without starting the tool a second
-    /// time. `None` runs `show -json` on the saved plan instead.
+    /// time. `None` runs `show -json` on the saved plan instead. Asked while `init` runs.
     fn plan_show(&self) -> impl Future<Output = Option<Value>> + Send;
 
     /// Called once the apply tool has run (whatever its result): the saved plan is used up.
+    /// Runs beside the local plan file's wipe and the storing of the tool's output.
     fn after_tool(&self) -> impl Future<Output = ()> + Send;
 }
 
@@ -481,8 +487,9 @@ pub async fn plan<H: PlanHost>(
 }
 
 /// What a pinned apply runs: the plan's commit and tree and its dependency snapshot. The
-/// host has already put the saved plan at the run directory's `plan_path()` (its digest
-/// checked against the reviewed one); the pipeline wipes it once the tool ran.
+/// host puts the saved plan at the run directory's `plan_path()` (its digest checked
+/// against the reviewed one, [`ApplyHost::place_plan`]); the pipeline wipes it once the
+/// tool ran.
 pub struct ApplyInputs {
     /// The Capsule's tool.
     pub tool: Tool,
@@ -592,10 +599,16 @@ fn applied_outputs(state: Option<&[u8]>, masker: &Masker) -> ApplyEnd {
     ApplyEnd::Applied { outputs: public }
 }
 
-/// A pinned apply: the plan's commit and tree → state → backend override → the plan's
-/// lockfile → environment → the plan's modules (`dependency_changed` unless they digest
-/// to the plan's snapshot) → init (`lockfile_mismatch` if it changed the lockfile) → the
-/// saved plan's sensitive values into the masker → `apply <plan>`.
+/// A pinned apply: the reviewed plan file placed (its digest checked), and beside it the
+/// plan's commit and tree checked out; the state (its generation) restored and the
+/// environment prepared beside the checkout too, as a plan does → backend override → the
+/// plan's lockfile → the plan's modules (`dependency_changed` unless they digest to the
+/// plan's snapshot) → init (`lockfile_mismatch` if it changed the lockfile) → the saved
+/// plan's sensitive values into the masker → `apply <plan>`.
+///
+/// Pins are reported in one order on every host: `planDigest` (the host's), then
+/// `environment_prepared`, then `sourceSnapshot`, then `dependencySnapshot`. A pin the
+/// host checks beside the checkout fails the Run before a checkout's failure does.
 pub async fn apply<H: ApplyHost>(
     host: &H,
     runner: &Runner,
@@ -607,16 +620,25 @@ pub async fn apply<H: ApplyHost>(
     // start delays git's a little (a plan starts it once its first event is written, see
     // `checkout_and_prepare`); an apply writes nothing before its checkout.
     runner.start_step_sandbox(wd);
-    let source = match runner
-        .checkout(
-            wd,
-            &inputs.repo,
-            &inputs.branch,
-            Some(&inputs.commit),
-            &inputs.dir,
-        )
-        .await
-    {
+    let checkout = runner.checkout(
+        wd,
+        &inputs.repo,
+        &inputs.branch,
+        Some(&inputs.commit),
+        &inputs.dir,
+    );
+    // Nothing here reads the checkout: the plan file, the state and the environment each
+    // have their own place in the run directory (see `checkout_and_prepare`).
+    let beside = async {
+        host.place_plan(wd).await?;
+        let restored = host.restore_state(runner, wd).await?;
+        let env = host.tool_env(wd).await?;
+        Ok((restored, env))
+    };
+    // Boxed: the two futures inline make a step's future type too deep for the compiler.
+    let (source, beside) = tokio::join!(Box::pin(checkout), Box::pin(beside));
+    let (restored, env) = beside.map_err(PlanError::Host)?;
+    let source = match source {
         Ok(s) => s,
         Err(e @ RunnerError::CommitNotFound(_)) => {
             return Err(PlanError::Fail(
@@ -637,15 +659,10 @@ pub async fn apply<H: ApplyHost>(
         json!({ "pin": "sourceSnapshot", "commit": inputs.commit }),
     )
     .await;
-    let restored = host
-        .restore_state(runner, wd)
-        .await
-        .map_err(PlanError::Host)?;
     runner
         .write_backend_override(wd)
         .map_err(|e| tool_failure(e, "writing the backend override"))?;
     let expected_lock = host.install_lockfile(wd).await.map_err(PlanError::Host)?;
-    let env = host.tool_env(wd).await.map_err(PlanError::Host)?;
     let masker = env.masker();
 
     // The plan's modules, downloaded again and accepted only when they digest (with the
@@ -685,7 +702,11 @@ pub async fn apply<H: ApplyHost>(
     )
     .await;
 
-    let init = tool_started(host, "init", runner.init_without_get(wd, tool, &env)).await;
+    // The plan's sealed `show -json` is read while init runs (neither needs the other).
+    let (init, sealed_show) = tokio::join!(
+        tool_started(host, "init", runner.init_without_get(wd, tool, &env)),
+        host.plan_show()
+    );
     log_result(host, "init", masker, &init).await;
     init.map_err(|e| tool_failure(e, "init failed"))?;
     let lock_after = runner
@@ -700,7 +721,7 @@ pub async fn apply<H: ApplyHost>(
 
     // Everything the saved plan marks sensitive joins the masker before apply prints: from
     // the plan's own sealed `show -json` when the host has it, else from the tool.
-    let show = match host.plan_show().await {
+    let show = match sealed_show {
         Some(show) => show,
         None => {
             // `show` starts the configuration's providers, which could rewrite the saved
@@ -730,8 +751,17 @@ pub async fn apply<H: ApplyHost>(
     host.event(EventKind::ToolStarted, json!({ "command": "apply" }))
         .await;
     let applied = runner.apply(wd, tool, &env).await;
-    let _ = runner.wipe_plan_file(wd);
-    host.after_tool().await;
+    // The plan is used up: the local file's wipe (a sync to the disk), the host's and the
+    // tool's output stored, side by side; all are done before anything is recorded.
+    let wipe = async {
+        let _ = runner.wipe_plan_file_async(wd).await;
+    };
+    let log = async {
+        if let Ok(a) = &applied {
+            host.log("apply", masker, &a.output).await;
+        }
+    };
+    tokio::join!(wipe, host.after_tool(), log);
     let applied = match applied {
         Ok(a) => a,
         // Killed mid-run at its time limit: it may have changed infrastructure.
@@ -740,7 +770,6 @@ pub async fn apply<H: ApplyHost>(
         }
         Err(e) => return Err(PlanError::Runner(e)),
     };
-    host.log("apply", masker, &applied.output).await;
     if !applied.success() && takosumi_runner::is_stale_plan(&applied) {
         return Err(PlanError::Fail(
             FailureCode::StalePlan,

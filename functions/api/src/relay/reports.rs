@@ -483,7 +483,9 @@ pub(super) async fn applied(
     if let Some(plan_run) = &plan_run
         && let Some(key) = &plan_run.plan_object_key
     {
-        unrecorded::wipe_sealed_plan(&st.ctx, plan_run.id, key).await;
+        let fields = takosumi_store::runs::hold::gate_fields(&st.ctx.pool, plan_run.id).await;
+        let json_key = fields.ok().flatten().and_then(|f| f.plan_json_object_key);
+        unrecorded::wipe_sealed_plan(&st.ctx, plan_run.id, key, json_key.as_deref()).await;
     }
     Ok(Json(
         json!({ "runId": run_id, "status": if req.success { "applied" } else { "failed" }, "stateGeneration": new_generation }),
