@@ -80,11 +80,13 @@ async fn network_example_plans_and_applies() -> anyhow::Result<()> {
         .events(apply.id)
         .await?
         .into_iter()
-        .map(|e| match (e.data["pin"].as_str(), e.data["command"].as_str()) {
-            (Some(pin), _) => format!("{}:{pin}", e.kind),
-            (None, Some(command)) => format!("{}:{command}", e.kind),
-            _ => e.kind.to_string(),
-        })
+        .map(
+            |e| match (e.data["pin"].as_str(), e.data["command"].as_str()) {
+                (Some(pin), _) => format!("{}:{pin}", e.kind),
+                (None, Some(command)) => format!("{}:{command}", e.kind),
+                _ => e.kind.to_string(),
+            },
+        )
         .collect();
     assert_eq!(
         steps,
