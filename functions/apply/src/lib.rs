@@ -293,33 +293,26 @@ impl takosumi_steps::ApplyHost for NodeApplyHost<'_> {
         // Streamed from storage into the run directory: memory stays bounded whatever the
         // plan's size.
         let (plan_run_id, digest) = (self.plan_run.id, self.plan_digest);
-        match plan_commit::fetch_plan_file(self.ctx, plan_run_id, self.plan_key, digest, wd).await {
-            Ok(()) => {}
+        let fetched =
+            plan_commit::fetch_plan_file(self.ctx, plan_run_id, self.plan_key, digest, wd).await;
+        let refused = match fetched {
+            Ok(()) => None,
             Err(PlanFetchError::Missing) => {
-                return Err(fail(
-                    FailureCode::PlanDigestMismatch,
-                    "the sealed plan file is missing from storage; plan again",
-                ));
+                Some("the sealed plan file is missing from storage; plan again")
             }
             Err(PlanFetchError::UnknownKey) => {
-                return Err(fail(
-                    FailureCode::PlanDigestMismatch,
-                    "the sealed plan was sealed with a key this server does not hold; plan again",
-                ));
+                Some("the sealed plan was sealed with a key this server does not hold; plan again")
             }
-            Err(PlanFetchError::DoesNotOpen) => {
-                return Err(fail(
-                    FailureCode::PlanDigestMismatch,
-                    "the sealed plan file does not open for this plan (altered, or moved from another run); nothing was applied; plan again",
-                ));
-            }
-            Err(PlanFetchError::DigestMismatch) => {
-                return Err(fail(
-                    FailureCode::PlanDigestMismatch,
-                    "the saved plan does not match the digest that was reviewed; nothing was applied; plan again",
-                ));
-            }
+            Err(PlanFetchError::DoesNotOpen) => Some(
+                "the sealed plan file does not open for this plan (altered, or moved from another run); nothing was applied; plan again",
+            ),
+            Err(PlanFetchError::DigestMismatch) => Some(
+                "the saved plan does not match the digest that was reviewed; nothing was applied; plan again",
+            ),
             Err(PlanFetchError::Step(e)) => return Err(e.into()),
+        };
+        if let Some(message) = refused {
+            return Err(fail(FailureCode::PlanDigestMismatch, message));
         }
         self.ctx
             .event(
