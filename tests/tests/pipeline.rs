@@ -73,21 +73,40 @@ async fn network_example_plans_and_applies() -> anyhow::Result<()> {
 
     // The apply learnt the plan's sensitive values from its sealed JSON: no second `show`.
     assert_eq!(stack.tool_count("show"), 1);
-    // Every pin in one order, whatever ran beside what: the plan file (placed beside the
-    // checkout, with the state and the environment), the source, the modules.
-    let steps: Vec<String> = stack
-        .client
-        .events(apply.id)
-        .await?
-        .into_iter()
-        .map(
-            |e| match (e.data["pin"].as_str(), e.data["command"].as_str()) {
-                (Some(pin), _) => format!("{}:{pin}", e.kind),
-                (None, Some(command)) => format!("{}:{command}", e.kind),
-                _ => e.kind.to_string(),
-            },
-        )
-        .collect();
+    // Each Run's progress in one order, whatever ran beside what (events written beside the
+    // work they report, the scan's report and its event as one statement).
+    let steps_of = |events: Vec<takosumi_client::RunEvent>| -> Vec<String> {
+        events
+            .into_iter()
+            .map(
+                |e| match (e.data["pin"].as_str(), e.data["command"].as_str()) {
+                    (Some(pin), _) => format!("{}:{pin}", e.kind),
+                    (None, Some(command)) => format!("{}:{command}", e.kind),
+                    _ => e.kind.to_string(),
+                },
+            )
+            .collect()
+    };
+    let steps = steps_of(stack.client.events(plan.id).await?);
+    assert_eq!(
+        steps,
+        [
+            "queued",
+            "claimed",
+            "checkout_started",
+            "environment_prepared",
+            "checked_out",
+            "dry_run_scan",
+            "tool_started:init",
+            "tool_started:plan",
+            "planned",
+            "gate_decision"
+        ],
+        "{steps:?}"
+    );
+    // Every pin of the apply: the plan file (placed beside the checkout, with the state and
+    // the environment), the source, the modules.
+    let steps = steps_of(stack.client.events(apply.id).await?);
     assert_eq!(
         steps,
         [

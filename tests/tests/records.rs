@@ -1410,8 +1410,8 @@ async fn cli_watches_follows_and_applies() -> anyhow::Result<()> {
     stack.stop().await
 }
 
-/// A Run's progress (its events, its log, the dry-run scan report) is written by one
-/// statement each that commits without waiting for the disk; a state change waits. A
+/// A Run's progress (its events, its log, the dry-run scan report with its event) is written
+/// by one statement each that commits without waiting for the disk; a state change waits. A
 /// trigger in this test's database records the setting in force in the transaction of each
 /// write; the setting is the statement's own and the session's default is back after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1447,7 +1447,7 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
     let actor = "test";
     events::append_progress(&pool, run, EventKind::CheckoutStarted, actor, json!({})).await?;
     logs::append_progress(&pool, run, &[("init", "one"), ("plan", "two\0")]).await?;
-    plan_record::set_scan_report_progress(&pool, run, &json!({"findings": []})).await?;
+    plan_record::set_scan_report_progress(&pool, run, &json!({"findings": []}), actor).await?;
     // A state change's event, written the ordinary way.
     events::append(&pool, run, EventKind::Planned, actor, json!({})).await?;
     // A wake-up claimed and marked sent: a claim or a mark a crash loses is one more
@@ -1483,7 +1483,9 @@ async fn only_progress_commits_without_waiting_for_the_disk() -> anyhow::Result<
             ("run_events", "off"),
             ("run_logs", "off"),
             ("run_logs", "off"),
+            // the scan report and its event, one statement
             ("runs", "off"),
+            ("run_events", "off"),
             ("run_events", "on"),
             ("outbox claim", "off"),
             ("outbox", "off"),

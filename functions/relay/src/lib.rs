@@ -813,17 +813,22 @@ impl takosumi_steps::OneStepHost for RelayHost<'_> {
 
 impl takosumi_steps::PlanHost for RelayHost<'_> {
     async fn record_scan(&self, report: &Value) -> Result<(), JobFailure> {
-        // The report as audit evidence, recorded at once (a refused plan keeps it too).
-        let report: ScanReport = serde_json::from_value(report.clone()).map_err(internal)?;
+        // The report as audit evidence, recorded at once (a refused plan keeps it too),
+        // while the event is reported.
+        let scan_report: ScanReport = serde_json::from_value(report.clone()).map_err(internal)?;
         let body = ScanResult {
-            scan_report: report,
+            scan_report,
             commit: None,
         };
-        self.job
-            .api
-            .post::<IgnoredAny>(&self.job.run, &self.job.claim, "scanned", &body)
-            .await
-            .map_err(internal)?;
+        let recorded =
+            self.job
+                .api
+                .post::<IgnoredAny>(&self.job.run, &self.job.claim, "scanned", &body);
+        let ((), recorded) = tokio::join!(
+            self.job.event(EventKind::DryRunScan, report.clone()),
+            recorded
+        );
+        recorded.map_err(internal)?;
         Ok(())
     }
 

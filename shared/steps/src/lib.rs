@@ -92,7 +92,8 @@ pub trait Host: Sync {
 /// What a plan pipeline needs of its host besides [`Host`].
 pub trait PlanHost: Host {
     /// Records the dry-run scan report on the Run (its audit evidence), as soon as it is
-    /// made: a plan refused for it keeps it too.
+    /// made: a plan refused for it keeps it too. Reports the `dry_run_scan` event with it
+    /// (the report is its data): a host that writes both at once saves a round trip.
     fn record_scan(&self, report: &Value) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Keeps the provider lockfile read right after `init` (`None`: a provider-free run)
@@ -302,18 +303,21 @@ async fn checkout_and_prepare<H: Host>(
     let (source, beside) = tokio::join!(Box::pin(fetch), Box::pin(beside));
     let beside = beside.map_err(PlanError::Host)?;
     let (source, (restored, env)) = (source?, beside?);
-    host.event(
+    let tool_version = beside_event(
+        host,
         EventKind::CheckedOut,
         json!({ "commit": source.commit, "treeDigest": source.tree_digest }),
+        async {
+            runner
+                .write_backend_override(wd)
+                .map_err(|e| tool_failure(e, "writing the backend override"))?;
+            runner
+                .version(tool, &env)
+                .await
+                .map_err(|e| tool_failure(e, "reading the tool version"))
+        },
     )
-    .await;
-    runner
-        .write_backend_override(wd)
-        .map_err(|e| tool_failure(e, "writing the backend override"))?;
-    let tool_version = runner
-        .version(tool, &env)
-        .await
-        .map_err(|e| tool_failure(e, "reading the tool version"))?;
+    .await?;
     Ok((source, restored, env, tool_version))
 }
 
@@ -368,14 +372,9 @@ pub async fn plan<H: PlanHost>(
     // what the scan read: the report is evidence of exactly this module tree
     report.modules_digest = Some(modules_digest.clone());
     let scan_report = report.to_json();
-    beside_event(
-        host,
-        EventKind::DryRunScan,
-        scan_report.clone(),
-        host.record_scan(&scan_report),
-    )
-    .await
-    .map_err(PlanError::Host)?;
+    host.record_scan(&scan_report)
+        .await
+        .map_err(PlanError::Host)?;
     if inputs.speculative && !report.is_clean() {
         let named: Vec<String> = report
             .findings
@@ -654,15 +653,18 @@ pub async fn apply<H: ApplyHost>(
             "the checked-out source differs from the plan's; plan again".into(),
         ));
     }
-    host.event(
+    let expected_lock = beside_event(
+        host,
         EventKind::PinChecked,
         json!({ "pin": "sourceSnapshot", "commit": inputs.commit }),
+        async {
+            runner
+                .write_backend_override(wd)
+                .map_err(|e| tool_failure(e, "writing the backend override"))?;
+            host.install_lockfile(wd).await.map_err(PlanError::Host)
+        },
     )
-    .await;
-    runner
-        .write_backend_override(wd)
-        .map_err(|e| tool_failure(e, "writing the backend override"))?;
-    let expected_lock = host.install_lockfile(wd).await.map_err(PlanError::Host)?;
+    .await?;
     let masker = env.masker();
 
     // The plan's modules, downloaded again and accepted only when they digest (with the
@@ -696,15 +698,20 @@ pub async fn apply<H: ApplyHost>(
             "the modules downloaded for this apply differ from the ones the plan used (a module source changed since the plan); nothing was applied; plan again".into(),
         ));
     }
-    host.event(
-        EventKind::PinChecked,
-        json!({ "pin": "dependencySnapshot", "dependencySnapshot": planned }),
-    )
-    .await;
-
-    // The plan's sealed `show -json` is read while init runs (neither needs the other).
-    let (init, sealed_show) = tokio::join!(
-        tool_started(host, "init", runner.init_without_get(wd, tool, &env)),
+    // init starts once the pin holds; the pin and init's start are recorded beside it, in
+    // that order. The plan's sealed `show -json` is read meanwhile (neither needs the other).
+    let recorded = async {
+        host.event(
+            EventKind::PinChecked,
+            json!({ "pin": "dependencySnapshot", "dependencySnapshot": planned }),
+        )
+        .await;
+        host.event(EventKind::ToolStarted, json!({ "command": "init" }))
+            .await;
+    };
+    let ((), init, sealed_show) = tokio::join!(
+        recorded,
+        runner.init_without_get(wd, tool, &env),
         host.plan_show()
     );
     log_result(host, "init", masker, &init).await;
