@@ -336,12 +336,11 @@ impl takosumi_steps::Host for NodeHost<'_> {
 
 impl takosumi_steps::PlanHost for NodeHost<'_> {
     async fn record_scan(&self, report: &serde_json::Value) -> Result<(), PlanError> {
-        let actor = format!("handler:{}", self.ctx.owner);
         takosumi_store::runs::plan_record::set_scan_report_progress(
             &self.ctx.pool,
             self.run.id,
             report,
-            &actor,
+            &self.ctx.actor(),
         )
         .await?;
         Ok(())

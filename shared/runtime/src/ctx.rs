@@ -111,10 +111,15 @@ impl Ctx {
         })
     }
 
+    /// Who this process's events name: `handler:<owner>`.
+    pub fn actor(&self) -> String {
+        format!("handler:{}", self.owner)
+    }
+
     /// Records an event on a Run; a failure to record is logged, never fatal to the step.
     /// Progress: committed without waiting for the disk ([`takosumi_store::progress`]).
     pub async fn event(&self, run_id: RunId, kind: EventKind, data: serde_json::Value) {
-        let actor = format!("handler:{}", self.owner);
+        let actor = self.actor();
         let recorded =
             takosumi_store::events::append_progress(&self.pool, run_id, kind, &actor, data);
         if let Err(e) = recorded.await {

@@ -128,7 +128,7 @@ impl Ctx {
         if let Some(capsule_id) = capsule_for_apply {
             runs::release_capsule_and_wake_next(&mut tx, capsule_id, run_id).await?;
         }
-        let actor = format!("handler:{}", self.owner);
+        let actor = self.actor();
         events::append(
             tx.db(),
             run_id,
