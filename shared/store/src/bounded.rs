@@ -9,7 +9,9 @@
 //! *answer bound*: the session's `statement_timeout` plus [`ANSWER_MARGIN`] (the time a
 //! cancellation's error takes to arrive), after which the statement fails with a retryable
 //! I/O error (`TimedOut`). Its connection goes back to the pool only once the server answers
-//! again (sqlx pings every connection it takes back).
+//! again: the pool reads what a connection still owes (that answer, a queued rollback, a
+//! result dropped half read) before taking it back, and takes back one that owes nothing at
+//! once, with no round trip (the patched release of `shared/vendor/sqlx-core`).
 //! A statement taken straight from the pool may first wait for a connection, so its first
 //! answer may take the acquire timeout longer. A stream of rows gets the bound between rows,
 //! not over the whole stream. With `statement_timeout` off there is no bound either.
