@@ -982,6 +982,42 @@ fn run_id_in(text: &str) -> Option<String> {
     None
 }
 
+/// An empty database of a test's own on the stack's Postgres, for a test that needs Postgres
+/// and nothing else of a [`Stack`]. Named as a stack's database, so one a failed test leaves
+/// is removed with theirs; [`BareDatabase::drop_now`] drops it.
+pub struct BareDatabase {
+    admin: takosumi_store::Pool,
+    name: String,
+    /// Its URL (the stack's admin URL with this database).
+    pub url: String,
+}
+
+impl BareDatabase {
+    /// Creates it.
+    pub async fn create() -> anyhow::Result<Self> {
+        let admin_url = env("TAKOSUMI_PG_ADMIN_URL")?;
+        let admin = takosumi_store::connect(&admin_url, 1).await?;
+        let name = format!("{DB_PREFIX}{}_{}", std::process::id(), short_id());
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await?;
+        let url = replace_db(&admin_url, &name);
+        Ok(Self { admin, name, url })
+    }
+
+    /// Drops it, closing whatever connections are still open to it.
+    pub async fn drop_now(self) -> anyhow::Result<()> {
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ))
+        .execute(&self.admin)
+        .await?;
+        self.admin.close().await;
+        Ok(())
+    }
+}
+
 fn replace_db(url: &str, db: &str) -> String {
     match url.rsplit_once('/') {
         Some((base, _)) => format!("{base}/{db}"),

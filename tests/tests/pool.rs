@@ -9,55 +9,16 @@
 //!   row lock is free at once, not when the connection is next used.
 //! - A result dropped half read is read to its end before the connection is used again.
 //!
-//! Real Postgres (the local stack's), a database of the test's own.
+//! Real Postgres (the local stack's), a database of the test's own ([`BareDatabase`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
+use takosumi_tests::BareDatabase;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// A database of the test's own on the stack's Postgres, dropped by [`Db::drop_now`]; named
-/// as a stack's (`takosumi_t_<pid>_…`), so one a failed test leaves is removed with theirs.
-struct Db {
-    admin: takosumi_store::Pool,
-    name: String,
-    url: String,
-}
-
-impl Db {
-    async fn create(tag: &str) -> anyhow::Result<Self> {
-        let admin_url = std::env::var("TAKOSUMI_PG_ADMIN_URL").map_err(|_| {
-            anyhow::anyhow!("TAKOSUMI_PG_ADMIN_URL is not set: source the stack's env.sh")
-        })?;
-        let admin = takosumi_store::connect(&admin_url, 1).await?;
-        let name = format!("takosumi_t_{}_pool{tag}", std::process::id());
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .execute(&admin)
-            .await?;
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&admin)
-            .await?;
-        let (base, _) = admin_url
-            .rsplit_once('/')
-            .ok_or_else(|| anyhow::anyhow!("TAKOSUMI_PG_ADMIN_URL names no database"))?;
-        let url = format!("{base}/{name}");
-        Ok(Self { admin, name, url })
-    }
-
-    async fn drop_now(self) -> anyhow::Result<()> {
-        sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        ))
-        .execute(&self.admin)
-        .await?;
-        self.admin.close().await;
-        Ok(())
-    }
-}
 
 /// `url` with its host and port replaced by `addr`, without TLS (so a proxy can read it).
 fn via(url: &str, addr: std::net::SocketAddr) -> anyhow::Result<String> {
@@ -201,7 +162,7 @@ fn the_frontend_parser_counts_whole_messages_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_taken_from_the_pool_is_one_round_trip() -> anyhow::Result<()> {
-    let db = Db::create("trip").await?;
+    let db = BareDatabase::create().await?;
     let (proxy, syncs) = sync_counting_proxy(upstream_of(&db.url)?).await?;
     let pool = takosumi_store::connect(&via(&db.url, proxy)?, 1).await?;
     // The first run of a statement prepares it; count from the second on.
@@ -247,7 +208,7 @@ async fn a_statement_taken_from_the_pool_is_one_round_trip() -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_transaction_is_rolled_back_as_its_connection_goes_back() -> anyhow::Result<()> {
-    let db = Db::create("rollback").await?;
+    let db = BareDatabase::create().await?;
     let pool = takosumi_store::connect(&db.url, 1).await?;
     let other = takosumi_store::connect(&db.url, 1).await?;
     sqlx::query("CREATE TABLE held (id int PRIMARY KEY, n int)")
@@ -300,7 +261,7 @@ async fn a_dropped_transaction_is_rolled_back_as_its_connection_goes_back() -> a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_dropped_half_read_is_read_to_its_end_before_reuse() -> anyhow::Result<()> {
-    let db = Db::create("halfread").await?;
+    let db = BareDatabase::create().await?;
     let pool = takosumi_store::connect(&db.url, 1).await?;
     {
         let mut rows =

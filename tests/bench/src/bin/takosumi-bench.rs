@@ -175,7 +175,7 @@ async fn main() -> anyhow::Result<()> {
     }
     extra.push((
         "Postgres".to_owned(),
-        postgres_version().await.unwrap_or_default(),
+        postgres_server().await.unwrap_or_default(),
     ));
     extra.push((
         "RabbitMQ".to_owned(),
@@ -201,7 +201,7 @@ async fn main() -> anyhow::Result<()> {
 /// the same `PGSSLMODE`/`PGSSL*` environment) speaks TLS: on loopback TLS is a measurable
 /// share of each statement (session 43: figure 9 served 11 % more pages a second without it), so
 /// runs that differ in it are not compared.
-async fn postgres_version() -> anyhow::Result<String> {
+async fn postgres_server() -> anyhow::Result<String> {
     let url = std::env::var("TAKOSUMI_PG_ADMIN_URL")?;
     let pool = takosumi_store::connect(&url, 1).await?;
     let (version, tls): (String, bool) = sqlx::query_as(
