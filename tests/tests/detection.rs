@@ -6,7 +6,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
 use takosumi_client::{Capsule, NewCapsule, Source};
-use takosumi_core::{RunId, RunStatus, WorkspaceId};
+use takosumi_core::{CapsuleStatus, RunId, RunStatus, WorkspaceId};
 use takosumi_tests::{GitRepo, Options, Stack, Steps, WATCHED_CONFIG, watched_input};
 
 async fn workspace(stack: &Stack) -> anyhow::Result<WorkspaceId> {
@@ -118,6 +118,34 @@ async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> 
     assert_eq!((c.add, c.destroy), (1, 1));
     let status = stack.client.get_capsule(cap.id).await?.status;
     assert_eq!(status, "drifted");
+    // Every answer that shows the Capsule says so, the Workspace's list (the CLI's
+    // `capsules`, the dashboard's Workspace page) as much as the Capsule's own.
+    let (s, listed) = stack
+        .call(
+            "GET",
+            &format!("/api/v1/workspaces/{ws}/capsules"),
+            Value::Null,
+        )
+        .await?;
+    assert_eq!(s, 200, "{listed}");
+    let own = stack
+        .call("GET", &format!("/api/v1/capsules/{}", cap.id), Value::Null)
+        .await?
+        .1;
+    assert_eq!(
+        listed["capsules"][0], own,
+        "the list shows the Capsule as its own answer does"
+    );
+    let listed = stack.client.list_capsules(ws).await?;
+    assert_eq!(
+        (
+            listed[0].status.as_str(),
+            listed[0].drifted,
+            listed[0].drift
+        ),
+        ("drifted", true, Some(true)),
+        "{listed:?}"
+    );
     // Detection never starts an apply.
     assert_eq!(stack.tool_count("apply"), applies);
 
@@ -156,6 +184,16 @@ async fn drift_is_detected_kept_reconciled_and_replaced() -> anyhow::Result<()> 
     let after = drift_check(&stack, &cap).await?;
     assert_eq!(after.drift, Some(false), "{after:?}");
     assert_eq!(stack.client.get_capsule(cap.id).await?.status, "ok");
+    let listed = stack.client.list_capsules(ws).await?;
+    assert_eq!(
+        (
+            listed[0].status.as_str(),
+            listed[0].drifted,
+            listed[0].drift
+        ),
+        ("ok", false, Some(false)),
+        "{listed:?}"
+    );
     stack.stop().await
 }
 
@@ -440,13 +478,9 @@ async fn signed_push_marks_matching_capsules_stale_and_starts_nothing() -> anyho
         activity_before, activity_after,
         "a forged push recorded something"
     );
-    assert!(
-        !stack
-            .client
-            .get_capsule(main.id)
-            .await?
-            .status
-            .contains("stale")
+    assert_ne!(
+        stack.client.get_capsule(main.id).await?.status,
+        CapsuleStatus::Stale
     );
 
     let (s, b) = push(
@@ -1281,7 +1315,7 @@ async fn a_drift_check_plans_with_the_applied_plans_variables() -> anyhow::Resul
         (RunStatus::Planned, Some(false)),
         "the check read the applied variable, not the Capsule's default: {clean:?}"
     );
-    assert_eq!(clean.var_names(), Some(vec!["input_state".to_owned()]));
+    assert_eq!(clean.var_names, Some(vec!["input_state".to_owned()]));
 
     // The Capsule's default changing is not drift (nothing applied reads it) …
     std::fs::write(&default_input, watched_input("default-2"))?;

@@ -582,7 +582,7 @@ async fn killed_plan_handler_is_recovered_by_the_reaper() -> anyhow::Result<()> 
     let _rescuer = stack.spawn_process("plan")?;
     let done = stack.wait(plan.id).await?;
     assert_eq!(done.status, RunStatus::Planned, "{done:?}");
-    assert_eq!(done.extra.get("attempts"), Some(&json!(2)));
+    assert_eq!(done.attempts, 2, "{done:?}");
     let events = stack.client.events(plan.id).await?;
     assert!(
         events.iter().any(|e| e.kind == "lease_expired_requeued"),

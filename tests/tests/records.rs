@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, Client, NewCapsule, RunQuery, Source};
-use takosumi_core::{RunKind, RunMessage, RunStatus, StateVersionId, WorkspaceId};
+use takosumi_core::{
+    ResolutionAction, RunKind, RunMessage, RunStatus, StateVersionId, WorkspaceId,
+};
 use takosumi_tests::{GitRepo, Options, Stack, Steps};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -511,16 +513,18 @@ async fn canceling_a_running_plan_interrupts_the_tool() -> anyhow::Result<()> {
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["status"], "planning");
     assert!(body["cancelRequestedAt"].is_string(), "{body}");
+    // The typed field reads back as the API wrote it (chrono's own form, digit for digit).
+    let requested_at = &body["cancelRequestedAt"];
     // Asking again changes nothing. The handler may already have interrupted the tool by
     // now (it reacts within a poll), so the second ask meets either the same pending cancel
     // or the finished Run; in both cases the recorded request is the first one.
     match stack.client.cancel(plan.id, None).await {
-        Ok(again) => assert_eq!(again.extra["cancelRequestedAt"], body["cancelRequestedAt"]),
+        Ok(again) => assert_eq!(&json!(again.cancel_requested_at), requested_at),
         Err(err) => {
             assert_eq!(err.code(), Some("run_finished"), "{err}");
             let now = stack.client.get_run(plan.id).await?;
             assert_eq!(now.status, RunStatus::Canceled, "{now:?}");
-            assert_eq!(now.extra["cancelRequestedAt"], body["cancelRequestedAt"]);
+            assert_eq!(&json!(now.cancel_requested_at), requested_at);
         }
     }
 
@@ -533,8 +537,8 @@ async fn canceling_a_running_plan_interrupts_the_tool() -> anyhow::Result<()> {
         started.elapsed()
     );
     assert!(
-        done.extra["canceledBy"]
-            .as_str()
+        done.canceled_by
+            .as_deref()
             .unwrap()
             .starts_with("user:tok_")
     );
@@ -627,12 +631,12 @@ async fn a_plan_whose_handler_vanished_after_a_cancel_request_is_canceled_by_the
     let done = stack.wait(plan.id).await?;
     assert_eq!(done.status, RunStatus::Canceled, "{done:?}");
     assert!(
-        done.extra["canceledBy"]
-            .as_str()
+        done.canceled_by
+            .as_deref()
             .is_some_and(|b| b.starts_with("user:tok_")),
         "{done:?}"
     );
-    assert!(done.extra["canceledAt"].is_string(), "{done:?}");
+    assert!(done.canceled_at.is_some(), "{done:?}");
     let k: Vec<String> = stack
         .client
         .events(plan.id)
@@ -1145,7 +1149,7 @@ async fn unknown_outcome_is_listed_until_an_admin_resolves_it() -> anyhow::Resul
         listed.runs.iter().map(|r| r.id).collect::<Vec<_>>(),
         [apply.id]
     );
-    assert_eq!(listed.runs[0].extra["resolution"], Value::Null);
+    assert_eq!(listed.runs[0].resolution, None);
 
     let path = format!("/api/v1/runs/{}/resolve", apply.id);
     let operator = token(&stack, "operator").await?;
@@ -1214,12 +1218,12 @@ async fn unknown_outcome_is_listed_until_an_admin_resolves_it() -> anyhow::Resul
         RunStatus::UnknownOutcome,
         "the outcome itself stays unknown"
     );
-    let r = &resolved.extra["resolution"];
-    assert_eq!(r["action"], "mark_resolved");
-    assert_eq!(r["note"], good["note"]);
+    let r = resolved.resolution.clone().expect("resolved");
+    assert_eq!(r.action, ResolutionAction::MarkResolved);
+    assert_eq!(r.note.as_deref(), good["note"].as_str());
     assert!(
-        r["by"].as_str().unwrap().starts_with("user:tok_") && r["at"].is_string(),
-        "{r}"
+        r.by.as_deref().unwrap().starts_with("user:tok_") && r.at.is_some(),
+        "{r:?}"
     );
     assert_eq!(
         stack
@@ -1716,7 +1720,7 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
         ("sandbox", vec!["bubblewrap", "none"], "runs_sandbox_check"),
         (
             "resolution_action",
-            vec!["mark_resolved", "restore_held_state", "attach_state"],
+            ResolutionAction::ALL.iter().map(|a| a.as_str()).collect(),
             "runs_resolution_action_check",
         ),
     ];

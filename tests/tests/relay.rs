@@ -9,7 +9,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, NewCapsule, Source};
-use takosumi_core::{FailureCode, RunId, RunStatus};
+use takosumi_core::{ApplyMode, FailureCode, RunId, RunStatus};
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::{
     GitRepo, Stack, WATCHED_CONFIG, keys_env, spawn_relay, spawn_relay_via, watched_input,
@@ -300,7 +300,7 @@ async fn a_relay_worker_plans_and_applies_a_pool_capsule() -> anyhow::Result<()>
         "{topics:?}"
     );
     for run in [plan.id, apply.id, again.id, check.id] {
-        let record = serde_json::to_string(&stack.client.get_run(run).await?.extra)?;
+        let record = serde_json::to_string(&stack.client.get_run(run).await?)?;
         assert!(!stack.client.logs(run).await?.contains(&canary));
         assert!(!record.contains(&canary));
     }
@@ -815,8 +815,8 @@ async fn canceling_a_relayed_plan_interrupts_the_workers_tool() -> anyhow::Resul
         started.elapsed()
     );
     assert!(
-        done.extra["canceledBy"]
-            .as_str()
+        done.canceled_by
+            .as_deref()
             .unwrap_or_default()
             .starts_with("user:")
     );
@@ -1434,7 +1434,7 @@ async fn a_one_step_apply_runs_on_the_relay_worker() -> anyhow::Result<()> {
     assert!(v["planRunId"].is_null(), "{v}");
     let apply = stack.wait(v["id"].as_str().unwrap().parse()?).await?;
     assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
-    assert_eq!(apply.extra["applyMode"], json!("one_step"), "{apply:?}");
+    assert_eq!(apply.apply_mode, Some(ApplyMode::OneStep), "{apply:?}");
     assert!(apply.source_snapshot.is_some(), "{apply:?}");
     assert!(apply.state_version_id.is_some(), "{apply:?}");
     let by = claimers(&stack, apply.id).await;

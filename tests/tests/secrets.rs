@@ -305,13 +305,13 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
     let plan = stack.wait(plan.id).await?;
     assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
     let used: Vec<String> = plan
-        .provider_bindings()
+        .provider_bindings
         .iter()
         .map(|b| b.name.clone())
         .collect();
     assert_eq!(used, ["cloud", "ci", "vault"]);
     assert_eq!(
-        plan.provider_bindings()
+        plan.provider_bindings
             .iter()
             .map(|b| b.id)
             .collect::<Vec<_>>(),
@@ -337,7 +337,8 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
     }
     // Names, not values: the plain variables' values are checked through the outputs.
     let names = plan
-        .var_names()
+        .var_names
+        .clone()
         .expect("the plan records its variables' names");
     for name in ["region", "seed", "tags", "zones"] {
         assert!(names.iter().any(|n| n == name), "{name}: {names:?}");
@@ -362,7 +363,7 @@ async fn canary_secrets_reach_the_tool_and_nothing_else() -> anyhow::Result<()> 
     let apply = stack.client.apply(plan.id, None).await?;
     let apply = stack.wait(apply.id).await?;
     assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
-    assert_eq!(apply.provider_bindings().len(), 3);
+    assert_eq!(apply.provider_bindings.len(), 3);
     assert!(apply.injected_env_names.iter().any(|n| n == "CMD_CRED"));
     let outputs = apply.outputs.clone().expect("outputs");
     assert_eq!(outputs["secret_sha"], json!(sha(&secret)), "{outputs}");

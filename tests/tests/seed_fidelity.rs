@@ -54,8 +54,8 @@ async fn runs_carry_variable_names_never_values() -> anyhow::Result<()> {
         .await?;
     // Before any plan nothing is known about which variables are sensitive: no value shown.
     assert!(cap.vars.is_empty(), "{cap:?}");
-    assert_eq!(cap.extra["withheldVars"], json!(["db_password", "region"]));
-    assert_eq!(cap.extra["varNames"], json!(["db_password", "region"]));
+    assert_eq!(cap.withheld_vars, ["db_password", "region"]);
+    assert_eq!(cap.var_names, ["db_password", "region"]);
 
     let plan = stack
         .wait(stack.client.plan(cap.id, None).await?.id)
@@ -70,7 +70,7 @@ async fn runs_carry_variable_names_never_values() -> anyhow::Result<()> {
         .await?;
     assert_eq!(with_run_var.status, RunStatus::Planned, "{with_run_var:?}");
     assert_eq!(
-        with_run_var.var_names(),
+        with_run_var.var_names,
         Some(vec!["db_password".to_owned(), "region".to_owned()])
     );
     let apply = stack
@@ -78,8 +78,7 @@ async fn runs_carry_variable_names_never_values() -> anyhow::Result<()> {
         .await?;
     assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
     assert_eq!(
-        apply.var_names(),
-        with_run_var.var_names(),
+        apply.var_names, with_run_var.var_names,
         "an apply shows its plan's names"
     );
 
@@ -124,7 +123,7 @@ async fn runs_carry_variable_names_never_values() -> anyhow::Result<()> {
     // The configuration marks db_password sensitive: an editor sees region's value only.
     let shown = stack.client.get_capsule(cap.id).await?;
     assert_eq!(shown.vars, obj(json!({ "region": "eu" })));
-    assert_eq!(shown.extra["withheldVars"], json!(["db_password"]));
+    assert_eq!(shown.withheld_vars, ["db_password"]);
     // A viewer sees names only.
     let viewer = format!("tks_viewer_{}", uuid::Uuid::new_v4().simple());
     takosumi_store::tokens::upsert(&stack.ctx.pool, &viewer, "reader", "viewer", None).await?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use takosumi_client::{Capsule, ClientError, NewCapsule, Source};
-use takosumi_core::{RunId, RunStatus, StateVersionId};
+use takosumi_core::{ResolutionAction, RunId, RunStatus, StateVersionId};
 use takosumi_seal::Purpose;
 use takosumi_tests::services::{PrivateRabbit, PrivateS3};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
@@ -490,7 +490,7 @@ async fn restore_held_state_makes_the_applied_state_current() -> anyhow::Result<
     let (status, err) = stack.call("POST", &path, body.clone()).await?;
     assert!(status >= 500, "{status} {err}");
     std::fs::remove_file(&blocker)?;
-    assert!(stack.client.get_run(apply).await?.extra["resolution"].is_null());
+    assert!(stack.client.get_run(apply).await?.resolution.is_none());
     assert_eq!(state_version_count(&stack).await?, 0);
 
     // A non-admin token is refused.
@@ -522,14 +522,17 @@ async fn restore_held_state_makes_the_applied_state_current() -> anyhow::Result<
         .execute(&stack.ctx.pool)
         .await?;
     assert_eq!(state_version_count(&stack).await?, 0);
-    assert!(stack.client.get_run(apply).await?.extra["resolution"].is_null());
+    assert!(stack.client.get_run(apply).await?.resolution.is_none());
 
     let resolved = stack
         .client
         .restore_held_state(apply, "provider side has both nodes")
         .await?;
     assert_eq!(resolved.status, RunStatus::UnknownOutcome);
-    assert_eq!(resolved.extra["resolution"]["action"], "restore_held_state");
+    assert_eq!(
+        resolved.resolution.as_ref().map(|r| &r.action),
+        Some(&ResolutionAction::RestoreHeldState.into())
+    );
     assert_eq!(resolved.state_version_id, Some(held_id));
     let now = stack.client.get_capsule(capsule.id).await?;
     assert_eq!(now.state_generation, 1, "generation +1");
@@ -708,7 +711,7 @@ async fn attach_state_checks_the_state_and_makes_it_current() -> anyhow::Result<
             let c = stack.client.get_capsule(capsule.id).await?;
             assert_eq!(c.state_generation, 1, "{what}: generation");
             assert!(
-                stack.client.get_run(apply).await?.extra["resolution"].is_null(),
+                stack.client.get_run(apply).await?.resolution.is_none(),
                 "{what}: still unresolved"
             );
             anyhow::Ok(())
@@ -806,7 +809,10 @@ async fn attach_state_checks_the_state_and_makes_it_current() -> anyhow::Result<
     );
     assert_no_state_content(&format!("{out}{err}"), &ids, &canary);
     let run = stack.client.get_run(apply).await?;
-    assert_eq!(run.extra["resolution"]["action"], "attach_state");
+    assert_eq!(
+        run.resolution.as_ref().map(|r| &r.action),
+        Some(&ResolutionAction::AttachState.into())
+    );
     let sv_id = run
         .state_version_id
         .ok_or_else(|| anyhow::anyhow!("the Run names no StateVersion"))?;

@@ -56,8 +56,11 @@ async fn list_capsules(
     Path(ws): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
-    let list = capsules::list(&st.pool, ws).await?;
+    let list = capsules::shown(&st.pool, capsules::ShownOf::Workspace(ws)).await?;
     let may_edit = caller.may(Action::Operate, Some(ws));
-    let items: Vec<_> = list.iter().map(|c| views::capsule(c, may_edit)).collect();
+    let items: Vec<_> = list
+        .iter()
+        .map(|c| views::CapsuleView::of(c, may_edit))
+        .collect();
     Ok(Json(json!({ "workspaceId": ws, "capsules": items })))
 }

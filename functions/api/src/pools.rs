@@ -274,11 +274,10 @@ async fn set_capsule_pool(
         json!({ "pool": req.pool }),
     )
     .await?;
+    let shown = takosumi_store::capsules::get_shown(tx.db(), capsule.id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the Capsule"))?;
     tx.commit().await?;
-    let mut body = views::capsule(
-        &capsule,
-        caller.may(Action::Operate, Some(capsule.workspace_id)),
-    );
-    body["pool"] = json!(req.pool);
-    Ok(Json(body))
+    let may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
+    Ok(Json(views::CapsuleView::of(&shown, may_edit)).into_response())
 }

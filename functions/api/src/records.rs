@@ -27,7 +27,9 @@ use axum::response::IntoResponse;
 use chrono::DateTime;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, EventKind, RunId, RunKind, RunStatus, WorkspaceId};
+use takosumi_core::{
+    CapsuleId, EventKind, ResolutionAction, RunId, RunKind, RunStatus, WorkspaceId,
+};
 use takosumi_cost::{Catalogue, PlanResources, estimate};
 use takosumi_store::runs::list::{RunCursor, RunFilter};
 use takosumi_store::{activity, events, runs};
@@ -326,25 +328,20 @@ async fn resolve_run(
     }
     let req: ResolveRequest = extract::parse_body(&body)?;
     drop(body);
-    let action: &'static str = match req.action.as_str() {
-        "mark_resolved" => "mark_resolved",
-        "restore_held_state" => "restore_held_state",
-        "attach_state" => "attach_state",
-        _ => {
-            return Err(ApiError::invalid(
-                ErrorCode::InvalidAction,
-                "action must be \"mark_resolved\", \"restore_held_state\" or \"attach_state\"",
-            ));
-        }
+    let Ok(action) = req.action.parse::<ResolutionAction>() else {
+        return Err(ApiError::invalid(
+            ErrorCode::InvalidAction,
+            "action must be \"mark_resolved\", \"restore_held_state\" or \"attach_state\"",
+        ));
     };
     match (action, req.state.is_some()) {
-        ("attach_state", false) => {
+        (ResolutionAction::AttachState, false) => {
             return Err(ApiError::invalid(
                 ErrorCode::MissingState,
                 "attach_state needs \"state\": the Terraform state (JSON object) pulled from the provider side",
             ));
         }
-        ("mark_resolved" | "restore_held_state", true) => {
+        (ResolutionAction::MarkResolved | ResolutionAction::RestoreHeldState, true) => {
             return Err(ApiError::invalid(
                 ErrorCode::UnexpectedState,
                 "\"state\" is only taken with action \"attach_state\"",
@@ -370,7 +367,7 @@ async fn resolve_run(
         ));
     }
     let actor = caller.actor();
-    if action != "mark_resolved" {
+    if action != ResolutionAction::MarkResolved {
         if run.resolved_at.is_some() {
             return Err(crate::resolve_state::already_resolved(&run));
         }

@@ -20,7 +20,7 @@
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use takosumi_core::{EventKind, StateVersionId};
+use takosumi_core::{EventKind, ResolutionAction, StateVersionId};
 use takosumi_objects::{ObjectError, PutOutcome};
 use takosumi_runtime::step::{MAX_STATE_BYTES, state_key};
 use takosumi_seal::Purpose;
@@ -149,7 +149,7 @@ async fn current_identity(
 
 /// What a resolution writes, beside the Run's resolution itself.
 struct Written<'a> {
-    action: &'static str,
+    action: ResolutionAction,
     note: &'a str,
     sv: StateVersion,
     size: i64,
@@ -340,7 +340,7 @@ pub(crate) async fn restore_held_state(
         digest: held.digest.clone(),
     };
     let w = Written {
-        action: "restore_held_state",
+        action: ResolutionAction::RestoreHeldState,
         note,
         sv,
         size: held.size_bytes,
@@ -429,7 +429,7 @@ async fn attach_bytes(
     let size = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
     let digest = takosumi_store::sha256_hex(bytes);
     let w = Written {
-        action: "attach_state",
+        action: ResolutionAction::AttachState,
         note,
         sv: StateVersion {
             id: sv_id,

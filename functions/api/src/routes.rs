@@ -307,17 +307,16 @@ async fn create_capsule(
         json!({ "name": req.name, "repo": repo, "branch": branch, "dir": req.dir }),
     )
     .await?;
-    let capsule = capsules::get(tx.db(), id)
+    let shown = capsules::get_shown(tx.db(), id)
         .await?
         .ok_or_else(|| ApiError::not_found("the new Capsule"))?;
     tx.commit().await?;
+    let may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
     Ok((
         StatusCode::CREATED,
-        Json(views::capsule(
-            &capsule,
-            caller.may(Action::Operate, Some(capsule.workspace_id)),
-        )),
-    ))
+        Json(views::CapsuleView::of(&shown, may_edit)),
+    )
+        .into_response())
 }
 
 async fn get_capsule(
@@ -326,21 +325,11 @@ async fn get_capsule(
     Path(cap): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = extract::capsule(&st, &caller, &cap, Action::Read).await?;
-    let mut body = views::capsule(
-        &capsule,
-        caller.may(Action::Operate, Some(capsule.workspace_id)),
-    );
-    // The latest finished drift check decides whether the Capsule shows as drifted.
-    let drift = takosumi_store::drift::capsule_drifted(&st.pool, capsule.id).await?;
-    body["drift"] = json!(drift);
-    body["drifted"] = json!(drift == Some(true));
-    // The worker pool it runs on; `null`: the control node's own queues.
-    let pool = takosumi_store::pools::of_capsule(&st.pool, capsule.id).await?;
-    body["pool"] = json!(pool.map(|p| p.name));
-    if drift == Some(true) && body["status"] == json!("ok") {
-        body["status"] = json!("drifted");
-    }
-    Ok(Json(body))
+    let shown = capsules::get_shown(&st.pool, capsule.id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("the Capsule"))?;
+    let may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
+    Ok(Json(views::CapsuleView::of(&shown, may_edit)).into_response())
 }
 
 async fn plan_capsule(

@@ -101,14 +101,12 @@ async fn capsule_settings(
         json!({ "autoUpdate": req.auto_update, "driftIntervalSecs": req.drift_interval_secs }),
     )
     .await?;
-    let capsule = capsules::get(tx.db(), capsule.id)
+    let shown = capsules::get_shown(tx.db(), capsule.id)
         .await?
         .ok_or_else(|| ApiError::not_found("the Capsule"))?;
     tx.commit().await?;
-    Ok(Json(views::capsule(
-        &capsule,
-        caller.may(Action::Operate, Some(capsule.workspace_id)),
-    )))
+    let may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
+    Ok(Json(views::CapsuleView::of(&shown, may_edit)).into_response())
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

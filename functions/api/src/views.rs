@@ -2,12 +2,12 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use takosumi_core::{
-    ActorKind, CapsuleId, HoldReason, ProviderLockState, RunGroupId, RunId, RunKind, RunStatus,
-    StateVersionId, WorkspaceId,
+    ActorKind, CapsuleId, CapsuleStatus, HoldReason, ProviderLockState, RunGroupId, RunId, RunKind,
+    RunStatus, StateVersionId, Tool, WorkspaceId,
 };
-use takosumi_store::capsules::Capsule;
+use takosumi_store::capsules::{Capsule, Shown};
 use takosumi_store::runs::Run;
 
 /// A Run as the API shows it, serialized straight from the row (a history page is 50 of
@@ -94,7 +94,7 @@ struct ActorView<'a> {
 
 #[derive(Serialize)]
 struct ResolutionView<'a> {
-    action: &'a str,
+    action: takosumi_core::ResolutionAction,
     note: Option<&'a str>,
     by: Option<&'a str>,
     #[serde(serialize_with = "time::rfc3339")]
@@ -160,7 +160,7 @@ impl<'a> RunView<'a> {
             updated_at: r.updated_at,
             cancel_requested_at: r.cancel_requested_at,
             cancel_requested_by: r.cancel_requested_by.as_deref(),
-            resolution: match (&r.resolution_action, r.resolved_at) {
+            resolution: match (r.resolution_action, r.resolved_at) {
                 (Some(action), Some(at)) => Some(ResolutionView {
                     action,
                     note: r.resolution_note.as_deref(),
@@ -205,40 +205,87 @@ fn capsule_vars(c: &Capsule, caller_may_edit: bool) -> (Map<String, Value>, Vec<
     (shown, withheld)
 }
 
-/// A Capsule as the API shows it (its variables as [`capsule_vars`] says).
-pub fn capsule(c: &Capsule, caller_may_edit: bool) -> Value {
-    let (vars, withheld) = capsule_vars(c, caller_may_edit);
-    let names: Vec<&String> = c
-        .vars
-        .as_object()
-        .into_iter()
-        .flat_map(|m| m.keys())
-        .collect();
-    let status = if c.running_apply_id.is_some() {
-        "applying"
-    } else if c.stale {
-        "stale"
-    } else {
-        "ok"
-    };
-    json!({
-        "id": c.id,
-        "workspaceId": c.workspace_id,
-        "name": c.name,
-        "source": { "repo": takosumi_runner::redact_repo_url(&c.repo), "branch": c.branch },
-        "dir": c.dir,
-        "tool": c.tool,
-        "vars": vars,
-        "varNames": names,
-        "withheldVars": withheld,
-        "stateGeneration": c.state_generation,
-        "currentStateVersionId": c.current_state_version_id,
-        "status": status,
-        // `stale` (the branch moved past what was planned) and `drifted` (reality moved
-        // away from what was applied) are independent; `status` shows the first that holds.
-        "stale": c.stale,
-        "createdAt": c.created_at,
-    })
+/// A Capsule as the API shows it: every answer that carries a Capsule (one, a list, a
+/// change's result) serializes this, from [`takosumi_store::capsules::shown`], so a list
+/// says `drifted` exactly where the Capsule's own page does. Its variables as
+/// [`capsule_vars`] says.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CapsuleView<'a> {
+    id: CapsuleId,
+    workspace_id: WorkspaceId,
+    name: &'a str,
+    source: SourceView<'a>,
+    dir: &'a str,
+    tool: Tool,
+    vars: Map<String, Value>,
+    var_names: Vec<&'a str>,
+    withheld_vars: Vec<String>,
+    state_generation: i64,
+    current_state_version_id: Option<StateVersionId>,
+    /// `applying`, `stale`, `drifted` or `ok`: the first that holds.
+    status: CapsuleStatus,
+    // `stale` (the branch moved past what was planned) and `drifted` (reality moved away
+    // from what was applied) are independent; `status` shows the first that holds.
+    stale: bool,
+    drifted: bool,
+    /// The latest finished drift check's finding; null: none finished yet.
+    drift: Option<bool>,
+    /// The worker pool's name; null: the control node's own queues.
+    pool: Option<&'a str>,
+    #[serde(serialize_with = "time::rfc3339")]
+    created_at: DateTime<Utc>,
+}
+
+#[derive(Serialize)]
+struct SourceView<'a> {
+    repo: String,
+    branch: &'a str,
+}
+
+impl<'a> CapsuleView<'a> {
+    /// The view of `shown` for a caller that may (or may not) edit the Capsule.
+    pub fn of(shown: &'a Shown, caller_may_edit: bool) -> Self {
+        let c = &shown.capsule;
+        let (vars, withheld_vars) = capsule_vars(c, caller_may_edit);
+        let drifted = shown.drift == Some(true);
+        let status = if c.running_apply_id.is_some() {
+            CapsuleStatus::Applying
+        } else if c.stale {
+            CapsuleStatus::Stale
+        } else if drifted {
+            CapsuleStatus::Drifted
+        } else {
+            CapsuleStatus::Ok
+        };
+        Self {
+            id: c.id,
+            workspace_id: c.workspace_id,
+            name: &c.name,
+            source: SourceView {
+                repo: takosumi_runner::redact_repo_url(&c.repo),
+                branch: &c.branch,
+            },
+            dir: &c.dir,
+            tool: c.tool,
+            vars,
+            var_names: c
+                .vars
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.keys().map(String::as_str))
+                .collect(),
+            withheld_vars,
+            state_generation: c.state_generation,
+            current_state_version_id: c.current_state_version_id,
+            status,
+            stale: c.stale,
+            drifted,
+            drift: shown.drift,
+            pool: shown.pool.as_deref(),
+            created_at: c.created_at,
+        }
+    }
 }
 
 /// Times as the API writes them.

@@ -38,14 +38,14 @@ pub use dead_letters::{
 pub use pools::{CreatedPool, DeliveryKey, Pool};
 pub use records::{Cost, RunQuery};
 pub use takosumi_core::{
-    ActorKind, CapsuleId, Changes, EventKind, RunGroupId, RunId, RunKind, RunStatus,
-    StateVersionId, TokenId, WorkspaceId,
+    ActorKind, ApplyMode, CapsuleId, CapsuleStatus, Changes, EventKind, ResolutionAction,
+    RunGroupId, RunId, RunKind, RunStatus, StateVersionId, TokenId, WorkspaceId,
 };
 pub use takosumi_cost::{Amounts, CostEstimate, ResourceCost, UnpricedResource};
 pub(crate) use takosumi_wire::null_as_default;
 pub use takosumi_wire::{
     ActivityEntry, ActivityPage, Actor, ApprovalsView, AttributeDiff, Capsule, CapsuleList,
-    EventList, GivenApproval, Hold, LogEntry, LogList, NewCapsule, PlanDiff, PlanView,
+    EventList, GivenApproval, Hold, LogEntry, LogList, NewCapsule, PlanDiff, PlanView, Resolution,
     ResourceDiff, Run, RunErrorBody, RunEvent, RunPage, Source, SourceSnapshot, StreamEvent,
     UsedBinding, Workspace, WorkspaceList, join_logs,
 };
@@ -601,7 +601,8 @@ mod tests {
             "injectedEnvNames": ["AWS_ACCESS_KEY_ID"],
             "createdAt": "2026-11-30T10:00:00Z",
             "updatedAt": "2026-11-30T10:01:00.123456Z",
-            "providerBindings": [{"id": "pb_1", "name": "aws"}]
+            "providerBindings": [{"id": "pb_0123456789abcdef0123456789abcdef", "name": "aws", "kind": "env"}],
+            "futureField": {"added": "later"}
         });
         let run_v: Run = serde_json::from_value(body).unwrap();
         assert_eq!(run_v.id, run);
@@ -629,9 +630,12 @@ mod tests {
         assert!(run_v.auto_apply_requested);
         assert_eq!(run_v.injected_env_names, ["AWS_ACCESS_KEY_ID"]);
         assert!(run_v.created_at.is_some() && run_v.updated_at.is_some());
+        assert_eq!(run_v.provider_bindings.len(), 1);
+        assert_eq!(run_v.provider_bindings[0].name, "aws");
         // Unknown fields are kept and printed back.
-        assert!(run_v.extra.contains_key("providerBindings"));
+        assert_eq!(run_v.extra.len(), 1, "{:?}", run_v.extra);
         let back = serde_json::to_value(&run_v).unwrap();
+        assert_eq!(back["futureField"]["added"], "later");
         assert_eq!(back["providerBindings"][0]["name"], "aws");
         assert_eq!(back["planRunId"], json!(plan_run));
     }

@@ -24,6 +24,33 @@ crate::text_enum! {
 }
 
 crate::text_enum! {
+    /// What a Capsule is doing or what was detected about it, as the API shows it: the
+    /// first that holds, most pressing first.
+    pub enum CapsuleStatus("capsule status") {
+        /// An apply holds it.
+        Applying = "applying",
+        /// A push moved its branch past what was planned.
+        Stale = "stale",
+        /// Its latest finished drift check found reality differing from what was applied.
+        Drifted = "drifted",
+        /// None of these.
+        Ok = "ok",
+    }
+}
+
+crate::text_enum! {
+    /// How an operator resolved an `unknown_outcome` Run (`runs.resolution_action`).
+    pub enum ResolutionAction("resolution action") {
+        /// Recorded as inspected; the Capsule's state is unchanged.
+        MarkResolved = "mark_resolved",
+        /// The state the apply held back became the Capsule's state.
+        RestoreHeldState = "restore_held_state",
+        /// A state file the operator attached became the Capsule's state.
+        AttachState = "attach_state",
+    }
+}
+
+crate::text_enum! {
     /// Why a Run waits for a person (`runs.hold_reason`): the rule that holds it, or what
     /// stands in for one.
     pub enum HoldReason("hold reason") {

@@ -137,6 +137,8 @@ mod tests {
     fn every_closed_set_round_trips_through_its_stored_and_json_names() {
         round_trips(GateDecision::ALL);
         round_trips(ApplyMode::ALL);
+        round_trips(crate::ResolutionAction::ALL);
+        round_trips(crate::CapsuleStatus::ALL);
         round_trips(ProviderLockState::ALL);
         round_trips(Tool::ALL);
         round_trips(HoldReason::ALL);

@@ -129,21 +129,116 @@ where
     .await?)
 }
 
-/// The Capsules of a Workspace.
-pub async fn list(pool: &crate::Pool, ws: WorkspaceId) -> Result<Vec<Capsule>, StoreError> {
-    Ok(sqlx::query_as!(
-        Capsule,
-        r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
-                  branch, dir, tool as "tool: Tool", vars, state_generation,
-                  current_state_version_id as "current_state_version_id: StateVersionId",
-                  running_apply_id as "running_apply_id: RunId",
-                  drift_baseline_run_id as "drift_baseline_run_id: RunId", stale, sensitive_var_names,
-                  created_at
-             FROM capsules WHERE workspace_id = $1 ORDER BY created_at, id"#,
-        ws.as_uuid()
+/// A Capsule as the API shows it: its row, what its latest finished drift check found and
+/// the worker pool it runs on, read together so every answer that shows a Capsule shows
+/// the same thing.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    /// The row.
+    pub capsule: Capsule,
+    /// The latest finished drift check's finding (`None`: no check finished yet).
+    pub drift: Option<bool>,
+    /// The name of its worker pool (`None`: the control node's own queues).
+    pub pool: Option<String>,
+}
+
+struct ShownRow {
+    id: CapsuleId,
+    workspace_id: WorkspaceId,
+    name: String,
+    repo: String,
+    branch: String,
+    dir: String,
+    tool: Tool,
+    vars: serde_json::Value,
+    state_generation: i64,
+    current_state_version_id: Option<StateVersionId>,
+    running_apply_id: Option<RunId>,
+    drift_baseline_run_id: Option<RunId>,
+    stale: bool,
+    sensitive_var_names: Option<Vec<String>>,
+    created_at: DateTime<Utc>,
+    drift: Option<bool>,
+    pool: Option<String>,
+}
+
+impl From<ShownRow> for Shown {
+    fn from(r: ShownRow) -> Self {
+        Self {
+            capsule: Capsule {
+                id: r.id,
+                workspace_id: r.workspace_id,
+                name: r.name,
+                repo: r.repo,
+                branch: r.branch,
+                dir: r.dir,
+                tool: r.tool,
+                vars: r.vars,
+                state_generation: r.state_generation,
+                current_state_version_id: r.current_state_version_id,
+                running_apply_id: r.running_apply_id,
+                drift_baseline_run_id: r.drift_baseline_run_id,
+                stale: r.stale,
+                sensitive_var_names: r.sensitive_var_names,
+                created_at: r.created_at,
+            },
+            drift: r.drift,
+            pool: r.pool,
+        }
+    }
+}
+
+/// Which Capsules [`shown`] reads.
+#[derive(Debug, Clone, Copy)]
+pub enum ShownOf {
+    /// This one.
+    Capsule(CapsuleId),
+    /// Every Capsule of this Workspace, oldest first.
+    Workspace(WorkspaceId),
+}
+
+/// Capsules as the API shows them ([`Shown`]), in one statement: the drift finding is the
+/// newest finished (`planned`) drift check's, found through `runs_capsule_newest`.
+pub async fn shown<'e, E>(executor: E, of: ShownOf) -> Result<Vec<Shown>, StoreError>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    let (id, ws) = match of {
+        ShownOf::Capsule(id) => (Some(id.as_uuid()), None),
+        ShownOf::Workspace(ws) => (None, Some(ws.as_uuid())),
+    };
+    let rows = sqlx::query_as!(
+        ShownRow,
+        r#"SELECT c.id as "id: CapsuleId", c.workspace_id as "workspace_id: WorkspaceId", c.name,
+                  c.repo, c.branch, c.dir, c.tool as "tool: Tool", c.vars, c.state_generation,
+                  c.current_state_version_id as "current_state_version_id: StateVersionId",
+                  c.running_apply_id as "running_apply_id: RunId",
+                  c.drift_baseline_run_id as "drift_baseline_run_id: RunId", c.stale,
+                  c.sensitive_var_names, c.created_at,
+                  (SELECT r.drift FROM runs r
+                    WHERE r.capsule_id = c.id AND r.kind = 'drift_check' AND r.status = 'planned'
+                    ORDER BY r.created_at DESC, r.id DESC LIMIT 1) as "drift?",
+                  p.name as "pool?"
+             FROM capsules c LEFT JOIN worker_pools p ON p.id = c.pool_id
+            WHERE c.id = $1 OR c.workspace_id = $2
+            ORDER BY c.created_at, c.id"#,
+        id,
+        ws
     )
-    .fetch_all(pool)
-    .await?)
+    .fetch_all(executor)
+    .await?;
+    Ok(rows.into_iter().map(Shown::from).collect())
+}
+
+/// One Capsule as the API shows it ([`shown`]).
+pub async fn get_shown<'e, E>(executor: E, id: CapsuleId) -> Result<Option<Shown>, StoreError>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    Ok(shown(executor, ShownOf::Capsule(id))
+        .await?
+        .into_iter()
+        .next())
 }
 
 /// The Capsules of a Workspace (only the stale ones when asked).

@@ -179,20 +179,6 @@ pub async fn drifted_capsules(
         .collect())
 }
 
-/// Whether a Capsule's latest finished drift check found drift.
-pub async fn capsule_drifted<'e, E: sqlx::PgExecutor<'e>>(
-    executor: E,
-    id: CapsuleId,
-) -> Result<Option<bool>, StoreError> {
-    let row = sqlx::query!(
-        "SELECT drift FROM runs WHERE capsule_id = $1 AND kind = 'drift_check' AND status = 'planned' ORDER BY created_at DESC LIMIT 1",
-        id.as_uuid()
-    )
-    .fetch_optional(executor)
-    .await?;
-    Ok(row.and_then(|r| r.drift))
-}
-
 /// Drops the plans earlier drift checks of a Capsule kept; returns their object keys so
 /// the caller can delete them once the transaction commits.
 pub async fn drop_kept_drift_plans(

@@ -411,7 +411,9 @@ mod tests {
     #[test]
     fn every_text_column_check_lists_its_closed_set() {
         use std::collections::BTreeSet;
-        use takosumi_core::{ApplyMode, EventKind, HoldReason, ProviderLockState, Tool};
+        use takosumi_core::{
+            ApplyMode, EventKind, HoldReason, ProviderLockState, ResolutionAction, Tool,
+        };
         // As sets: the order of a CHECK's list means nothing.
         fn names<T: Copy>(all: &[T], name: fn(T) -> &'static str) -> BTreeSet<String> {
             all.iter().map(|v| name(*v).to_owned()).collect()
@@ -431,6 +433,11 @@ mod tests {
                 "runs",
                 "provider_lock_state",
                 names(ProviderLockState::ALL, ProviderLockState::as_str),
+            ),
+            (
+                "runs",
+                "resolution_action",
+                names(ResolutionAction::ALL, ResolutionAction::as_str),
             ),
             ("capsules", "tool", names(Tool::ALL, Tool::as_str)),
             (

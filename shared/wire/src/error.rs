@@ -244,6 +244,20 @@ impl KnownCode for EventKind {
     }
 }
 
+impl KnownCode for takosumi_core::ResolutionAction {
+    const ALL: &'static [Self] = takosumi_core::ResolutionAction::ALL;
+    fn wire(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl KnownCode for takosumi_core::CapsuleStatus {
+    const ALL: &'static [Self] = takosumi_core::CapsuleStatus::ALL;
+    fn wire(self) -> &'static str {
+        self.as_str()
+    }
+}
+
 impl KnownCode for HoldReason {
     const ALL: &'static [Self] = HoldReason::ALL;
     fn wire(self) -> &'static str {

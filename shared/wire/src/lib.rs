@@ -13,8 +13,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use takosumi_core::{
-    CapsuleId, Changes, EventKind, FailureCode, HoldReason, ProviderBindingId, RunGroupId, RunId,
-    RunKind, RunStatus, StateVersionId, Tool, WorkspaceId,
+    ApplyMode, CapsuleId, CapsuleStatus, Changes, EventKind, FailureCode, HoldReason,
+    ProviderBindingId, ResolutionAction, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
+    Tool, WorkspaceId,
 };
 
 mod error;
@@ -103,15 +104,34 @@ pub struct Capsule {
     /// The StateVersion the Capsule is at, if any apply wrote one.
     #[serde(default)]
     pub current_state_version_id: Option<StateVersionId>,
-    /// The Capsule's status as the API reports it (e.g. `ok`, `stale`).
+    /// What it is doing or what was detected, the first that holds (a status newer than
+    /// this build reads as its text).
     #[serde(default, deserialize_with = "null_as_default")]
-    pub status: String,
+    #[schema(value_type = CapsuleStatus)]
+    pub status: Code<CapsuleStatus>,
     /// The branch moved past what was planned (a push was seen).
     #[serde(default, deserialize_with = "null_as_default")]
     pub stale: bool,
     /// The latest drift check found reality differing from what was applied.
     #[serde(default, deserialize_with = "null_as_default")]
     pub drifted: bool,
+    /// What the latest finished drift check found: `Some(true)` drift, `Some(false)` none,
+    /// `None` no check finished yet.
+    #[serde(default)]
+    pub drift: Option<bool>,
+    /// The worker pool its Runs go to; `None`: the control node's own queues.
+    #[serde(default)]
+    pub pool: Option<String>,
+    /// The names of every variable (values only in `vars`, and only where shown).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub var_names: Vec<String>,
+    /// Variables whose values are not shown: sensitive in the configuration, not planned
+    /// yet, or the caller's role may not edit the Capsule.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub withheld_vars: Vec<String>,
+    /// When it was registered.
+    #[serde(default)]
+    pub created_at: Option<DateTime<Utc>>,
     /// Fields this client does not know, kept so they can be printed as received.
     #[serde(flatten)]
     #[schema(ignore)]
@@ -251,10 +271,58 @@ pub struct Run {
     /// When the Run last changed.
     #[serde(default)]
     pub updated_at: Option<DateTime<Utc>>,
+    /// The ProviderBindings the Run's step injected (ids and names; never values).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub provider_bindings: Vec<UsedBinding>,
+    /// The names of the plain variables the Run is planned with (`None` when not recorded
+    /// yet); their values are never served.
+    #[serde(default)]
+    pub var_names: Option<Vec<String>>,
+    /// How many times a step claimed it.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub attempts: i32,
+    /// Who canceled it.
+    #[serde(default)]
+    pub canceled_by: Option<String>,
+    /// When it was canceled.
+    #[serde(default)]
+    pub canceled_at: Option<DateTime<Utc>>,
+    /// When a cancel of the running Run was asked for (the step stops at its next check).
+    #[serde(default)]
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    /// Who asked for it.
+    #[serde(default)]
+    pub cancel_requested_by: Option<String>,
+    /// How an `unknown_outcome` Run was resolved; `None` while it is not.
+    #[serde(default)]
+    pub resolution: Option<Resolution>,
+    /// How an apply submission ran: `one_step` or a plan it proposed its apply from; `None`
+    /// for the ordinary paths (a mode newer than this build reads as `None`).
+    #[serde(default, deserialize_with = "known_or_none")]
+    pub apply_mode: Option<ApplyMode>,
     /// Fields this client does not know, kept so they can be printed as received.
     #[serde(flatten)]
     #[schema(ignore)]
     pub extra: Map<String, Value>,
+}
+
+/// How an operator resolved an `unknown_outcome` Run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Resolution {
+    /// What was done (an action newer than this build reads as its text).
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = ResolutionAction)]
+    pub action: Code<ResolutionAction>,
+    /// What the operator checked.
+    #[serde(default)]
+    pub note: Option<String>,
+    /// Who resolved it.
+    #[serde(default)]
+    pub by: Option<String>,
+    /// When.
+    #[serde(default)]
+    pub at: Option<DateTime<Utc>>,
 }
 
 /// A ProviderBinding a Run used, as the Run records it (`providerBindings`).
@@ -267,24 +335,6 @@ pub struct UsedBinding {
     /// `env`, `token` or `command`.
     #[serde(default)]
     pub kind: String,
-}
-
-impl Run {
-    /// The ProviderBindings the Run's step injected (ids and names).
-    pub fn provider_bindings(&self) -> Vec<UsedBinding> {
-        self.extra
-            .get("providerBindings")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-            .unwrap_or_default()
-    }
-
-    /// The names of the plain variables the Run is planned with (`None` when not recorded
-    /// yet); their values are never served.
-    pub fn var_names(&self) -> Option<Vec<String>> {
-        self.extra
-            .get("varNames")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-    }
 }
 
 /// One entry of a Run's ordered event record.
@@ -447,6 +497,16 @@ pub fn join_logs(entries: &[LogEntry]) -> String {
         out.push_str(&entry.text);
     }
     out
+}
+
+/// A closed-set value this build knows, or `None` (absent, `null`, or a value added after
+/// this build: the reader still decodes the record).
+fn known_or_none<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: std::str::FromStr,
+{
+    Ok(Option::<String>::deserialize(d)?.and_then(|text| text.parse().ok()))
 }
 
 /// Reads `null` as the type's default.

@@ -11,7 +11,7 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
-use takosumi_core::{RunId, RunKind, RunStatus, WorkspaceId};
+use takosumi_core::{CapsuleStatus, RunId, RunKind, RunStatus, WorkspaceId};
 use takosumi_cost::CostEstimate;
 use takosumi_evidence::{ChainHead, SignedStatement, StatementPage, verify_run_in_chain};
 use takosumi_wire::{
@@ -254,10 +254,10 @@ fn capsule_state(c: &Capsule, inspect: &HashSet<String>) -> &'static str {
     if inspect.contains(&c.id.to_string()) {
         return "needs-inspection";
     }
-    match c.status.as_str() {
-        "applying" => "applying",
-        "drifted" => "drifted",
-        "stale" => "stale",
+    match c.status.known() {
+        Some(CapsuleStatus::Applying) => "applying",
+        Some(CapsuleStatus::Drifted) => "drifted",
+        Some(CapsuleStatus::Stale) => "stale",
         _ if c.drifted => "drifted",
         _ => "ok",
     }
@@ -292,7 +292,7 @@ pub(super) async fn workspace(
     let inspect: HashSet<String> = unknown
         .runs
         .iter()
-        .filter(|r| r.extra.get("resolution").is_none_or(Value::is_null))
+        .filter(|r| r.resolution.is_none())
         .map(|r| r.capsule_id.to_string())
         .collect();
     let activity: ActivityPage = match get(&st, &s, &format!("{base}/activity?limit=15")).await {
@@ -462,8 +462,8 @@ pub(super) async fn capsule(
                 section {
                     h2 { "Variables" }
                     ul { @for (k, v) in &c.vars { li { code { (k) } " = " (value(v)) } } }
-                    @if let Some(Value::Array(w)) = c.extra.get("withheldVars") {
-                        @if !w.is_empty() { p.muted { "Withheld (sensitive, or your role may not see them): " @for n in w { code { (value(n)) } " " } } }
+                    @if !c.withheld_vars.is_empty() {
+                        p.muted { "Withheld (sensitive, or your role may not see them): " @for n in &c.withheld_vars { code { (n) } " " } }
                     }
                 }
                 section {
@@ -782,8 +782,7 @@ fn run_page(s: &Session, run: &Run, parts: RunParts<'_>) -> Markup {
         && run.plan_digest.is_some()
         && s.caller.may(Action::Submit, Some(ws));
     let may_cancel = !run.status.is_terminal() && s.caller.may(Action::Operate, Some(ws));
-    let unresolved = run.status == RunStatus::UnknownOutcome
-        && run.extra.get("resolution").is_none_or(Value::is_null);
+    let unresolved = run.status == RunStatus::UnknownOutcome && run.resolution.is_none();
     let may_resolve = unresolved && s.caller.may(Action::Administer, Some(ws));
     let prefix = format!("/runs/{}", run.id);
     let full_log = takosumi_wire::join_logs(&logs.logs);

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use takosumi_client::{Client, ClientError, Run, RunId};
+use takosumi_client::{Client, ClientError, ResolutionAction, Run, RunId};
 
 use super::Outcome;
 use super::render::show_run;
@@ -44,17 +44,19 @@ pub(crate) async fn resolve(client: &Client, args: ResolveArgs, json: bool) -> O
     };
     show_run(&now, json);
     if !json {
-        let action = now.extra["resolution"]["action"].as_str().unwrap_or("?");
+        let action = now.resolution.as_ref().map(|r| &r.action);
         match (action, now.state_version_id) {
-            ("mark_resolved", _) | (_, None) => eprintln!(
+            (Some(how), Some(sv)) if how.known() != Some(ResolutionAction::MarkResolved) => {
+                eprintln!(
+                    "resolved {} ({how}): StateVersion {sv} is now the Capsule's state (generation {}); plan again to see where the provider side stands",
+                    now.id,
+                    now.state_generation
+                        .map_or_else(|| "?".to_owned(), |g| g.to_string())
+                )
+            }
+            _ => eprintln!(
                 "resolved {}: recorded as inspected; the Capsule's state is unchanged",
                 now.id
-            ),
-            (how, Some(sv)) => eprintln!(
-                "resolved {} ({how}): StateVersion {sv} is now the Capsule's state (generation {}); plan again to see where the provider side stands",
-                now.id,
-                now.state_generation
-                    .map_or_else(|| "?".to_owned(), |g| g.to_string())
             ),
         }
     }

@@ -123,7 +123,7 @@ pub struct Run {
     /// Who requested it.
     pub cancel_requested_by: Option<String>,
     /// How an `unknown_outcome` Run was resolved, by whom and when.
-    pub resolution_action: Option<String>,
+    pub resolution_action: Option<takosumi_core::ResolutionAction>,
     /// The operator's note on the resolution.
     pub resolution_note: Option<String>,
     /// Who resolved it.
@@ -178,7 +178,7 @@ macro_rules! select_runs {
                   state_version_id as "state_version_id: takosumi_core::StateVersionId", injected_env_names,
                   vars, var_names, provider_bindings, hold_reason as "hold_reason: takosumi_core::HoldReason", hold_details, gate_decision as "gate_decision: takosumi_core::GateDecision", error_code, error_message, canceled_by,
                   canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode as "apply_mode: takosumi_core::ApplyMode",
-                  cancel_requested_at, cancel_requested_by, resolution_action, resolution_note,
+                  cancel_requested_at, cancel_requested_by, resolution_action as "resolution_action: takosumi_core::ResolutionAction", resolution_note,
                   resolved_by, resolved_at
              "# + $from + $rest
             $(, $arg)*

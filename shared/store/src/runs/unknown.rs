@@ -9,7 +9,7 @@
 //! has resolved (`POST /runs/{id}/resolve`) takes no other apply: applying on top of a
 //! state nobody has looked at could undo or repeat what the lost apply did.
 
-use takosumi_core::{CapsuleId, RunId, StateVersionId};
+use takosumi_core::{CapsuleId, ResolutionAction, RunId, StateVersionId};
 
 use crate::{StoreError, Tx};
 
@@ -73,7 +73,7 @@ pub fn needs_inspection_message(blocking: RunId) -> String {
 pub async fn resolve_unknown(
     tx: &mut Tx,
     id: RunId,
-    action: &str,
+    action: ResolutionAction,
     by: &str,
     note: &str,
 ) -> Result<bool, StoreError> {
@@ -82,7 +82,7 @@ pub async fn resolve_unknown(
                   resolved_at = now(), updated_at = now()
             WHERE id = $1 AND status = 'unknown_outcome' AND resolved_at IS NULL"#,
         id.as_uuid(),
-        action,
+        action as ResolutionAction,
         by,
         note
     )

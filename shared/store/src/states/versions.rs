@@ -23,7 +23,7 @@ pub struct StateVersion {
 
 /// Who gives a Capsule a new state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Writer<'a> {
+pub enum Writer {
     /// The apply that holds the Capsule (`sv.run_id`) and wrote the state: it lets go of the
     /// Capsule, and the Capsule is no longer stale (what it applied is current).
     Apply,
@@ -31,7 +31,7 @@ pub enum Writer<'a> {
     /// while no apply holds the Capsule.
     Resolution {
         /// The resolution's action, recorded on the event and the activity entry.
-        by: &'a str,
+        by: takosumi_core::ResolutionAction,
     },
 }
 
@@ -46,7 +46,7 @@ pub async fn record_written(
     sv: &StateVersion,
     size: i64,
     expected: i64,
-    writer: Writer<'_>,
+    writer: Writer,
     actor: &str,
     workspace_id: WorkspaceId,
 ) -> Result<bool, StoreError> {
@@ -59,8 +59,8 @@ pub async fn record_written(
         "capsuleId": sv.capsule_id, "runId": sv.run_id, "generation": sv.generation
     });
     if let Some(by) = by {
-        event["by"] = by.into();
-        activity["by"] = by.into();
+        event["by"] = by.as_str().into();
+        activity["by"] = by.as_str().into();
     }
     let done = sqlx::query_scalar!(
         r#"WITH advanced AS (

@@ -147,24 +147,24 @@ fn run_outcome_lines(b: &mut Block, run: &Run) {
             details => b.line("held", format!("{} {details}", hold.reason)),
         };
     }
-    if let Some(at) = run.extra.get("cancelRequestedAt").and_then(Value::as_str)
-        && run.status != RunStatus::Canceled
-    {
-        b.line("cancel requested", at);
+    if run.cancel_requested_at.is_some() && run.status != RunStatus::Canceled {
+        b.line(
+            "cancel requested",
+            stamp(run.cancel_requested_at, chrono::SecondsFormat::Secs),
+        );
     }
-    if let Some(by) = run.extra.get("canceledBy").and_then(Value::as_str) {
+    if let Some(by) = &run.canceled_by {
         b.line("canceled by", by);
     }
-    if let Some(Value::Object(r)) = run.extra.get("resolution") {
-        let text = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default();
+    if let Some(r) = &run.resolution {
         b.line(
             "resolved",
             format!(
                 "{} by {} at {}: {}",
-                text("action"),
-                text("by"),
-                text("at"),
-                text("note")
+                r.action,
+                r.by.as_deref().unwrap_or_default(),
+                stamp(r.at, chrono::SecondsFormat::Secs),
+                r.note.as_deref().unwrap_or_default()
             ),
         );
     }

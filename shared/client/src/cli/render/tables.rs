@@ -53,17 +53,17 @@ pub(crate) fn format_capsule(c: &Capsule) -> String {
         b.line("detected", both);
     }
     b.json_map("vars", &c.vars);
-    if let Some(withheld) = c.extra.get("withheldVars").and_then(|v| v.as_array())
-        && !withheld.is_empty()
-    {
-        let names: Vec<&str> = withheld.iter().filter_map(|n| n.as_str()).collect();
+    if !c.withheld_vars.is_empty() {
         b.line(
             "withheld vars",
             format!(
                 "{} (sensitive in the configuration, not planned yet, or your role may not edit the Capsule)",
-                names.join(", ")
+                c.withheld_vars.join(", ")
             ),
         );
+    }
+    if let Some(pool) = &c.pool {
+        b.line("worker pool", pool);
     }
     b.0
 }

@@ -1,0 +1,126 @@
+//! End-to-end (real API, Postgres, RabbitMQ, the S3 server and terraform): the wire
+//! contract. The API serializes its own views (borrowed from the row, for speed) and its
+//! clients (the CLI, the dashboard, the tests) read them through `takosumi_wire`'s types;
+//! a field the API sends that the client types do not name lands in `extra`, where nothing
+//! reads it typed. Here every field of a real answer must be one the client types know.
+
+use serde_json::{Value, json};
+use takosumi_client::{Capsule, CapsuleList, NewCapsule, Run, RunPage, Source};
+use takosumi_core::RunStatus;
+use takosumi_tests::{GitRepo, Stack};
+
+const CONFIG: &str = r#"
+variable "region" { type = string }
+output "vpc" { value = "vpc-${var.region}" }
+"#;
+
+/// Decodes `body` as `T` and returns what the client type did not know.
+fn unknown_fields<T, F>(what: &str, body: &Value, extra: F) -> anyhow::Result<Vec<String>>
+where
+    T: serde::de::DeserializeOwned,
+    F: Fn(&T) -> Vec<String>,
+{
+    let decoded: T = serde_json::from_value(body.clone())
+        .map_err(|e| anyhow::anyhow!("{what} does not decode: {e}: {body}"))?;
+    Ok(extra(&decoded))
+}
+
+fn run_extra(r: &Run) -> Vec<String> {
+    r.extra.keys().cloned().collect()
+}
+
+fn capsule_extra(c: &Capsule) -> Vec<String> {
+    c.extra.keys().cloned().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_field_the_api_answers_with_is_one_the_client_types_name() -> anyhow::Result<()> {
+    let stack = Stack::start().await?;
+    let repo = GitRepo::new(&[("infra/net/main.tf", CONFIG)])?;
+    let ws = stack.client.create_workspace("contract").await?;
+    let cap = stack
+        .client
+        .create_capsule(
+            ws.id,
+            &NewCapsule {
+                name: "net".into(),
+                source: Source {
+                    repo: repo.url(),
+                    branch: "main".into(),
+                },
+                dir: "infra/net".into(),
+                tool: "terraform".into(),
+                vars: json!({ "region": "eu" }).as_object().cloned().unwrap(),
+            },
+        )
+        .await?;
+    let plan = stack
+        .wait(stack.client.plan(cap.id, None).await?.id)
+        .await?;
+    assert_eq!(plan.status, RunStatus::Planned, "{plan:?}");
+    let apply = stack
+        .wait(stack.client.apply(plan.id, None).await?.id)
+        .await?;
+    assert_eq!(apply.status, RunStatus::Applied, "{apply:?}");
+
+    let get = |path: String| {
+        let stack = &stack;
+        async move {
+            let (status, body) = stack.call("GET", &path, Value::Null).await?;
+            anyhow::ensure!(status == 200, "{path}: {status} {body}");
+            anyhow::Ok(body)
+        }
+    };
+    let mut unknown = Vec::new();
+    for run in [plan.id, apply.id] {
+        let path = format!("/api/v1/runs/{run}");
+        let body = get(path.clone()).await?;
+        // A Run's answer names every field, null where it does not apply: this reads all.
+        assert!(
+            body["resolution"].is_null() && body["canceledBy"].is_null(),
+            "{body}"
+        );
+        for field in unknown_fields::<Run, _>(&path, &body, run_extra)? {
+            unknown.push(format!("{path}: {field}"));
+        }
+    }
+    let path = format!("/api/v1/workspaces/{}/runs", ws.id);
+    let page = get(path.clone()).await?;
+    let decoded: RunPage = serde_json::from_value(page.clone())?;
+    assert_eq!(decoded.runs.len(), 2, "{page}");
+    for (i, run) in decoded.runs.iter().enumerate() {
+        for field in run_extra(run) {
+            unknown.push(format!("{path} runs[{i}]: {field}"));
+        }
+    }
+    let path = format!("/api/v1/capsules/{}", cap.id);
+    let own = get(path.clone()).await?;
+    for field in unknown_fields::<Capsule, _>(&path, &own, capsule_extra)? {
+        unknown.push(format!("{path}: {field}"));
+    }
+    let path = format!("/api/v1/workspaces/{}/capsules", ws.id);
+    let list = get(path.clone()).await?;
+    let decoded: CapsuleList = serde_json::from_value(list.clone())?;
+    assert_eq!(decoded.capsules.len(), 1, "{list}");
+    for field in capsule_extra(&decoded.capsules[0]) {
+        unknown.push(format!("{path} capsules[0]: {field}"));
+    }
+    assert!(
+        unknown.is_empty(),
+        "fields the API sends that the client types do not name (add them to takosumi_wire): {unknown:?}"
+    );
+    // One view of a Capsule whichever answer carries it.
+    assert_eq!(list["capsules"][0], own, "{list}");
+    let shown = &decoded.capsules[0];
+    assert_eq!(
+        (
+            shown.status.as_str(),
+            shown.drift,
+            shown.pool.as_deref(),
+            shown.var_names.as_slice()
+        ),
+        ("ok", None, None, ["region".to_owned()].as_slice()),
+        "{shown:?}"
+    );
+    stack.stop().await
+}
