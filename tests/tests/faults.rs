@@ -1114,7 +1114,7 @@ async fn sigterm_finishes_the_run_in_flight_and_exits_cleanly() -> anyhow::Resul
     assert_eq!(status.code(), Some(0), "{status:?}");
     let first = stack.wait(first.id).await?;
     assert_eq!(first.status, RunStatus::Planned, "{first:?}");
-    assert_eq!(first.extra.get("attempts"), Some(&json!(1)));
+    assert_eq!(first.attempts, 1, "{first:?}");
     assert_eq!(
         stack.client.get_run(second.id).await?.status,
         RunStatus::Queued

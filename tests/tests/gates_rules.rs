@@ -144,15 +144,16 @@ async fn an_uncovered_apply_runs_in_one_step_and_a_covered_one_is_planned_first(
         .client
         .apply_capsule(capsule.id, false, Some("one-step-1"))
         .await?;
-    assert_eq!(submitted.kind, RunKind::Apply, "{submitted:?}");
-    assert_eq!(submitted.plan_run_id, None);
-    let id = submitted.id;
+    assert_eq!(submitted.run.kind, RunKind::Apply, "{submitted:?}");
+    assert_eq!(submitted.run.plan_run_id, None);
+    assert!(submitted.covered_by.is_empty(), "{submitted:?}");
+    let id = submitted.run.id;
     let again = stack
         .client
         .apply_capsule(capsule.id, false, Some("one-step-1"))
         .await?;
     assert_eq!(
-        again.id, id,
+        again.run.id, id,
         "the same Idempotency-Key returns the same Run"
     );
     let done = stack.wait(id).await?;
@@ -241,6 +242,24 @@ async fn an_uncovered_apply_runs_in_one_step_and_a_covered_one_is_planned_first(
         "{apply_events:?}"
     );
     assert_eq!(stack.tool_count("apply"), 2);
+
+    // A replayed submission answers what the first did, what covered it included.
+    let first = stack
+        .client
+        .apply_capsule(capsule.id, false, Some("covered-1"))
+        .await?;
+    assert_eq!(first.run.kind, RunKind::Plan, "{first:?}");
+    assert_eq!(first.covered_by, ["max_destroy"], "{first:?}");
+    let again = stack
+        .client
+        .apply_capsule(capsule.id, false, Some("covered-1"))
+        .await?;
+    assert_eq!(
+        (again.run.id, &again.covered_by),
+        (first.run.id, &first.covered_by),
+        "{again:?}"
+    );
+    stack.wait(first.run.id).await?;
     stack.stop().await
 }
 

@@ -36,7 +36,7 @@ pub fn api() -> Api {
                 "driftCheckWorkspace",
                 "A drift-check Run per Capsule, as a RunGroup",
             )
-            .ok_object(202, "The RunGroup, its Runs and the Capsules skipped."),
+            .ok::<takosumi_wire::GroupStarted>(202),
         )
         .route(
             Method::GET,

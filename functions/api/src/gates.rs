@@ -16,6 +16,7 @@ use serde_json::json;
 use takosumi_core::{CapsuleId, EventKind, HoldReason, RunId, RunStatus, Topic, WorkspaceId};
 use takosumi_policy::RuleSet;
 use takosumi_store::{activity, approvals, capsules, events, outbox, rules, runs};
+use takosumi_wire::{ApprovalCount, RulesAnswer};
 
 use crate::auth::{Action, Caller};
 use crate::error::ErrorCode;
@@ -35,7 +36,7 @@ pub fn api() -> Api {
                 "Replace the Workspace's approval rules",
             )
             .object_body("A rule set.")
-            .ok_object(200, "The rules in force."),
+            .ok::<takosumi_wire::RulesAnswer>(200),
         )
         .route(
             Method::GET,
@@ -45,7 +46,7 @@ pub fn api() -> Api {
         )
         .doc(
             Doc::op("getWorkspaceRules", "The Workspace's approval rules")
-                .ok_object(200, "The rules."),
+                .ok::<takosumi_wire::RulesAnswer>(200),
         )
         .route(
             Method::PUT,
@@ -56,7 +57,7 @@ pub fn api() -> Api {
         .doc(
             Doc::op("setCapsuleRules", "Replace the Capsule's approval rules")
                 .object_body("A rule set.")
-                .ok_object(200, "The rules in force."),
+                .ok::<takosumi_wire::RulesAnswer>(200),
         )
         .route(
             Method::GET,
@@ -65,7 +66,8 @@ pub fn api() -> Api {
             get_capsule_rules,
         )
         .doc(
-            Doc::op("getCapsuleRules", "The Capsule's approval rules").ok_object(200, "The rules."),
+            Doc::op("getCapsuleRules", "The Capsule's approval rules")
+                .ok::<takosumi_wire::RulesAnswer>(200),
         )
         .route(
             Method::POST,
@@ -76,7 +78,7 @@ pub fn api() -> Api {
         .doc(
             Doc::op("approveRun", "Approve a held Run, bound to its plan digest")
                 .optional_body::<ApproveBody>()
-                .ok::<takosumi_wire::Run>(200),
+                .ok::<takosumi_wire::Approved>(200),
         )
 }
 
@@ -120,7 +122,11 @@ async fn store_rules(
     tx.commit().await?;
     Ok((
         StatusCode::OK,
-        Json(json!({ "scope": subject, "version": version, "rules": value })),
+        Json(RulesAnswer {
+            scope: subject,
+            version: Some(version.into()),
+            rules: value,
+        }),
     ))
 }
 
@@ -142,9 +148,7 @@ async fn get_workspace_rules(
 ) -> Result<impl IntoResponse, ApiError> {
     let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let cur = rules::current_rules(&st.pool, ws, None).await?;
-    Ok(Json(
-        json!({ "scope": ws, "version": cur.as_ref().map(|r| r.version), "rules": cur.map(|r| r.rules).unwrap_or_else(|| json!({})) }),
-    ))
+    Ok(Json(rules_answer(ws.to_string(), cur)))
 }
 
 async fn set_capsule_rules(
@@ -165,9 +169,7 @@ async fn get_capsule_rules(
 ) -> Result<impl IntoResponse, ApiError> {
     let capsule = extract::capsule(&st, &caller, &cap, Action::Read).await?;
     let cur = rules::current_rules(&st.pool, capsule.workspace_id, Some(capsule.id)).await?;
-    Ok(Json(
-        json!({ "scope": capsule.id, "version": cur.as_ref().map(|r| r.version), "rules": cur.map(|r| r.rules).unwrap_or_else(|| json!({})) }),
-    ))
+    Ok(Json(rules_answer(capsule.id.to_string(), cur)))
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]
@@ -194,16 +196,37 @@ async fn approve(
             "the note is at most 2000 characters",
         ));
     }
-    Ok(Json(
-        approve_run(
-            &st,
-            &caller,
-            &run,
-            req.plan_digest.as_deref(),
-            req.note.as_deref(),
-        )
-        .await?,
-    ))
+    let (run, approvals) = approve_run(
+        &st,
+        &caller,
+        &run,
+        req.plan_digest.as_deref(),
+        req.note.as_deref(),
+    )
+    .await?;
+    Ok(Json(ApprovedView {
+        run: views::RunView::of(&run),
+        approvals,
+    })
+    .into_response())
+}
+
+/// The approve answer: the Run as every answer shows it, and the approvals so far
+/// (`takosumi_wire::Approved` reads it).
+#[derive(serde::Serialize)]
+struct ApprovedView<'a> {
+    #[serde(flatten)]
+    run: views::RunView<'a>,
+    approvals: ApprovalCount,
+}
+
+/// A rule set's answer (none set: version `null`, the rules `{}`).
+fn rules_answer(scope: String, cur: Option<rules::StoredRules>) -> RulesAnswer {
+    RulesAnswer {
+        scope,
+        version: cur.as_ref().map(|r| r.version.into()),
+        rules: cur.map_or_else(|| json!({}), |r| r.rules),
+    }
 }
 
 /// Records one person's approval of a held Run, bound to the Run's plan digest, and
@@ -214,7 +237,7 @@ pub async fn approve_run(
     run: &runs::Run,
     plan_digest: Option<&str>,
     note: Option<&str>,
-) -> Result<serde_json::Value, ApiError> {
+) -> Result<(runs::Run, ApprovalCount), ApiError> {
     let id = run.id;
     if run.status != RunStatus::Held {
         return Err(ApiError::conflict(
@@ -290,9 +313,11 @@ pub async fn approve_run(
         .ok_or_else(|| ApiError::not_found("the Run"))?;
     tx.commit().await?;
     st.relay_wake.notify_one();
-    let mut body = views::run_value(&run);
-    body["approvals"] = json!({ "given": given, "required": required });
-    Ok(body)
+    let count = ApprovalCount {
+        given,
+        required: required.into(),
+    };
+    Ok((run, count))
 }
 
 /// Whether the rules exempt this agent (by token name) from being held.

@@ -10,11 +10,13 @@ use axum::http::Method;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use takosumi_core::{RunKind, RunStatus, WorkspaceId};
 use takosumi_store::{capsules, groups, runs};
+use takosumi_wire::{GroupResult, GroupResults, GroupStarted, ResultError, SkippedCapsule};
 
 use crate::auth::{Action, Caller};
+use crate::error::ErrorCode;
 use crate::{ApiError, AppState, extract, proposals, views};
 
 pub fn api() -> Api {
@@ -28,7 +30,7 @@ pub fn api() -> Api {
         .doc(
             Doc::op("planUpdateWorkspace", "A RunGroup of plan Runs")
                 .optional_body::<PlanUpdate>()
-                .ok_object(202, "The RunGroup and its Runs."),
+                .ok::<GroupStarted>(202),
         )
         .route(
             Method::GET,
@@ -45,7 +47,7 @@ pub fn api() -> Api {
         )
         .doc(
             Doc::op("approveRunGroup", "Approve every held Run of the group")
-                .ok_object(200, "What was approved, and what was not with why."),
+                .ok::<GroupResults>(200),
         )
         .route(
             Method::POST,
@@ -58,7 +60,7 @@ pub fn api() -> Api {
                 "applyRunGroup",
                 "Propose the apply of every planned Run of the group",
             )
-            .ok_object(202, "The Apply Runs, and what was not proposed with why."),
+            .ok::<GroupResults>(202),
         )
 }
 
@@ -68,7 +70,7 @@ pub(crate) async fn start_group(
     ws: WorkspaceId,
     kind: RunKind,
     only_stale: bool,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<GroupStarted>), ApiError> {
     caller.require(Action::Submit, Some(ws))?;
     let ids = capsules::workspace_capsules(&st.pool, ws, only_stale).await?;
     let group_kind = if kind == RunKind::DriftCheck {
@@ -85,7 +87,10 @@ pub(crate) async fn start_group(
             continue;
         };
         if kind == RunKind::DriftCheck && capsule.drift_baseline_run_id.is_none() {
-            skipped.push(json!({ "capsuleId": capsule.id, "code": "not_applied" }));
+            skipped.push(SkippedCapsule {
+                capsule_id: capsule.id,
+                code: ErrorCode::NotApplied.into(),
+            });
             continue;
         }
         let hold_for = proposals::agent_to_hold(st, caller, &capsule).await?;
@@ -105,9 +110,13 @@ pub(crate) async fn start_group(
     st.relay_wake.notify_one();
     Ok((
         StatusCode::ACCEPTED,
-        Json(
-            json!({ "id": group, "workspaceId": ws, "kind": group_kind, "runIds": created, "skipped": skipped }),
-        ),
+        Json(GroupStarted {
+            id: group,
+            workspace_id: ws,
+            kind: group_kind.to_owned(),
+            run_ids: created,
+            skipped,
+        }),
     ))
 }
 
@@ -159,16 +168,38 @@ async fn approve_group(
         if run.status != RunStatus::Held {
             continue;
         }
-        match crate::gates::approve_run(&st, &caller, &run, None, None).await {
-            Ok(v) => results
-                .push(json!({ "runId": id, "status": v["status"], "approvals": v["approvals"] })),
-            Err(ApiError::Client { code, message, .. }) => {
-                results.push(json!({ "runId": id, "error": { "code": code, "message": message } }))
-            }
-            Err(e) => return Err(e),
-        }
+        let done = match crate::gates::approve_run(&st, &caller, &run, None, None).await {
+            Ok((now, approvals)) => GroupResult {
+                status: Some(now.status),
+                approvals: Some(approvals),
+                ..GroupResult::default()
+            },
+            Err(e) => refused(e)?,
+        };
+        results.push(GroupResult {
+            run_id: Some(id),
+            ..done
+        });
     }
-    Ok(Json(json!({ "id": group.id, "results": results })))
+    Ok(Json(GroupResults {
+        id: group.id,
+        results,
+    }))
+}
+
+/// One Run's refusal (the 4xx its own endpoint would answer) as its result; any other
+/// error ends the whole request.
+fn refused(e: ApiError) -> Result<GroupResult, ApiError> {
+    match e {
+        ApiError::Client { code, message, .. } => Ok(GroupResult {
+            error: Some(ResultError {
+                code: code.into(),
+                message,
+            }),
+            ..GroupResult::default()
+        }),
+        e => Err(e),
+    }
 }
 
 /// Proposes an apply for each planned Run of the group, each pinned to its own plan.
@@ -186,15 +217,23 @@ async fn apply_group(
         if !run.kind.is_plan_like() || run.status != RunStatus::Planned {
             continue;
         }
-        match proposals::propose_apply(&st, &caller, &run, None, false).await {
-            Ok(apply) => results.push(json!({ "planRunId": id, "applyRunId": apply.id })),
-            Err(ApiError::Client { code, message, .. }) => results
-                .push(json!({ "planRunId": id, "error": { "code": code, "message": message } })),
-            Err(e) => return Err(e),
-        }
+        let done = match proposals::propose_apply(&st, &caller, &run, None, false).await {
+            Ok(apply) => GroupResult {
+                apply_run_id: Some(apply.id),
+                ..GroupResult::default()
+            },
+            Err(e) => refused(e)?,
+        };
+        results.push(GroupResult {
+            plan_run_id: Some(id),
+            ..done
+        });
     }
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "id": group.id, "results": results })),
+        Json(GroupResults {
+            id: group.id,
+            results,
+        }),
     ))
 }

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{ApplyMode, HoldReason, Role, RunKind, Topic};
+use takosumi_core::{ApplyMode, EventKind, HoldReason, Role, RunKind, Topic};
 use takosumi_policy::RuleSet;
 use takosumi_store::{capsules, rules, runs};
 
@@ -39,7 +39,7 @@ pub fn api() -> Api {
                 "Plan and apply in one step (the gate still holds what needs review)",
             )
             .optional_body::<ApplyCapsule>()
-            .ok::<takosumi_wire::Run>(202)
+            .ok::<takosumi_wire::ApplySubmitted>(202)
             .header("Idempotency-Key", "The same key returns the same Run."),
         )
 }
@@ -79,7 +79,8 @@ async fn apply_capsule(
     let req: ApplyCapsule = extract::optional_body(&body)?;
     let key = extract::idempotency_key(&headers)?;
     if let Some(run) = replay(&st, &capsule, key.as_deref()).await? {
-        return Ok((StatusCode::ACCEPTED, crate::views::run_json(&run)));
+        let covered_by = covered_when_started(&st, &run).await?;
+        return Ok((StatusCode::ACCEPTED, submitted(&run, covered_by)));
     }
 
     let rules = effective_rules(&st, &capsule).await?;
@@ -140,7 +141,8 @@ async fn apply_capsule(
             let run = replay(&st, &capsule, key.as_deref())
                 .await?
                 .ok_or_else(ApiError::idempotency_key_in_flight)?;
-            return Ok((StatusCode::ACCEPTED, crate::views::run_json(&run)));
+            let covered_by = covered_when_started(&st, &run).await?;
+            return Ok((StatusCode::ACCEPTED, submitted(&run, covered_by)));
         }
         Err(e) => return Err(e.into()),
     };
@@ -149,9 +151,43 @@ async fn apply_capsule(
         crate::gates::hold_agent_plan(&mut tx, run_id, &caller).await?;
     }
     let run = crate::proposals::commit_started(&st, tx, run_id).await?;
-    let mut body = crate::views::run_value(&run);
-    body["coveredBy"] = json!(covered_by);
-    Ok((StatusCode::ACCEPTED, Json(body).into_response()))
+    Ok((StatusCode::ACCEPTED, submitted(&run, covered_by)))
+}
+
+/// The answer (`takosumi_wire::ApplySubmitted` reads it): the Run as every answer shows
+/// it, and the rules that made it plan first.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SubmittedView<'a> {
+    #[serde(flatten)]
+    run: crate::views::RunView<'a>,
+    covered_by: Vec<HoldReason>,
+}
+
+fn submitted(run: &runs::Run, covered_by: Vec<HoldReason>) -> axum::response::Response {
+    Json(SubmittedView {
+        run: crate::views::RunView::of(run),
+        covered_by,
+    })
+    .into_response()
+}
+
+/// What covered an earlier submission, as its `queued` event recorded it: a replay answers
+/// what the first answer said, though the rules may have changed since.
+async fn covered_when_started(st: &AppState, run: &runs::Run) -> Result<Vec<HoldReason>, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Queued {
+        #[serde(default)]
+        covered_by: Vec<HoldReason>,
+    }
+    let events = takosumi_store::events::list(&st.pool, run.id).await?;
+    Ok(events
+        .into_iter()
+        .find(|e| e.kind == EventKind::Queued)
+        .and_then(|e| serde_json::from_value::<Queued>(e.data).ok())
+        .map(|q| q.covered_by)
+        .unwrap_or_default())
 }
 
 /// The Run an earlier apply submission of this Capsule with the same key created.

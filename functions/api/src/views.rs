@@ -179,11 +179,6 @@ pub fn run_json(r: &Run) -> axum::response::Response {
     axum::response::IntoResponse::into_response(axum::Json(RunView::of(r)))
 }
 
-/// A Run as a JSON object, for the few answers that add a field beside it.
-pub fn run_value(r: &Run) -> Value {
-    serde_json::to_value(RunView::of(r)).unwrap_or(Value::Null)
-}
-
 /// A Capsule's variables as `caller_may_edit` sees them: every name, and a value only for
 /// a variable its configuration does not declare `sensitive` (as its plans read it: before
 /// the first plan, none is known, so none is shown) and only to a role that may edit the

@@ -208,25 +208,111 @@ fn normalize_repo(url: &str) -> String {
     u.to_ascii_lowercase()
 }
 
-fn repo_urls(payload: &Value) -> Vec<String> {
-    let mut urls = Vec::new();
-    for obj in [&payload["repository"], &payload["project"]] {
-        for key in [
-            "clone_url",
-            "ssh_url",
-            "git_url",
-            "html_url",
-            "url",
-            "git_http_url",
-            "git_ssh_url",
-            "web_url",
-        ] {
-            if let Some(u) = obj[key].as_str() {
-                urls.push(normalize_repo(u));
-            }
-        }
+/// What the webhook reads of a GitHub or GitLab delivery: each host names the same facts
+/// its own way (a push's commit is `after`, or GitLab's `checkout_sha`; a pull request is
+/// `pull_request`, a merge request `object_attributes`). Whatever else a delivery carries
+/// is ignored; a named field of another type is an `invalid_event`.
+#[derive(Debug, Default, Deserialize)]
+struct Delivery {
+    #[serde(default, rename = "ref")]
+    git_ref: Option<String>,
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    checkout_sha: Option<String>,
+    #[serde(default)]
+    action: Option<String>,
+    #[serde(default)]
+    pull_request: Option<Change>,
+    #[serde(default)]
+    object_attributes: Option<Change>,
+    #[serde(default)]
+    repository: Option<RepoUrls>,
+    #[serde(default)]
+    project: Option<RepoUrls>,
+}
+
+/// A pull request (GitHub) or merge request (GitLab).
+#[derive(Debug, Default, Deserialize)]
+struct Change {
+    #[serde(default)]
+    action: Option<String>,
+    #[serde(default)]
+    base: Option<BranchRef>,
+    #[serde(default)]
+    head: Option<BranchRef>,
+    #[serde(default)]
+    target_branch: Option<String>,
+    #[serde(default)]
+    source_branch: Option<String>,
+    #[serde(default)]
+    last_commit: Option<LastCommit>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct BranchRef {
+    #[serde(default, rename = "ref")]
+    name: Option<String>,
+    #[serde(default)]
+    sha: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct LastCommit {
+    #[serde(default)]
+    id: Option<String>,
+}
+
+/// Every URL a host gives its repository by (GitHub: `repository`; GitLab: `project`).
+#[derive(Debug, Default, Deserialize)]
+struct RepoUrls {
+    #[serde(default)]
+    clone_url: Option<String>,
+    #[serde(default)]
+    ssh_url: Option<String>,
+    #[serde(default)]
+    git_url: Option<String>,
+    #[serde(default)]
+    html_url: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    git_http_url: Option<String>,
+    #[serde(default)]
+    git_ssh_url: Option<String>,
+    #[serde(default)]
+    web_url: Option<String>,
+}
+
+impl Delivery {
+    /// The repository's URLs, normalized.
+    fn repo_urls(&self) -> Vec<String> {
+        [&self.repository, &self.project]
+            .into_iter()
+            .flatten()
+            .flat_map(|r| {
+                [
+                    &r.clone_url,
+                    &r.ssh_url,
+                    &r.git_url,
+                    &r.html_url,
+                    &r.url,
+                    &r.git_http_url,
+                    &r.git_ssh_url,
+                    &r.web_url,
+                ]
+            })
+            .flatten()
+            .map(|u| normalize_repo(u))
+            .collect()
     }
-    urls
+
+    /// The pull or merge request.
+    fn change(&self) -> Option<&Change> {
+        self.pull_request
+            .as_ref()
+            .or(self.object_attributes.as_ref())
+    }
 }
 
 async fn git_webhook(
@@ -262,8 +348,20 @@ async fn git_webhook(
         return Err(unauthorized());
     }
     let delivery = delivery_id(&headers)?;
-    let payload: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid_json(format!("the event is not JSON: {e}")))?;
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+        return Err(ApiError::invalid_json(format!(
+            "the event is not JSON: {e}"
+        )));
+    }
+    // Only a push or a pull request is read; any other event is answered without it.
+    let read = || {
+        serde_json::from_slice::<Delivery>(&body).map_err(|e| {
+            ApiError::invalid(
+                ErrorCode::InvalidEvent,
+                format!("the event's fields are not a push or pull request's: {e}"),
+            )
+        })
+    };
     let event = headers
         .get("x-github-event")
         .or_else(|| headers.get("x-gitlab-event"))
@@ -272,9 +370,9 @@ async fn git_webhook(
         .to_ascii_lowercase();
     match event.as_str() {
         "ping" => Ok((StatusCode::OK, Json(json!({ "event": "ping" })))),
-        "push" | "push hook" => push(&st, ws, &payload, delivery.as_deref()).await,
+        "push" | "push hook" => push(&st, ws, &read()?, delivery.as_deref()).await,
         "pull_request" | "merge request hook" => {
-            pull_request(&st, ws, &payload, delivery.as_deref()).await
+            pull_request(&st, ws, &read()?, delivery.as_deref()).await
         }
         other => Ok((
             StatusCode::ACCEPTED,
@@ -286,19 +384,20 @@ async fn git_webhook(
 async fn push(
     st: &AppState,
     ws: WorkspaceId,
-    payload: &Value,
+    payload: &Delivery,
     delivery: Option<&str>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let git_ref = payload["ref"].as_str().unwrap_or_default();
+    let git_ref = payload.git_ref.as_deref().unwrap_or_default();
     let Some(branch) = git_ref.strip_prefix("refs/heads/") else {
         return Ok((
             StatusCode::ACCEPTED,
             Json(json!({ "event": "push", "ignored": "not a branch" })),
         ));
     };
-    let commit = payload["after"]
-        .as_str()
-        .or_else(|| payload["checkout_sha"].as_str())
+    let commit = payload
+        .after
+        .as_deref()
+        .or(payload.checkout_sha.as_deref())
         .unwrap_or_default();
     if commit.len() < 7 || !commit.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(ApiError::invalid(
@@ -359,17 +458,15 @@ async fn push(
 async fn pull_request(
     st: &AppState,
     ws: WorkspaceId,
-    payload: &Value,
+    payload: &Delivery,
     delivery: Option<&str>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let pr = if payload["pull_request"].is_object() {
-        &payload["pull_request"]
-    } else {
-        &payload["object_attributes"]
-    };
-    let action = payload["action"]
-        .as_str()
-        .or_else(|| pr["action"].as_str())
+    let none = Change::default();
+    let pr = payload.change().unwrap_or(&none);
+    let action = payload
+        .action
+        .as_deref()
+        .or(pr.action.as_deref())
         .unwrap_or("opened");
     if !matches!(
         action,
@@ -380,17 +477,23 @@ async fn pull_request(
             Json(json!({ "event": "pull_request", "ignored": action })),
         ));
     }
-    let base = pr["base"]["ref"]
-        .as_str()
-        .or_else(|| pr["target_branch"].as_str())
+    let base = pr
+        .base
+        .as_ref()
+        .and_then(|b| b.name.as_deref())
+        .or(pr.target_branch.as_deref())
         .unwrap_or_default();
-    let head_ref = pr["head"]["ref"]
-        .as_str()
-        .or_else(|| pr["source_branch"].as_str())
+    let head_ref = pr
+        .head
+        .as_ref()
+        .and_then(|h| h.name.as_deref())
+        .or(pr.source_branch.as_deref())
         .unwrap_or_default();
-    let head_sha = pr["head"]["sha"]
-        .as_str()
-        .or_else(|| pr["last_commit"]["id"].as_str())
+    let head_sha = pr
+        .head
+        .as_ref()
+        .and_then(|h| h.sha.as_deref())
+        .or(pr.last_commit.as_ref().and_then(|c| c.id.as_deref()))
         .unwrap_or_default();
     if head_ref.is_empty() || head_sha.len() < 7 || !head_sha.chars().all(|c| c.is_ascii_hexdigit())
     {
@@ -448,9 +551,9 @@ async fn capsules_pushed_to(
     st: &AppState,
     ws: WorkspaceId,
     branch: &str,
-    payload: &Value,
+    payload: &Delivery,
 ) -> Result<Vec<webhooks::PushTarget>, ApiError> {
-    let urls = repo_urls(payload);
+    let urls = payload.repo_urls();
     Ok(webhooks::capsules_on_branch(&st.pool, ws, branch)
         .await?
         .into_iter()

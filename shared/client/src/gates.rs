@@ -5,7 +5,28 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use takosumi_core::{CapsuleId, RunGroupId, RunId, WorkspaceId};
 
-use crate::{Client, ClientError, Run};
+use crate::{
+    ApplySubmitted, Approved, Client, ClientError, GroupResults, GroupStarted, RulesAnswer, Run,
+    RunGroup,
+};
+
+/// What a RunGroup is asked to do to its Runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupAction {
+    /// Approve every held Run (each bound to its own plan digest).
+    Approve,
+    /// Propose an apply of every planned Run (each pinned to its own plan).
+    Apply,
+}
+
+impl GroupAction {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Approve => "approve",
+            Self::Apply => "apply",
+        }
+    }
+}
 
 impl Client {
     /// `POST /api/v1/runs/{run}/approve`: one person's approval of a held Run. With
@@ -15,7 +36,7 @@ impl Client {
         run: RunId,
         plan_digest: Option<&str>,
         note: Option<&str>,
-    ) -> Result<Value, ClientError> {
+    ) -> Result<Approved, ClientError> {
         let path = format!("/api/v1/runs/{run}/approve");
         let body = json!({ "planDigest": plan_digest, "note": note });
         let body: Value = Value::Object(
@@ -40,7 +61,7 @@ impl Client {
         cap: CapsuleId,
         require_approval: bool,
         idempotency_key: Option<&str>,
-    ) -> Result<Run, ClientError> {
+    ) -> Result<ApplySubmitted, ClientError> {
         let path = format!("/api/v1/capsules/{cap}/apply");
         let rb = self
             .submission(Method::POST, &path, idempotency_key)?
@@ -53,7 +74,7 @@ impl Client {
         &self,
         ws: WorkspaceId,
         rules: &Value,
-    ) -> Result<Value, ClientError> {
+    ) -> Result<RulesAnswer, ClientError> {
         let path = format!("/api/v1/workspaces/{ws}/rules");
         let rb = self.request(Method::PUT, &path).json(rules);
         self.execute(Method::PUT, &path, rb).await
@@ -64,7 +85,7 @@ impl Client {
         &self,
         cap: CapsuleId,
         rules: &Value,
-    ) -> Result<Value, ClientError> {
+    ) -> Result<RulesAnswer, ClientError> {
         let path = format!("/api/v1/capsules/{cap}/rules");
         let rb = self.request(Method::PUT, &path).json(rules);
         self.execute(Method::PUT, &path, rb).await
@@ -83,7 +104,7 @@ impl Client {
         ws: WorkspaceId,
         drift: bool,
         only_stale: bool,
-    ) -> Result<Value, ClientError> {
+    ) -> Result<GroupStarted, ClientError> {
         let (path, body) = if drift {
             (format!("/api/v1/workspaces/{ws}/drift-check"), json!({}))
         } else {
@@ -96,19 +117,21 @@ impl Client {
         self.execute(Method::POST, &path, rb).await
     }
 
-    /// `GET /api/v1/run-groups/{rg}`, or `POST …/approve` / `…/apply` with `action`.
-    pub async fn group(&self, rg: RunGroupId, action: Option<&str>) -> Result<Value, ClientError> {
-        match action {
-            None => {
-                let path = format!("/api/v1/run-groups/{rg}");
-                self.execute(Method::GET, &path, self.request(Method::GET, &path))
-                    .await
-            }
-            Some(a) => {
-                let path = format!("/api/v1/run-groups/{rg}/{a}");
-                let rb = self.request(Method::POST, &path).json(&json!({}));
-                self.execute(Method::POST, &path, rb).await
-            }
-        }
+    /// `GET /api/v1/run-groups/{rg}`: the group and where each of its Runs is.
+    pub async fn group(&self, rg: RunGroupId) -> Result<RunGroup, ClientError> {
+        let path = format!("/api/v1/run-groups/{rg}");
+        self.execute(Method::GET, &path, self.request(Method::GET, &path))
+            .await
+    }
+
+    /// `POST /api/v1/run-groups/{rg}/approve` or `…/apply`: what it did to each Run.
+    pub async fn group_action(
+        &self,
+        rg: RunGroupId,
+        action: GroupAction,
+    ) -> Result<GroupResults, ClientError> {
+        let path = format!("/api/v1/run-groups/{rg}/{}", action.path());
+        let rb = self.request(Method::POST, &path).json(&json!({}));
+        self.execute(Method::POST, &path, rb).await
     }
 }

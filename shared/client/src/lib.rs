@@ -24,6 +24,7 @@ mod bindings;
 mod dead_letters;
 pub mod evidence;
 mod gates;
+pub use gates::GroupAction;
 mod listing;
 mod pools;
 mod records;
@@ -46,8 +47,12 @@ pub(crate) use takosumi_wire::null_as_default;
 pub use takosumi_wire::{
     ActivityEntry, ActivityPage, Actor, ApprovalsView, AttributeDiff, Capsule, CapsuleList,
     EventList, GivenApproval, Hold, LogEntry, LogList, NewCapsule, PlanDiff, PlanView, Resolution,
-    ResourceDiff, Run, RunErrorBody, RunEvent, RunPage, Source, SourceSnapshot, StreamEvent,
-    UsedBinding, Workspace, WorkspaceList, join_logs,
+    ResourceDiff, Run, RunErrorBody, RunEvent, RunGroup, RunPage, Source, SourceSnapshot,
+    StreamEvent, UsedBinding, Workspace, WorkspaceList, join_logs,
+};
+pub use takosumi_wire::{
+    ApplySubmitted, ApprovalCount, Approved, GroupResult, GroupResults, GroupStarted, ResultError,
+    RulesAnswer, SkippedCapsule,
 };
 pub use takosumi_wire::{Code, ErrorCode, KnownCode};
 pub use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};

@@ -46,6 +46,24 @@ pub struct Capsule {
     pub created_at: DateTime<Utc>,
 }
 
+/// `query_as!` of a Capsule's columns (`capsules c`) into `$row` ([`Capsule`], or a row
+/// that adds `$more` columns), then `$rest` (joins, `WHERE`, `ORDER BY`): the column list
+/// is written once.
+macro_rules! select_capsules {
+    ($row:ty, $more:literal, $rest:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            $row,
+            r#"SELECT c.id as "id: CapsuleId", c.workspace_id as "workspace_id: WorkspaceId", c.name,
+                      c.repo, c.branch, c.dir, c.tool as "tool: Tool", c.vars, c.state_generation,
+                      c.current_state_version_id as "current_state_version_id: StateVersionId",
+                      c.running_apply_id as "running_apply_id: RunId",
+                      c.drift_baseline_run_id as "drift_baseline_run_id: RunId", c.stale,
+                      c.sensitive_var_names, c.created_at"# + $more + " FROM capsules c " + $rest
+            $(, $arg)*
+        )
+    };
+}
+
 /// What registering a Capsule needs.
 #[derive(Debug, Clone)]
 pub struct NewCapsule<'a> {
@@ -112,16 +130,10 @@ where
         CapsuleOf::Run(run) => (None, Some(run.as_uuid())),
     };
     // The Run's lookup is an init plan COALESCE evaluates only when no id is given.
-    Ok(sqlx::query_as!(
+    Ok(select_capsules!(
         Capsule,
-        r#"SELECT id as "id: CapsuleId", workspace_id as "workspace_id: WorkspaceId", name, repo,
-                  branch, dir, tool as "tool: Tool", vars, state_generation,
-                  current_state_version_id as "current_state_version_id: StateVersionId",
-                  running_apply_id as "running_apply_id: RunId",
-                  drift_baseline_run_id as "drift_baseline_run_id: RunId", stale, sensitive_var_names,
-                  created_at
-             FROM capsules
-            WHERE id = COALESCE($1, (SELECT capsule_id FROM runs WHERE id = $2))"#,
+        "",
+        "WHERE c.id = COALESCE($1, (SELECT capsule_id FROM runs WHERE id = $2))",
         id,
         run
     )
@@ -207,21 +219,15 @@ where
         ShownOf::Capsule(id) => (Some(id.as_uuid()), None),
         ShownOf::Workspace(ws) => (None, Some(ws.as_uuid())),
     };
-    let rows = sqlx::query_as!(
+    let rows = select_capsules!(
         ShownRow,
-        r#"SELECT c.id as "id: CapsuleId", c.workspace_id as "workspace_id: WorkspaceId", c.name,
-                  c.repo, c.branch, c.dir, c.tool as "tool: Tool", c.vars, c.state_generation,
-                  c.current_state_version_id as "current_state_version_id: StateVersionId",
-                  c.running_apply_id as "running_apply_id: RunId",
-                  c.drift_baseline_run_id as "drift_baseline_run_id: RunId", c.stale,
-                  c.sensitive_var_names, c.created_at,
-                  (SELECT r.drift FROM runs r
-                    WHERE r.capsule_id = c.id AND r.kind = 'drift_check' AND r.status = 'planned'
-                    ORDER BY r.created_at DESC, r.id DESC LIMIT 1) as "drift?",
-                  p.name as "pool?"
-             FROM capsules c LEFT JOIN worker_pools p ON p.id = c.pool_id
-            WHERE c.id = $1 OR c.workspace_id = $2
-            ORDER BY c.created_at, c.id"#,
+        r#", (SELECT r.drift FROM runs r
+              WHERE r.capsule_id = c.id AND r.kind = 'drift_check' AND r.status = 'planned'
+              ORDER BY r.created_at DESC, r.id DESC LIMIT 1) as "drift?",
+            p.name as "pool?""#,
+        r#"LEFT JOIN worker_pools p ON p.id = c.pool_id
+           WHERE c.id = $1 OR c.workspace_id = $2
+           ORDER BY c.created_at, c.id"#,
         id,
         ws
     )

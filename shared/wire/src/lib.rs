@@ -19,12 +19,17 @@ use takosumi_core::{
 };
 
 mod error;
+mod gates;
 mod plan;
 pub mod relay;
 mod stream;
 mod tokens;
 
 pub use error::{Code, ErrorBody, ErrorCode, KnownCode};
+pub use gates::{
+    ApplySubmitted, ApprovalCount, Approved, GroupResult, GroupResults, GroupStarted, ResultError,
+    RulesAnswer, SkippedCapsule,
+};
 pub use plan::{AttributeDiff, PlanDiff, PlanView, ResourceDiff};
 pub use stream::{ApprovalsView, GivenApproval, StreamEvent};
 pub use tokens::{CreatedToken, NewToken, TokenList, TokenView};

@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use serde_json::Value;
-use takosumi_client::{CapsuleId, Client, ClientError, RunGroupId, RunId, WorkspaceId};
+use takosumi_client::{
+    ApprovalCount, CapsuleId, Client, ClientError, GroupAction, RunGroupId, RunId, WorkspaceId,
+};
 
-use super::render::{format_group, print_json, report_waited, show_run};
+use super::render::{format_group, format_group_results, print_json, report_waited, show_run};
 use super::{CapsuleArg, EXIT_FAILED, Outcome};
 
 /// `approve`.
@@ -70,7 +72,7 @@ pub(crate) struct PlanUpdateArgs {
 pub(crate) struct GroupArgs {
     /// `show`, `approve` or `apply`.
     #[arg(value_enum)]
-    action: GroupAction,
+    action: GroupCommand,
     /// The RunGroup (`rg_…`).
     #[arg(value_name = "GROUP")]
     group: RunGroupId,
@@ -78,19 +80,19 @@ pub(crate) struct GroupArgs {
 
 /// What `group` does with a RunGroup.
 #[derive(Clone, Copy, ValueEnum)]
-enum GroupAction {
+enum GroupCommand {
     Show,
     Approve,
     Apply,
 }
 
-impl GroupAction {
+impl GroupCommand {
     /// The action the API is asked to take (`None`: only read the group).
-    fn api_action(self) -> Option<&'static str> {
+    fn api_action(self) -> Option<GroupAction> {
         match self {
             Self::Show => None,
-            Self::Approve => Some("approve"),
-            Self::Apply => Some("apply"),
+            Self::Approve => Some(GroupAction::Approve),
+            Self::Apply => Some(GroupAction::Apply),
         }
     }
 }
@@ -98,19 +100,18 @@ impl GroupAction {
 /// Approves a held Run.
 pub(crate) async fn approve(client: &Client, args: ApproveArgs, json: bool) -> Outcome {
     let run = args.run;
-    let v = client
+    let approved = client
         .approve(run, args.plan_digest.as_deref(), args.note.as_deref())
         .await?;
     if json {
-        print_json(&v);
+        print_json(&approved);
     } else {
-        let given = &v["approvals"]["given"];
-        let required = &v["approvals"]["required"];
+        let ApprovalCount { given, required } = approved.approvals;
         println!(
             "approved {run} ({given} of {required} approvals bound to plan {})",
-            v["planDigest"].as_str().unwrap_or("-")
+            approved.run.plan_digest.as_deref().unwrap_or("-")
         );
-        if given.as_i64() >= required.as_i64() {
+        if given >= required {
             eprintln!("next: the Run is released; takosumi wait {run}");
         }
     }
@@ -128,7 +129,7 @@ pub(crate) async fn set_rules(client: &Client, args: RulesArgs, json: bool) -> O
     .map_err(|e| ClientError::Config(format!("cannot read {file}: {e}")))?;
     let rules: Value = serde_json::from_str(&text)
         .map_err(|e| ClientError::Config(format!("{file} is not JSON: {e}")))?;
-    let v = match (args.workspace, args.capsule) {
+    let answer = match (args.workspace, args.capsule) {
         (Some(ws), None) => client.set_workspace_rules(ws, &rules).await?,
         (None, Some(cap)) => client.set_capsule_rules(cap, &rules).await?,
         _ => {
@@ -138,12 +139,14 @@ pub(crate) async fn set_rules(client: &Client, args: RulesArgs, json: bool) -> O
         }
     };
     if json {
-        print_json(&v);
+        print_json(&answer);
     } else {
         println!(
             "rules of {} are now version {}",
-            v["scope"].as_str().unwrap_or("?"),
-            v["version"]
+            answer.scope,
+            answer
+                .version
+                .map_or_else(|| "?".to_owned(), |v| v.to_string())
         );
     }
     Ok(0)
@@ -164,21 +167,21 @@ pub(crate) async fn drift_check(client: &Client, args: DriftCheckArgs, json: boo
 
 /// Starts a RunGroup over a Workspace.
 pub(crate) async fn start_group(client: &Client, args: PlanUpdateArgs, json: bool) -> Outcome {
-    let v = client
+    let started = client
         .start_group(args.workspace, args.drift, args.only_stale)
         .await?;
     if json {
-        print_json(&v);
+        print_json(&started);
     } else {
-        let runs = v["runIds"].as_array().map_or(0, Vec::len);
         println!(
-            "run group {} started {runs} run(s)",
-            v["id"].as_str().unwrap_or("?")
+            "run group {} started {} run(s)",
+            started.id,
+            started.run_ids.len()
         );
-        eprintln!(
-            "next: takosumi group show {}",
-            v["id"].as_str().unwrap_or("?")
-        );
+        for s in &started.skipped {
+            println!("  {}  skipped ({})", s.capsule_id, s.code);
+        }
+        eprintln!("next: takosumi group show {}", started.id);
     }
     Ok(0)
 }
@@ -186,14 +189,21 @@ pub(crate) async fn start_group(client: &Client, args: PlanUpdateArgs, json: boo
 /// Shows, approves or applies a RunGroup.
 pub(crate) async fn group(client: &Client, args: GroupArgs, json: bool) -> Outcome {
     let rg = args.group;
-    let v = client.group(rg, args.action.api_action()).await?;
-    if json {
-        print_json(&v);
+    let Some(action) = args.action.api_action() else {
+        let group = client.group(rg).await?;
+        if json {
+            print_json(&group);
+        } else {
+            print!("{}", format_group(&group));
+        }
         return Ok(0);
+    };
+    let done = client.group_action(rg, action).await?;
+    if json {
+        print_json(&done);
+    } else {
+        print!("{}", format_group_results(&done));
     }
-    print!("{}", format_group(rg, &v));
-    let failed = v["results"]
-        .as_array()
-        .is_some_and(|results| results.iter().any(|r| r.get("error").is_some()));
+    let failed = done.results.iter().any(|r| r.error.is_some());
     Ok(if failed { EXIT_FAILED } else { 0 })
 }

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use clap::Args;
-use takosumi_client::{Client, ClientError, PlanRequest, Run, RunId, RunKind, RunQuery, RunStatus};
+use takosumi_client::{
+    Client, ClientError, Code, PlanRequest, Run, RunId, RunKind, RunQuery, RunStatus,
+};
 
 use super::render::{report_waited, show_run};
 use super::vars::{Var, collect_or_exit, parse_plan_var, parse_var_json};
@@ -131,13 +133,17 @@ pub(crate) async fn apply(client: &Client, args: ApplyArgs, json: bool) -> Outco
 
 pub(crate) async fn apply_capsule(client: &Client, args: ApplyCapsuleArgs, json: bool) -> Outcome {
     let capsule = args.capsule.capsule;
-    let run = client
+    let submitted = client
         .apply_capsule(capsule, args.require_approval, args.submit.key())
         .await?;
+    let run = submitted.run;
     if !json && run.kind != RunKind::Apply {
+        let rules: Vec<&str> = submitted.covered_by.iter().map(Code::as_str).collect();
         eprintln!(
-            "a rule covers this apply: {} plans first, and the gate proposes the apply from its saved plan (takosumi runs {} --capsule {capsule})",
-            run.id, run.workspace_id
+            "a rule covers this apply ({}): {} plans first, and the gate proposes the apply from its saved plan (takosumi runs {} --capsule {capsule})",
+            rules.join(", "),
+            run.id,
+            run.workspace_id
         );
     }
     finish_submission(client, run, &args.submit, json).await

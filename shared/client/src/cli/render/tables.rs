@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 use takosumi_client::{
-    ActivityEntry, AttributeDiff, Capsule, Cost, DeadLetters, PlanView, Pool, RequeueResult,
-    RunGroupId, RunPage, TokenView, Workspace,
+    ActivityEntry, ApprovalCount, AttributeDiff, Capsule, Cost, DeadLetters, GroupResults,
+    PlanView, Pool, RequeueResult, RunGroup, RunPage, TokenView, Workspace,
 };
 
 use super::{Block, record_lines, stamp};
@@ -335,44 +335,42 @@ pub(crate) fn format_requeued(r: &RequeueResult) -> String {
     out
 }
 
-/// A RunGroup's Runs, then what an approve or apply did to each (an error per line).
-pub(crate) fn format_group(rg: RunGroupId, v: &Value) -> String {
+/// A RunGroup's Runs, one line each.
+pub(crate) fn format_group(g: &RunGroup) -> String {
     let mut out = String::new();
-    if let Some(runs) = v["runs"].as_array() {
+    let _ = writeln!(out, "run group {} ({})", g.id, g.kind);
+    for r in &g.runs {
         let _ = writeln!(
             out,
-            "run group {rg} ({})",
-            v["kind"].as_str().unwrap_or("?")
+            "  {}  {:<12} {:<16} {}",
+            r.id,
+            r.kind.as_str(),
+            r.status.as_str(),
+            r.capsule_id
         );
-        for r in runs {
-            let _ = writeln!(
-                out,
-                "  {}  {:<12} {:<16} {}",
-                r["id"].as_str().unwrap_or("?"),
-                r["kind"].as_str().unwrap_or("?"),
-                r["status"].as_str().unwrap_or("?"),
-                r["capsuleId"].as_str().unwrap_or("?")
-            );
-        }
     }
-    for r in v["results"].as_array().into_iter().flatten() {
-        match r.get("error") {
-            Some(e) => {
-                let _ = writeln!(
-                    out,
-                    "  {}  error: {} ({})",
-                    r["runId"]
-                        .as_str()
-                        .or(r["planRunId"].as_str())
-                        .unwrap_or("?"),
-                    e["message"].as_str().unwrap_or(""),
-                    e["code"].as_str().unwrap_or("")
-                );
-            }
-            None => {
-                let _ = writeln!(out, "  {r}");
-            }
-        }
+    out
+}
+
+/// What a RunGroup's approve or apply did to each Run (an error per line).
+pub(crate) fn format_group_results(done: &GroupResults) -> String {
+    let mut out = String::new();
+    for r in &done.results {
+        let subject = r
+            .subject()
+            .map_or_else(|| "?".to_owned(), |id| id.to_string());
+        let _ = match (&r.error, r.apply_run_id, r.approvals) {
+            (Some(e), _, _) => writeln!(out, "  {subject}  error: {} ({})", e.message, e.code),
+            (None, Some(apply), _) => writeln!(out, "  {subject}  apply proposed: {apply}"),
+            (None, None, Some(ApprovalCount { given, required })) => writeln!(
+                out,
+                "  {subject}  approved ({given} of {required}){}",
+                r.status
+                    .map(|s| format!(", {}", s.as_str()))
+                    .unwrap_or_default()
+            ),
+            (None, None, None) => writeln!(out, "  {subject}  done"),
+        };
     }
     out
 }

@@ -2,8 +2,8 @@
 
 use serde_json::{Value, json};
 use takosumi_client::{
-    ActivityEntry, CapsuleId, Changes, Client, ClientError, Cost, Pool, Run, RunEvent, RunId,
-    RunPage, RunStatus, StateVersionId, TOKEN_ENV, WorkspaceId,
+    ActivityEntry, Capsule, CapsuleId, Changes, Client, ClientError, Cost, GroupResults, Pool, Run,
+    RunEvent, RunGroupId, RunId, RunPage, RunStatus, StateVersionId, TOKEN_ENV, WorkspaceId,
 };
 
 use super::*;
@@ -83,6 +83,82 @@ fn run_block_shows_errors_and_holds() {
     let text = format_run(&minimal);
     assert_eq!(text.lines().count(), 4, "{text}");
     assert!(text.contains("kind:             drift_check"));
+}
+
+#[test]
+fn run_block_shows_cancel_and_resolution_from_their_fields() {
+    let canceled = run_from(json!({
+        "status": "planning", "cancelRequestedAt": "2026-12-07T10:00:00.5Z",
+        "canceledBy": "user:tok_ab"
+    }));
+    let text = format_run(&canceled);
+    assert!(
+        text.contains("cancel requested: 2026-12-07T10:00:00Z"),
+        "{text}"
+    );
+    assert!(text.contains("canceled by:      user:tok_ab"), "{text}");
+
+    let resolved = run_from(json!({
+        "status": "unknown_outcome",
+        "resolution": {"action": "restore_held_state", "note": "checked the bucket",
+                       "by": "user:tok_cd", "at": "2026-12-07T11:00:00Z"}
+    }));
+    let text = format_run(&resolved);
+    assert!(
+        text.contains(
+            "resolved:         restore_held_state by user:tok_cd at 2026-12-07T11:00:00Z: checked the bucket"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn group_results_say_what_happened_to_each_run() {
+    let (a, b, c) = (RunId::new(), RunId::new(), RunId::new());
+    let done: GroupResults = serde_json::from_value(json!({
+        "id": RunGroupId::new(),
+        "results": [
+            {"runId": a, "status": "queued", "approvals": {"given": 1, "required": 1}},
+            {"planRunId": b, "applyRunId": c},
+            {"planRunId": c, "error": {"code": "apply_exists", "message": "It has one."}}
+        ]
+    }))
+    .unwrap();
+    let text = format_group_results(&done);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!("  {a}  approved (1 of 1), queued"),
+            format!("  {b}  apply proposed: {c}"),
+            format!("  {c}  error: It has one. (apply_exists)"),
+        ],
+        "{text}"
+    );
+}
+
+#[test]
+fn capsule_block_names_withheld_variables_and_the_pool() {
+    let c: Capsule = serde_json::from_value(json!({
+        "id": CapsuleId::new(), "workspaceId": WorkspaceId::new(), "name": "net",
+        "status": "drifted", "drifted": true, "drift": true, "pool": "eu-pool",
+        "vars": {"region": "eu"}, "varNames": ["db_password", "region"],
+        "withheldVars": ["db_password"]
+    }))
+    .unwrap();
+    let text = format_capsule(&c);
+    assert!(
+        text.contains("status:") && text.contains("drifted"),
+        "{text}"
+    );
+    assert!(
+        text.contains("withheld vars:") && text.contains("db_password (sensitive"),
+        "{text}"
+    );
+    assert!(
+        text.contains("worker pool:") && text.contains("eu-pool"),
+        "{text}"
+    );
 }
 
 #[test]
