@@ -682,16 +682,22 @@ pub async fn claim_apply(
         return Ok(ApplyClaim::NotClaimable);
     };
     let capsule_id = CapsuleId::from_uuid(row.capsule_id);
+    let Some(current) = crate::capsules::take_for_apply(tx, capsule_id, id).await? else {
+        return Ok(ApplyClaim::CapsuleBusy);
+    };
     // An unresolved unknown_outcome apply keeps the Capsule from any other apply until a
-    // person has inspected it: this apply is refused, the tool never starts.
+    // person has inspected it: this apply is refused, the tool never starts. Asked only
+    // once the Capsule is taken: the take finds it free only after the apply that held it
+    // committed letting go, which an apply ending unknown_outcome does in the transaction
+    // that records the outcome, so this later statement sees that outcome. Asked before
+    // the take (as it once was), the outcome could commit between the two statements: the
+    // check missed it, the take found the Capsule free, and a second apply ran.
     if let Some(blocking) = unknown::unresolved_unknown_apply(tx.db(), capsule_id).await? {
+        crate::capsules::release_apply(tx, capsule_id, id).await?;
         let message = unknown::needs_inspection_message(blocking);
         fail(tx, id, None, FailureCode::CapsuleNeedsInspection, &message).await?;
         return Ok(ApplyClaim::NeedsInspection { blocking });
     }
-    let Some(current) = crate::capsules::take_for_apply(tx, capsule_id, id).await? else {
-        return Ok(ApplyClaim::CapsuleBusy);
-    };
     let planned = row.state_generation.ok_or(StoreError::Conflict(
         "apply run without a planned generation",
     ))?;
