@@ -57,10 +57,9 @@ async fn list_capsules(
 ) -> Result<impl IntoResponse, ApiError> {
     let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let list = capsules::shown(&st.pool, capsules::ShownOf::Workspace(ws)).await?;
-    let may_edit = caller.may(Action::Operate, Some(ws));
     let items: Vec<_> = list
         .iter()
-        .map(|c| views::CapsuleView::of(c, may_edit))
+        .map(|c| views::CapsuleView::for_caller(c, &caller))
         .collect();
     Ok(Json(json!({ "workspaceId": ws, "capsules": items })))
 }

@@ -278,6 +278,5 @@ async fn set_capsule_pool(
         .await?
         .ok_or_else(|| ApiError::not_found("the Capsule"))?;
     tx.commit().await?;
-    let may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
-    Ok(Json(views::CapsuleView::of(&shown, may_edit)).into_response())
+    Ok(views::capsule_json(&shown, &caller))
 }

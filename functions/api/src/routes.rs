@@ -311,12 +311,7 @@ async fn create_capsule(
         .await?
         .ok_or_else(|| ApiError::not_found("the new Capsule"))?;
     tx.commit().await?;
-    let may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
-    Ok((
-        StatusCode::CREATED,
-        Json(views::CapsuleView::of(&shown, may_edit)),
-    )
-        .into_response())
+    Ok((StatusCode::CREATED, views::capsule_json(&shown, &caller)).into_response())
 }
 
 async fn get_capsule(
@@ -328,8 +323,7 @@ async fn get_capsule(
     let shown = capsules::get_shown(&st.pool, capsule.id)
         .await?
         .ok_or_else(|| ApiError::not_found("the Capsule"))?;
-    let may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
-    Ok(Json(views::CapsuleView::of(&shown, may_edit)).into_response())
+    Ok(views::capsule_json(&shown, &caller))
 }
 
 async fn plan_capsule(

@@ -105,8 +105,7 @@ async fn capsule_settings(
         .await?
         .ok_or_else(|| ApiError::not_found("the Capsule"))?;
     tx.commit().await?;
-    let may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
-    Ok(Json(views::CapsuleView::of(&shown, may_edit)).into_response())
+    Ok(views::capsule_json(&shown, &caller))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

@@ -10,6 +10,8 @@ use takosumi_core::{
 use takosumi_store::capsules::{Capsule, Shown};
 use takosumi_store::runs::Run;
 
+use crate::auth::{Action, Caller};
+
 /// A Run as the API shows it, serialized straight from the row (a history page is 50 of
 /// them; building a `Value` per Run cost more than the query). Every endpoint that
 /// answers with a Run answers with this.
@@ -238,9 +240,16 @@ struct SourceView<'a> {
     branch: &'a str,
 }
 
+/// A Capsule answer for `caller`, serialized at once (the view borrows the row).
+pub fn capsule_json(shown: &Shown, caller: &Caller) -> axum::response::Response {
+    axum::response::IntoResponse::into_response(axum::Json(CapsuleView::for_caller(shown, caller)))
+}
+
 impl<'a> CapsuleView<'a> {
-    /// The view of `shown` for a caller that may (or may not) edit the Capsule.
-    pub fn of(shown: &'a Shown, caller_may_edit: bool) -> Self {
+    /// The view of `shown` as `caller` sees it: variable values only for a role that may
+    /// edit (operate) the Capsule.
+    pub fn for_caller(shown: &'a Shown, caller: &Caller) -> Self {
+        let caller_may_edit = caller.may(Action::Operate, Some(shown.capsule.workspace_id));
         let c = &shown.capsule;
         let (vars, withheld_vars) = capsule_vars(c, caller_may_edit);
         let drifted = shown.drift == Some(true);
