@@ -729,7 +729,7 @@ impl Stack {
             "tks_{name}_{}",
             &uuid::Uuid::new_v4().simple().to_string()[..10]
         );
-        takosumi_store::tokens::upsert(&self.ctx.pool, &token, name, role, None).await?;
+        takosumi_store::tokens::upsert(&self.ctx.pool, &token, name, role.parse()?, None).await?;
         let client = Client::new(&self.api_url, &token)?;
         Ok((token, client))
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, json};
 use takosumi_client::{NewCapsule, NewProviderBinding, Source};
-use takosumi_core::{CapsuleId, WorkspaceId};
+use takosumi_core::{CapsuleId, SandboxMode, WorkspaceId};
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::{GitRepo, Stack, keys_env, spawn_relay};
 
@@ -292,8 +292,8 @@ async fn hostile_run_in(
         left, 0,
         "a process the provisioner started outlived the Run"
     );
-    assert_eq!(apply.sandbox.as_deref(), Some("bubblewrap"));
-    assert_eq!(plan.sandbox.as_deref(), Some("bubblewrap"));
+    assert_eq!(apply.sandbox, Some(SandboxMode::Bubblewrap.into()));
+    assert_eq!(plan.sandbox, Some(SandboxMode::Bubblewrap.into()));
 
     // Nowhere the API serves holds a secret of the server's, in clear or base64.
     let mut served = String::new();

@@ -145,8 +145,14 @@ async fn login_lists_and_plans_with_variables() -> anyhow::Result<()> {
         "tks_scoped_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..10]
     );
-    takosumi_store::tokens::upsert(&stack.ctx.pool, &scoped, "scoped", "operator", Some(other))
-        .await?;
+    takosumi_store::tokens::upsert(
+        &stack.ctx.pool,
+        &scoped,
+        "scoped",
+        takosumi_core::Role::Operator,
+        Some(other),
+    )
+    .await?;
     let (s, b) = stack
         .request("GET", "/api/v1/workspaces", Some(&scoped), None)
         .await?;

@@ -9,7 +9,7 @@ use takosumi_client::{
     ApplySubmitted, Approved, Capsule, CapsuleList, GroupResults, GroupStarted, NewCapsule,
     RulesAnswer, Run, RunGroup, RunPage, Source,
 };
-use takosumi_core::RunStatus;
+use takosumi_core::{GroupKind, RunStatus, SandboxMode};
 use takosumi_tests::{GitRepo, Stack};
 
 const CONFIG: &str = r#"
@@ -215,11 +215,19 @@ async fn every_field_the_api_answers_with_is_one_the_client_types_name() -> anyh
     let (started, missing) = unnamed_keys::<GroupStarted>("plan-update", &body)?;
     unknown.extend(missing);
     assert_eq!(started.run_ids.len(), 1, "{body}");
+    // Closed sets read as the values this build knows, not as text it kept.
+    assert_eq!(started.kind.known(), Some(GroupKind::PlanUpdate), "{body}");
     stack.wait(started.run_ids[0]).await?;
     let group_path = format!("/api/v1/run-groups/{}", started.id);
     let (group, missing) = unnamed_keys::<RunGroup>("run group", &get(group_path.clone()).await?)?;
     unknown.extend(missing);
+    assert_eq!(group.kind.known(), Some(GroupKind::PlanUpdate));
     for run in &group.runs {
+        assert_eq!(
+            run.sandbox.as_ref().and_then(|s| s.known()),
+            Some(SandboxMode::Bubblewrap),
+            "{run:?}"
+        );
         unknown.extend(
             run_extra(run)
                 .into_iter()

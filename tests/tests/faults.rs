@@ -1249,9 +1249,23 @@ async fn poison_messages_are_dead_lettered_and_visible() -> anyhow::Result<()> {
     // Only admins; a bad limit is a 4xx with a code.
     let ws = stack.client.create_workspace("poison").await?;
     let viewer = "tks_test_viewer_dead_letters";
-    takosumi_store::tokens::upsert(&stack.ctx.pool, viewer, "viewer", "viewer", None).await?;
+    takosumi_store::tokens::upsert(
+        &stack.ctx.pool,
+        viewer,
+        "viewer",
+        takosumi_core::Role::Viewer,
+        None,
+    )
+    .await?;
     let scoped = "tks_test_scoped_dead_letters";
-    takosumi_store::tokens::upsert(&stack.ctx.pool, scoped, "scoped", "admin", Some(ws.id)).await?;
+    takosumi_store::tokens::upsert(
+        &stack.ctx.pool,
+        scoped,
+        "scoped",
+        takosumi_core::Role::Admin,
+        Some(ws.id),
+    )
+    .await?;
     for token in [viewer, scoped] {
         let r = probe::call(
             &stack,

@@ -57,7 +57,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 use sha2::Sha256;
 use takosumi_api::Access;
-use takosumi_core::RunMessage;
+use takosumi_core::{Role, RunMessage};
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::probe::{self, record, say};
 use takosumi_tests::{Endpoints, GitRepo, Options, Stack, Steps};
@@ -1163,13 +1163,13 @@ fn fuzzed_requests_never_fail_on_our_side_nor_change_anything_when_refused() -> 
         )
         .await?;
         let viewer = format!("tks_fuzz_viewer_{}", uuid::Uuid::new_v4().simple());
-        takosumi_store::tokens::upsert(&stack.ctx.pool, &viewer, "fuzz-viewer", "viewer", None)
+        takosumi_store::tokens::upsert(&stack.ctx.pool, &viewer, "fuzz-viewer", Role::Viewer, None)
             .await?;
         let revocable = takosumi_store::tokens::upsert(
             &stack.ctx.pool,
             &format!("tks_fuzz_revocable_{}", uuid::Uuid::new_v4().simple()),
             "fuzz-revocable",
-            "viewer",
+            Role::Viewer,
             None,
         )
         .await?;

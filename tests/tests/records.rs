@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, Client, NewCapsule, RunQuery, Source};
 use takosumi_core::{
-    ResolutionAction, RunKind, RunMessage, RunStatus, StateVersionId, WorkspaceId,
+    ActivityKind, ResolutionAction, Role, RunKind, RunMessage, RunStatus, StateVersionId,
+    WorkspaceId,
 };
 use takosumi_tests::{GitRepo, Options, Stack, Steps};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -101,7 +102,7 @@ async fn run_view(stack: &Stack, run: takosumi_core::RunId) -> anyhow::Result<Va
 
 async fn token(stack: &Stack, role: &str) -> anyhow::Result<String> {
     let token = format!("tks_{role}_{}", uuid::Uuid::new_v4().simple());
-    takosumi_store::tokens::upsert(&stack.ctx.pool, &token, role, role, None).await?;
+    takosumi_store::tokens::upsert(&stack.ctx.pool, &token, role, role.parse()?, None).await?;
     Ok(token)
 }
 
@@ -1019,7 +1020,7 @@ async fn runs_list_filters_and_pages() -> anyhow::Result<()> {
     // A token limited to another Workspace learns nothing about this one.
     let other = workspace(&stack).await?;
     let scoped = format!("tks_scoped_{}", uuid::Uuid::new_v4().simple());
-    takosumi_store::tokens::upsert(&stack.ctx.pool, &scoped, "scoped", "admin", Some(other))
+    takosumi_store::tokens::upsert(&stack.ctx.pool, &scoped, "scoped", Role::Admin, Some(other))
         .await?;
     let (s, _) = call(&stack, reqwest::Method::GET, &base, &scoped, None).await?;
     assert_eq!(s, 404);
@@ -1245,6 +1246,15 @@ async fn unknown_outcome_is_listed_until_an_admin_resolves_it() -> anyhow::Resul
         .await?;
     assert_eq!(activity.activity.len(), 1);
     assert_eq!(activity.activity[0].subject, apply.id.to_string());
+    assert_eq!(activity.activity[0].kind, ActivityKind::RunResolved);
+    // A kind that is not one is refused, naming the kinds there are.
+    let err = stack
+        .client
+        .activity(ws, Some("run_resolve"), None, None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some("invalid_filter"), "{err}");
+    assert!(err.to_string().contains("run_resolved, approval"), "{err}");
     let err = stack.client.resolve(apply.id, "again").await.unwrap_err();
     assert_eq!(err.code(), Some("already_resolved"));
     stack.stop().await
@@ -1670,7 +1680,9 @@ fn refused_with(
 /// in a set passes, a name outside it is refused by the constraint named for its column.
 #[tokio::test]
 async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result<()> {
-    use takosumi_core::{ApplyMode, EventKind, HoldReason, ProviderLockState};
+    use takosumi_core::{
+        ApplyMode, BindingKind, EventKind, GroupKind, HoldReason, ProviderLockState, SandboxMode,
+    };
     let stack = Stack::start_with(Options {
         steps: Steps::API_ONLY,
         ..Options::default()
@@ -1717,7 +1729,11 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
             ProviderLockState::ALL.iter().map(|s| s.as_str()).collect(),
             "runs_provider_lock_state_check",
         ),
-        ("sandbox", vec!["bubblewrap", "none"], "runs_sandbox_check"),
+        (
+            "sandbox",
+            SandboxMode::ALL.iter().map(|m| m.as_str()).collect(),
+            "runs_sandbox_check",
+        ),
         (
             "resolution_action",
             ResolutionAction::ALL.iter().map(|a| a.as_str()).collect(),
@@ -1748,6 +1764,38 @@ async fn the_database_refuses_a_name_outside_each_closed_set() -> anyhow::Result
             refused_by(pool, &sql, run, "unheard_of").await.as_deref(),
             Some(constraint),
             "{column}"
+        );
+    }
+    // The closed sets of the tables beside a Run's: a RunGroup's kind, a ProviderBinding's.
+    let group = "INSERT INTO run_groups (id, workspace_id, kind, created_by)
+                 SELECT gen_random_uuid(), workspace_id, $2, 'test' FROM runs WHERE id = $1";
+    let binding = "INSERT INTO provider_bindings
+                          (id, workspace_id, name, kind, env_names, sealed, created_by)
+                   SELECT gen_random_uuid(), workspace_id, 'b-' || $2, $2, '{}', '\\x00', 'test'
+                     FROM runs WHERE id = $1";
+    let tables: [(&str, Vec<&str>, &str); 2] = [
+        (
+            group,
+            GroupKind::ALL.iter().map(|k| k.as_str()).collect(),
+            "run_groups_kind_check",
+        ),
+        (
+            binding,
+            BindingKind::ALL.iter().map(|k| k.as_str()).collect(),
+            "provider_bindings_kind_check",
+        ),
+    ];
+    for (sql, names, constraint) in tables {
+        for name in &names {
+            assert_eq!(
+                refused_by(pool, sql, run, name).await,
+                None,
+                "{constraint}: {name}"
+            );
+        }
+        assert_eq!(
+            refused_by(pool, sql, run, "unheard_of").await.as_deref(),
+            Some(constraint)
         );
     }
     // The rules across columns.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 use takosumi_client::{Capsule, NewCapsule, Source};
-use takosumi_core::{ApplyMode, FailureCode, RunId, RunStatus};
+use takosumi_core::{ApplyMode, FailureCode, RunId, RunStatus, SandboxMode};
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::{
     GitRepo, Stack, WATCHED_CONFIG, keys_env, spawn_relay, spawn_relay_via, watched_input,
@@ -914,7 +914,7 @@ async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Res
     let claim = job["claim"].as_str().unwrap().to_owned();
     let claimed = stack.client.get_run(plan.id).await?;
     assert_eq!(claimed.status, RunStatus::Planning);
-    assert_eq!(claimed.sandbox.as_deref(), Some("none"));
+    assert_eq!(claimed.sandbox, Some(SandboxMode::None.into()));
 
     // In flight: the Capsule stays on its pool.
     let (status, v) = admin

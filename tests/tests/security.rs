@@ -13,7 +13,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use takosumi_api::{Access, Action, Scope};
 use takosumi_client::{Capsule, NewCapsule, PlanRequest, Source};
-use takosumi_core::{Outcome, RunId, RunMessage, RunStatus};
+use takosumi_core::{Outcome, Role, RunId, RunMessage, RunStatus};
 use takosumi_seal::Purpose;
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::probe::{self, record};
@@ -289,8 +289,14 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
     ];
     for role in ["viewer", "operator", "approver", "admin", "agent"] {
         let token = format!("tks_matrix_{role}_{id}");
-        takosumi_store::tokens::upsert(&pool, &token, &format!("matrix-{role}"), role, None)
-            .await?;
+        takosumi_store::tokens::upsert(
+            &pool,
+            &token,
+            &format!("matrix-{role}"),
+            role.parse()?,
+            None,
+        )
+        .await?;
         tokens.push((token.clone(), role, false));
         who.push(Who {
             label: role,
@@ -300,7 +306,7 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         });
     }
     let scoped = format!("tks_matrix_scoped_{id}");
-    takosumi_store::tokens::upsert(&pool, &scoped, "matrix-scoped", "admin", Some(other_ws))
+    takosumi_store::tokens::upsert(&pool, &scoped, "matrix-scoped", Role::Admin, Some(other_ws))
         .await?;
     tokens.push((scoped.clone(), "admin", true));
     who.push(Who {
@@ -390,7 +396,7 @@ async fn each_role_reaches_only_what_it_may() -> anyhow::Result<()> {
         &pool,
         &format!("tks_matrix_revocable_{id}"),
         "matrix-revocable",
-        "viewer",
+        Role::Viewer,
         None,
     )
     .await?;

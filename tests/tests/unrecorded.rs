@@ -495,7 +495,14 @@ async fn restore_held_state_makes_the_applied_state_current() -> anyhow::Result<
 
     // A non-admin token is refused.
     let operator = format!("tks_op_{}", uuid::Uuid::new_v4().simple());
-    takosumi_store::tokens::upsert(&stack.ctx.pool, &operator, "op", "operator", None).await?;
+    takosumi_store::tokens::upsert(
+        &stack.ctx.pool,
+        &operator,
+        "op",
+        takosumi_core::Role::Operator,
+        None,
+    )
+    .await?;
     let (status, err) = stack
         .request("POST", &path, Some(&operator), Some(&body.to_string()))
         .await?;
@@ -770,7 +777,14 @@ async fn attach_state_checks_the_state_and_makes_it_current() -> anyhow::Result<
 
     // A non-admin token.
     let operator = format!("tks_op_{}", uuid::Uuid::new_v4().simple());
-    takosumi_store::tokens::upsert(&stack.ctx.pool, &operator, "op", "operator", None).await?;
+    takosumi_store::tokens::upsert(
+        &stack.ctx.pool,
+        &operator,
+        "op",
+        takosumi_core::Role::Operator,
+        None,
+    )
+    .await?;
     let held_json: serde_json::Value = serde_json::from_slice(&held_state)?;
     let (status, err) = stack
         .request(

@@ -25,7 +25,7 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, ProviderBindingId, RunId};
+use takosumi_core::{ActivityKind, BindingKind, CapsuleId, ProviderBindingId, RunId};
 use takosumi_runner::{ToolEnv, check_env_name};
 use takosumi_runtime::inputs::{CredentialSet, sensitive_vars_subject};
 use takosumi_seal::Purpose;
@@ -208,8 +208,11 @@ impl NewBindingReq {
                 None => Ok(()),
             }
         };
-        match self.kind.as_str() {
-            "env" => {
+        let Ok(kind) = self.kind.parse::<BindingKind>() else {
+            return Err(invalid("kind must be \"env\", \"token\" or \"command\""));
+        };
+        match kind {
+            BindingKind::Env => {
                 extra(&[
                     ("token", token.is_some()),
                     ("command", command.is_some()),
@@ -227,7 +230,7 @@ impl NewBindingReq {
                 }
                 Ok(CredentialSet::Env { env })
             }
-            "token" => {
+            BindingKind::Token => {
                 extra(&[
                     ("env", env.is_some()),
                     ("command", command.is_some()),
@@ -237,7 +240,7 @@ impl NewBindingReq {
                 check_value("the token", &token)?;
                 Ok(CredentialSet::Token { token })
             }
-            "command" => {
+            BindingKind::Command => {
                 extra(&[("env", env.is_some()), ("token", token.is_some())])?;
                 let command = command.ok_or_else(|| {
                     invalid("a command binding needs `command`: [\"program\", \"arg\", …]")
@@ -264,7 +267,6 @@ impl NewBindingReq {
                 check_name(&env_name)?;
                 Ok(CredentialSet::Command { command, env_name })
             }
-            _ => Err(invalid("kind must be \"env\", \"token\" or \"command\"")),
         }
     }
 }
@@ -349,7 +351,7 @@ async fn create_binding(
     activity::append(
         tx.db(),
         ws,
-        "provider_binding_created",
+        ActivityKind::ProviderBindingCreated,
         &id.to_string(),
         &actor,
         json!({ "name": created.name, "kind": created.kind, "envNames": created.env_names }),
@@ -437,7 +439,7 @@ async fn attach_binding(
         activity::append(
             tx.db(),
             capsule.workspace_id,
-            "provider_binding_attached",
+            ActivityKind::ProviderBindingAttached,
             &capsule.id.to_string(),
             &actor,
             json!({ "bindingId": binding.id, "name": binding.name }),
@@ -494,7 +496,7 @@ async fn detach_binding(
     activity::append(
         tx.db(),
         capsule.workspace_id,
-        "provider_binding_detached",
+        ActivityKind::ProviderBindingDetached,
         &capsule.id.to_string(),
         &caller.actor(),
         json!({ "bindingId": binding_id }),

@@ -13,7 +13,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{CapsuleId, EventKind, HoldReason, RunId, RunStatus, Topic, WorkspaceId};
+use takosumi_core::{
+    ActivityKind, CapsuleId, EventKind, HoldReason, RunId, RunStatus, Topic, WorkspaceId,
+};
 use takosumi_policy::RuleSet;
 use takosumi_store::{activity, approvals, capsules, events, outbox, rules, runs};
 use takosumi_wire::{ApprovalCount, RulesAnswer};
@@ -113,7 +115,7 @@ async fn store_rules(
     activity::append(
         tx.db(),
         ws,
-        "rules_set",
+        ActivityKind::RulesSet,
         &subject,
         &caller.actor(),
         json!({ "version": version }),
@@ -300,7 +302,7 @@ pub async fn approve_run(
     activity::append(
         tx.db(),
         run.workspace_id,
-        "approval",
+        ActivityKind::Approval,
         &id.to_string(),
         &caller.actor(),
         json!({ "approvals": given, "required": required }),

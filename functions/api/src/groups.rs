@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
-use takosumi_core::{RunKind, RunStatus, WorkspaceId};
+use takosumi_core::{GroupKind, RunKind, RunStatus, WorkspaceId};
 use takosumi_store::{capsules, groups, runs};
 use takosumi_wire::{GroupResult, GroupResults, GroupStarted, ResultError, SkippedCapsule};
 
@@ -74,9 +74,9 @@ pub(crate) async fn start_group(
     caller.require(Action::Submit, Some(ws))?;
     let ids = capsules::workspace_capsules(&st.pool, ws, only_stale).await?;
     let group_kind = if kind == RunKind::DriftCheck {
-        "drift_check"
+        GroupKind::DriftCheck
     } else {
-        "plan_update"
+        GroupKind::PlanUpdate
     };
     let mut tx = st.pool.begin().await?;
     let group = groups::create_group(&mut tx, ws, group_kind, &caller.actor()).await?;
@@ -113,7 +113,7 @@ pub(crate) async fn start_group(
         Json(GroupStarted {
             id: group,
             workspace_id: ws,
-            kind: group_kind.to_owned(),
+            kind: group_kind.into(),
             run_ids: created,
             skipped,
         }),

@@ -106,8 +106,14 @@ pub fn router(state: AppState) -> Router {
 /// Stores `TAKOSUMI_ADMIN_TOKEN` (hashed) as an admin token, if set.
 pub async fn bootstrap_admin(pool: &Pool, settings: &Settings) -> Result<(), RuntimeError> {
     if let Some(token) = &settings.admin_token {
-        takosumi_store::tokens::upsert(pool, token.expose(), "bootstrap-admin", "admin", None)
-            .await?;
+        takosumi_store::tokens::upsert(
+            pool,
+            token.expose(),
+            "bootstrap-admin",
+            takosumi_core::Role::Admin,
+            None,
+        )
+        .await?;
     }
     Ok(())
 }

@@ -26,7 +26,7 @@ enum Command {
         name: String,
         /// viewer, operator, approver, admin or agent.
         #[arg(long, default_value = "admin")]
-        role: String,
+        role: takosumi_core::Role,
         /// Limit the token to one Workspace (ws_…).
         #[arg(long)]
         workspace: Option<takosumi_core::WorkspaceId>,
@@ -79,14 +79,10 @@ async fn main() -> anyhow::Result<()> {
             role,
             workspace,
         } => {
-            anyhow::ensure!(
-                ["viewer", "operator", "approver", "admin", "agent"].contains(&role.as_str()),
-                "--role must be viewer, operator, approver, admin or agent"
-            );
             let pool = takosumi_store::connect(settings.database_url.expose(), 2).await?;
             takosumi_store::migrate(&pool).await?;
             let token = takosumi_api::new_token();
-            takosumi_store::tokens::upsert(&pool, &token, &name, &role, workspace).await?;
+            takosumi_store::tokens::upsert(&pool, &token, &name, role, workspace).await?;
             println!("{token}");
         }
         Command::EvidenceKeygen { .. } | Command::Migrate => {

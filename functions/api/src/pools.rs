@@ -13,6 +13,7 @@ use axum::response::IntoResponse;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use takosumi_core::ActivityKind;
 use takosumi_seal::delivery::DeliveryPublicKey;
 use takosumi_store::activity;
 use takosumi_store::pools::{self, WorkerPool};
@@ -169,7 +170,7 @@ async fn create_pool(
     activity::append(
         tx.db(),
         ws,
-        "pool_created",
+        ActivityKind::PoolCreated,
         &pool.name,
         &caller.actor(),
         json!({ "name": pool.name, "deliveryKeyId": pool.delivery_key_id }),
@@ -220,7 +221,7 @@ async fn rotate_key(
     activity::append(
         tx.db(),
         pool.workspace_id,
-        "pool_delivery_key_rotated",
+        ActivityKind::PoolDeliveryKeyRotated,
         &pool.name,
         &caller.actor(),
         json!({ "deliveryKeyId": rotated.delivery_key_id, "previousKeyId": rotated.previous_key_id, "previousKeyUntil": rotated.previous_key_until }),
@@ -268,7 +269,7 @@ async fn set_capsule_pool(
     activity::append(
         tx.db(),
         capsule.workspace_id,
-        "capsule_pool_set",
+        ActivityKind::CapsulePoolSet,
         &capsule.id.to_string(),
         &caller.actor(),
         json!({ "pool": req.pool }),

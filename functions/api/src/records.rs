@@ -28,7 +28,7 @@ use chrono::DateTime;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use takosumi_core::{
-    CapsuleId, EventKind, ResolutionAction, RunId, RunKind, RunStatus, WorkspaceId,
+    ActivityKind, CapsuleId, EventKind, ResolutionAction, RunId, RunKind, RunStatus, WorkspaceId,
 };
 use takosumi_cost::{Catalogue, PlanResources, estimate};
 use takosumi_store::runs::list::{RunCursor, RunFilter};
@@ -188,7 +188,7 @@ async fn cancel_run(
             activity::append(
                 tx.db(),
                 run.workspace_id,
-                "run_canceled",
+                ActivityKind::RunCanceled,
                 &run.id.to_string(),
                 &actor,
                 json!({ "kind": run.kind, "capsuleId": run.capsule_id, "from": from }),
@@ -400,7 +400,7 @@ async fn resolve_run(
     activity::append(
         tx.db(),
         run.workspace_id,
-        "run_resolved",
+        ActivityKind::RunResolved,
         &run.id.to_string(),
         &actor,
         json!({ "action": req.action, "note": note, "capsuleId": run.capsule_id }),
@@ -560,16 +560,25 @@ async fn list_activity(
 ) -> Result<impl IntoResponse, ApiError> {
     let ws = extract::workspace(&st, &caller, &ws, Action::Read).await?;
     let q = query(q)?;
-    if let Some(kind) = &q.kind
-        && (kind.is_empty()
-            || kind.len() > 64
-            || !kind.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-    {
-        return Err(ApiError::invalid(
-            ErrorCode::InvalidFilter,
-            "kind must be an activity kind such as run_started",
-        ));
-    }
+    let kind = q
+        .kind
+        .as_deref()
+        .map(|k| {
+            k.parse::<ActivityKind>().map_err(|_| {
+                ApiError::invalid(
+                    ErrorCode::InvalidFilter,
+                    format!(
+                        "kind must be an activity kind: {}",
+                        ActivityKind::ALL
+                            .iter()
+                            .map(|k| k.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+        })
+        .transpose()?;
     let limit = parse_limit(q.limit.as_deref())?;
     let before = q
         .cursor
@@ -580,7 +589,7 @@ async fn list_activity(
                 .map_err(|_| bad_cursor())
         })
         .transpose()?;
-    let (entries, next) = activity::list(&st.pool, ws, q.kind.as_deref(), before, limit).await?;
+    let (entries, next) = activity::list(&st.pool, ws, kind, before, limit).await?;
     let items: Vec<Value> = entries
         .iter()
         .map(|e| {

@@ -20,7 +20,7 @@
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use takosumi_core::{EventKind, ResolutionAction, StateVersionId};
+use takosumi_core::{ActivityKind, EventKind, ResolutionAction, StateVersionId};
 use takosumi_objects::{ObjectError, PutOutcome};
 use takosumi_runtime::step::{MAX_STATE_BYTES, state_key};
 use takosumi_seal::Purpose;
@@ -207,7 +207,7 @@ async fn commit(
                 activity::append(
                     tx.db(),
                     run.workspace_id,
-                    "run_resolved",
+                    ActivityKind::RunResolved,
                     &run.id.to_string(),
                     actor,
                     event,

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use takosumi_core::RunKind;
+use takosumi_core::{ActivityKind, RunKind};
 use takosumi_runner::{Runner, Tool};
 use takosumi_store::{activity, capsules, events, workspaces};
 
@@ -191,7 +191,7 @@ async fn create_workspace(
     activity::append(
         tx.db(),
         ws.id,
-        "workspace_created",
+        ActivityKind::WorkspaceCreated,
         &ws.id.to_string(),
         &caller.actor(),
         json!({ "name": ws.name }),
@@ -301,7 +301,7 @@ async fn create_capsule(
     activity::append(
         tx.db(),
         ws,
-        "capsule_registered",
+        ActivityKind::CapsuleRegistered,
         &id.to_string(),
         &caller.actor(),
         json!({ "name": req.name, "repo": repo, "branch": branch, "dir": req.dir }),

@@ -9,6 +9,7 @@ use axum::http::Method;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
+use takosumi_core::ActivityKind;
 use takosumi_store::{activity, capsules, drift};
 
 use crate::auth::{Action, Caller};
@@ -95,7 +96,7 @@ async fn capsule_settings(
     activity::append(
         tx.db(),
         capsule.workspace_id,
-        "capsule_settings",
+        ActivityKind::CapsuleSettings,
         &capsule.id.to_string(),
         &caller.actor(),
         json!({ "autoUpdate": req.auto_update, "driftIntervalSecs": req.drift_interval_secs }),
@@ -133,7 +134,7 @@ async fn workspace_settings(
     activity::append(
         tx.db(),
         ws,
-        "workspace_settings",
+        ActivityKind::WorkspaceSettings,
         &ws.to_string(),
         &caller.actor(),
         json!({ "driftIntervalSecs": req.drift_interval_secs }),

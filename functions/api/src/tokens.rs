@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{Method, StatusCode};
 use axum::response::IntoResponse;
 use serde_json::json;
-use takosumi_core::{Role, TokenId};
+use takosumi_core::{ActivityKind, Role, TokenId};
 use takosumi_store::{activity, tokens, workspaces};
 use takosumi_wire::{CreatedToken, NewToken, TokenList, TokenView};
 
@@ -123,7 +123,7 @@ async fn create(
         },
     )
     .await?;
-    record(&mut tx, &info, "token_created", &actor).await?;
+    record(&mut tx, &info, ActivityKind::TokenCreated, &actor).await?;
     tx.commit().await?;
     tracing::info!(token = %info.id, role = %info.role, by = %actor, "token created");
     Ok((
@@ -138,7 +138,7 @@ async fn create(
 async fn record(
     tx: &mut takosumi_store::Tx,
     t: &tokens::TokenInfo,
-    kind: &str,
+    kind: ActivityKind,
     actor: &str,
 ) -> Result<(), ApiError> {
     let data = json!({ "name": t.name, "role": t.role, "expiresAt": t.expires_at });
@@ -176,7 +176,7 @@ async fn revoke(
             None => ApiError::not_found(&format!("token {id}")),
         });
     };
-    record(&mut tx, &info, "token_revoked", &actor).await?;
+    record(&mut tx, &info, ActivityKind::TokenRevoked, &actor).await?;
     tx.commit().await?;
     // This process refuses it from the next request on; the others when the commit's
     // notification reaches them.

@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use takosumi_core::{
     ActorKind, CapsuleId, CapsuleStatus, HoldReason, ProviderLockState, RunGroupId, RunId, RunKind,
-    RunStatus, StateVersionId, Tool, WorkspaceId,
+    RunStatus, SandboxMode, StateVersionId, Tool, WorkspaceId,
 };
 use takosumi_store::capsules::{Capsule, Shown};
 use takosumi_store::runs::Run;
@@ -44,7 +44,7 @@ pub struct RunView<'a> {
     /// Names, not values.
     injected_env_names: &'a [String],
     /// `bubblewrap` | `none` (a runner started unisolated), null before execution.
-    sandbox: Option<&'a str>,
+    sandbox: Option<SandboxMode>,
     /// Ids and names of the credential sets used; their values are never stored here.
     provider_bindings: &'a Value,
     /// Names, not values (the seed's record keeps "the names of the injected environment
@@ -145,7 +145,7 @@ impl<'a> RunView<'a> {
             },
             auto_apply_requested: r.auto_apply_requested,
             injected_env_names: &r.injected_env_names,
-            sandbox: r.sandbox.as_deref(),
+            sandbox: r.sandbox,
             provider_bindings: &r.provider_bindings,
             var_names: match &r.var_names {
                 Some(names) => Some(names.iter().map(String::as_str).collect()),

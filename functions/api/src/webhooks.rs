@@ -21,7 +21,7 @@ use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Sha256;
-use takosumi_core::{ActorKind, CapsuleId, RunKind, WorkspaceId};
+use takosumi_core::{ActivityKind, ActorKind, CapsuleId, RunKind, WorkspaceId};
 use takosumi_seal::Purpose;
 use takosumi_store::{Tx, activity, capsules, runs, webhooks};
 
@@ -82,7 +82,7 @@ async fn create_webhook_secret(
     activity::append(
         tx.db(),
         ws,
-        "webhook_secret_set",
+        ActivityKind::WebhookSecretSet,
         &ws.to_string(),
         &caller.actor(),
         json!({}),
@@ -415,7 +415,7 @@ async fn push(
     activity::append(
         tx.db(),
         ws,
-        "webhook_push",
+        ActivityKind::WebhookPush,
         branch,
         "system:webhook",
         json!({ "branch": branch, "commit": commit, "capsules": ids }),
@@ -532,7 +532,7 @@ async fn pull_request(
     activity::append(
         tx.db(),
         ws,
-        "webhook_pull_request",
+        ActivityKind::WebhookPullRequest,
         head_ref,
         "system:webhook",
         json!({ "head": head_sha, "speculativePlans": started }),

@@ -58,7 +58,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
         &ctx.owner,
         ctx.lease_secs,
         serde_json::json!({ "step": "apply" }),
-        Some(ctx.runner.sandbox_mode().as_str()),
+        Some(ctx.runner.sandbox_mode()),
     )
     .await?;
     tx.commit().await.map_err(StoreError::from)?;

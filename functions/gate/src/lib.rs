@@ -7,8 +7,8 @@
 
 use serde_json::{Value, json};
 use takosumi_core::{
-    ActorKind, Changes, EventKind, HoldReason, Outcome, RunKind, RunMessage, RunStatus, StepError,
-    Topic,
+    ActivityKind, ActorKind, Changes, EventKind, HoldReason, Outcome, RunKind, RunMessage,
+    RunStatus, StepError, Topic,
 };
 use takosumi_policy::{Decision, GateInput};
 use takosumi_runtime::Ctx;
@@ -195,7 +195,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             activity::append(
                 tx.db(),
                 run.workspace_id,
-                "run_held",
+                ActivityKind::RunHeld,
                 &run_id.to_string(),
                 &actor,
                 json!({ "reason": reason }),

@@ -162,7 +162,7 @@ impl Claim {
     /// event (see [`runs::claim`]).
     fn start(ctx: &Ctx, run_id: RunId, attempt: i32) -> Self {
         let (pool, owner, lease_secs) = (ctx.pool.clone(), ctx.owner.clone(), ctx.lease_secs);
-        let sandbox = ctx.runner.sandbox_mode().as_str();
+        let sandbox = ctx.runner.sandbox_mode();
         let task = tokio::spawn(async move {
             let data = serde_json::json!({ "step": "plan", "attempt": attempt });
             let record = runs::ClaimRecord {

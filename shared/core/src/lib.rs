@@ -9,6 +9,7 @@ pub mod digest;
 pub mod error;
 pub mod event;
 pub mod ids;
+pub mod kinds;
 pub mod lock_state;
 pub mod nul;
 pub mod role;
@@ -25,6 +26,7 @@ pub use ids::{
     CapsuleId, EventId, IdParseError, ProviderBindingId, RunGroupId, RunId, StateVersionId,
     TokenId, WorkspaceId,
 };
+pub use kinds::{ActivityKind, BindingKind, GroupKind, SandboxMode};
 pub use lock_state::ProviderLockState;
 pub use nul::{holds_nul, json_without_nul, without_nul};
 pub use role::{Role, UnknownRole};

@@ -205,6 +205,20 @@ pub enum ActorKind {
     System,
 }
 
+impl ActorKind {
+    /// Every kind.
+    pub const ALL: &'static [Self] = &[Self::User, Self::Agent, Self::System];
+
+    /// Its name as stored and sent.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Agent => "agent",
+            Self::System => "system",
+        }
+    }
+}
+
 /// Resource changes counted from `show -json` (a replacement counts once as an add and
 /// once as a destroy, as the tool itself reports it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -291,6 +305,13 @@ impl RunMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn actor_kinds_are_named_as_serialized() {
+        for k in ActorKind::ALL {
+            assert_eq!(serde_json::to_value(k).unwrap(), k.as_str());
+        }
+    }
 
     #[test]
     fn terminal_statuses() {

@@ -138,6 +138,10 @@ mod tests {
         round_trips(GateDecision::ALL);
         round_trips(ApplyMode::ALL);
         round_trips(crate::ResolutionAction::ALL);
+        round_trips(crate::SandboxMode::ALL);
+        round_trips(crate::GroupKind::ALL);
+        round_trips(crate::BindingKind::ALL);
+        round_trips(crate::ActivityKind::ALL);
         round_trips(crate::CapsuleStatus::ALL);
         round_trips(ProviderLockState::ALL);
         round_trips(Tool::ALL);

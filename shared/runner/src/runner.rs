@@ -143,7 +143,12 @@ impl RunnerConfig {
         cfg.tofu_bin = resolve_tool(get("TAKOSUMI_TOFU_BIN"), "tofu", search.as_deref());
         cfg.cli_config_file = get("TAKOSUMI_TF_CLI_CONFIG").map(PathBuf::from);
         if let Some(mode) = get("TAKOSUMI_SANDBOX") {
-            match mode.parse() {
+            // `bwrap`, the binary's name, is accepted as well as the mode's own.
+            match if mode == "bwrap" {
+                Ok(crate::SandboxMode::Bubblewrap)
+            } else {
+                mode.parse()
+            } {
                 Ok(m) => cfg.sandbox.mode = m,
                 Err(e) => problems.push(format!("TAKOSUMI_SANDBOX: {e}")),
             }
@@ -1541,6 +1546,31 @@ mod tests {
         assert!(
             err.contains("put `tofu` on the PATH") && err.contains("TAKOSUMI_TOFU_BIN"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn sandbox_setting_is_read_once_and_a_wrong_one_is_named() {
+        let settings = |mode: &str| {
+            RunnerConfig::from_settings(|k| match k {
+                "TAKOSUMI_WORK_DIR" => Some("/tmp/w".to_owned()),
+                "TAKOSUMI_SANDBOX" => Some(mode.to_owned()),
+                _ => None,
+            })
+        };
+        for (text, mode) in [
+            ("bubblewrap", crate::SandboxMode::Bubblewrap),
+            ("bwrap", crate::SandboxMode::Bubblewrap),
+            ("none", crate::SandboxMode::None),
+        ] {
+            assert_eq!(settings(text).unwrap().sandbox.mode, mode, "{text}");
+        }
+        let problems = settings("docker").unwrap_err();
+        assert!(
+            problems.iter().any(|p| p.starts_with("TAKOSUMI_SANDBOX: ")
+                && p.contains("\"docker\"")
+                && p.contains("bubblewrap, none")),
+            "{problems:?}"
         );
     }
 

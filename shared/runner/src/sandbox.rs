@@ -14,54 +14,14 @@
 //! available); the handler says so loudly and every Run it executes records it.
 
 use std::ffi::{OsStr, OsString};
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use tokio::process::Command;
 
 use crate::RunnerError;
 use crate::etc_view::ETC_FILES;
 
-/// How children are isolated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SandboxMode {
-    /// bubblewrap (the default).
-    #[default]
-    Bubblewrap,
-    /// No isolation: children run as the handler's user. Only by explicit setting.
-    None,
-}
-
-impl SandboxMode {
-    /// `bubblewrap` or `none`, as recorded on a Run.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Bubblewrap => "bubblewrap",
-            Self::None => "none",
-        }
-    }
-}
-
-impl fmt::Display for SandboxMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for SandboxMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "bubblewrap" | "bwrap" => Ok(Self::Bubblewrap),
-            "none" => Ok(Self::None),
-            other => Err(format!(
-                "unknown sandbox {other:?}: expected \"bubblewrap\" or \"none\""
-            )),
-        }
-    }
-}
+pub use takosumi_core::SandboxMode;
 
 /// The sandbox's settings (server settings, read once).
 #[derive(Debug, Clone)]
@@ -389,13 +349,6 @@ pub(crate) fn descendants_of(leader: u32) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn modes_parse() {
-        assert_eq!("bubblewrap".parse(), Ok(SandboxMode::Bubblewrap));
-        assert_eq!("none".parse(), Ok(SandboxMode::None));
-        assert!("docker".parse::<SandboxMode>().is_err());
-    }
 
     #[test]
     fn path_lists() {

@@ -3,7 +3,7 @@
 //! when, an event and an activity entry. An apply also lets go of its Capsule and wakes
 //! the next waiting apply, exactly as a failed apply does.
 
-use takosumi_core::{CapsuleId, EventKind, Outcome, RunId, StepError, WorkspaceId};
+use takosumi_core::{ActivityKind, CapsuleId, EventKind, Outcome, RunId, StepError, WorkspaceId};
 use takosumi_store::{Tx, activity, events, runs};
 use tokio_util::sync::CancellationToken;
 
@@ -89,7 +89,7 @@ async fn record_activity(
     activity::append(
         tx.db(),
         workspace_id,
-        "run_canceled",
+        ActivityKind::RunCanceled,
         &run_id.to_string(),
         by,
         serde_json::json!({ "whileRunning": true }),

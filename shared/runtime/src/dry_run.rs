@@ -13,7 +13,7 @@
 //! the API's relay endpoint for a relay worker's (`owner` is the claim either way).
 
 use serde_json::json;
-use takosumi_core::{EventKind, FailureCode, HoldReason, RunKind};
+use takosumi_core::{ActivityKind, EventKind, FailureCode, HoldReason, RunKind};
 use takosumi_policy::RuleSet;
 use takosumi_policy::scan::ScanReport;
 use takosumi_store::{Pool, activity, events, rules, runs};
@@ -146,7 +146,7 @@ pub async fn check(
     activity::append(
         tx.db(),
         run.workspace_id,
-        "run_held",
+        ActivityKind::RunHeld,
         &run.id.to_string(),
         &actor,
         json!({ "reason": reason }),

@@ -58,11 +58,11 @@ pub enum CredentialSet {
 
 impl CredentialSet {
     /// `env`, `token` or `command`.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> takosumi_core::BindingKind {
         match self {
-            Self::Env { .. } => "env",
-            Self::Token { .. } => "token",
-            Self::Command { .. } => "command",
+            Self::Env { .. } => takosumi_core::BindingKind::Env,
+            Self::Token { .. } => takosumi_core::BindingKind::Token,
+            Self::Command { .. } => takosumi_core::BindingKind::Command,
         }
     }
 

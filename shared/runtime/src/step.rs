@@ -79,7 +79,7 @@ pub async fn claim_apply_recorded(
     owner: &str,
     lease_secs: i64,
     data: serde_json::Value,
-    sandbox: Option<&str>,
+    sandbox: Option<takosumi_core::SandboxMode>,
 ) -> Result<runs::ApplyClaim, StepError> {
     let record = runs::ClaimRecord {
         data: &data,

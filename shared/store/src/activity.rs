@@ -1,7 +1,7 @@
 //! The Workspace's activity record.
 
 use chrono::{DateTime, Utc};
-use takosumi_core::WorkspaceId;
+use takosumi_core::{ActivityKind, WorkspaceId};
 
 use crate::StoreError;
 
@@ -9,7 +9,7 @@ use crate::StoreError;
 pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
     workspace_id: WorkspaceId,
-    kind: &str,
+    kind: ActivityKind,
     subject: &str,
     actor: &str,
     data: serde_json::Value,
@@ -17,7 +17,7 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
     sqlx::query!(
         "INSERT INTO activity (workspace_id, kind, subject, actor, data) VALUES ($1, $2, $3, $4, $5)",
         workspace_id.as_uuid(),
-        kind,
+        kind as ActivityKind,
         subject,
         actor,
         data
@@ -31,14 +31,14 @@ pub async fn append<'e, E: sqlx::PgExecutor<'e>>(
 /// revoked).
 pub async fn append_instance<'e, E: sqlx::PgExecutor<'e>>(
     executor: E,
-    kind: &str,
+    kind: ActivityKind,
     subject: &str,
     actor: &str,
     data: serde_json::Value,
 ) -> Result<(), StoreError> {
     sqlx::query!(
         "INSERT INTO activity (workspace_id, kind, subject, actor, data) VALUES (NULL, $1, $2, $3, $4)",
-        kind,
+        kind as ActivityKind,
         subject,
         actor,
         data
@@ -53,8 +53,8 @@ pub async fn append_instance<'e, E: sqlx::PgExecutor<'e>>(
 pub struct ActivityEntry {
     /// Order within the instance (the cursor).
     pub id: i64,
-    /// `capsule_registered`, `run_started`, `state_version_written`, …
-    pub kind: String,
+    /// What it records.
+    pub kind: ActivityKind,
     /// The id it is about.
     pub subject: String,
     /// Who did it.
@@ -69,20 +69,20 @@ pub struct ActivityEntry {
 pub async fn list(
     pool: &crate::Pool,
     workspace_id: WorkspaceId,
-    kind: Option<&str>,
+    kind: Option<ActivityKind>,
     before_id: Option<i64>,
     limit: i64,
 ) -> Result<(Vec<ActivityEntry>, Option<i64>), StoreError> {
     let mut rows = sqlx::query_as!(
         ActivityEntry,
-        r#"SELECT id, kind, subject, actor, data, at FROM activity
+        r#"SELECT id, kind AS "kind: ActivityKind", subject, actor, data, at FROM activity
             WHERE workspace_id = $1
               AND ($2::text IS NULL OR kind = $2)
               AND ($3::bigint IS NULL OR id < $3)
             ORDER BY id DESC
             LIMIT $4"#,
         workspace_id.as_uuid(),
-        kind,
+        kind as Option<ActivityKind>,
         before_id,
         limit + 1
     )

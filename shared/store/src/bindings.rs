@@ -7,7 +7,7 @@
 //! sealed blob through anything the API projects.
 
 use chrono::{DateTime, Utc};
-use takosumi_core::{CapsuleId, ProviderBindingId, RunId, WorkspaceId};
+use takosumi_core::{BindingKind, CapsuleId, ProviderBindingId, RunId, WorkspaceId};
 
 use crate::{StoreError, Tx};
 
@@ -20,8 +20,8 @@ pub struct Binding {
     pub workspace_id: WorkspaceId,
     /// Its name, unique in the Workspace.
     pub name: String,
-    /// `env`, `token` or `command`.
-    pub kind: String,
+    /// How its values reach the tool.
+    pub kind: BindingKind,
     /// The variables it injects (names only).
     pub env_names: Vec<String>,
     /// Who created it.
@@ -56,8 +56,8 @@ pub struct NewBinding<'a> {
     pub workspace_id: WorkspaceId,
     /// Its name.
     pub name: &'a str,
-    /// `env`, `token` or `command`.
-    pub kind: &'a str,
+    /// How its values reach the tool.
+    pub kind: BindingKind,
     /// The names it injects.
     pub env_names: &'a [String],
     /// The sealed values.
@@ -75,7 +75,7 @@ pub async fn create(tx: &mut Tx, new: &NewBinding<'_>) -> Result<Binding, StoreE
         new.id.as_uuid(),
         new.workspace_id.as_uuid(),
         new.name,
-        new.kind,
+        new.kind as BindingKind,
         new.env_names,
         new.sealed,
         new.created_by
@@ -86,7 +86,7 @@ pub async fn create(tx: &mut Tx, new: &NewBinding<'_>) -> Result<Binding, StoreE
         id: new.id,
         workspace_id: new.workspace_id,
         name: new.name.to_owned(),
-        kind: new.kind.to_owned(),
+        kind: new.kind,
         env_names: new.env_names.to_vec(),
         created_by: new.created_by.to_owned(),
         created_at: row.created_at,
@@ -99,7 +99,7 @@ pub async fn get<'e, E: sqlx::PgExecutor<'e>>(
     id: ProviderBindingId,
 ) -> Result<Option<Binding>, StoreError> {
     let row = sqlx::query!(
-        r#"SELECT id, workspace_id, name, kind, env_names, created_by, created_at
+        r#"SELECT id, workspace_id, name, kind AS "kind: BindingKind", env_names, created_by, created_at
              FROM provider_bindings WHERE id = $1"#,
         id.as_uuid()
     )
@@ -122,7 +122,7 @@ pub async fn list_for_workspace<'e, E: sqlx::PgExecutor<'e>>(
     workspace_id: WorkspaceId,
 ) -> Result<Vec<Binding>, StoreError> {
     let rows = sqlx::query!(
-        r#"SELECT id, workspace_id, name, kind, env_names, created_by, created_at
+        r#"SELECT id, workspace_id, name, kind AS "kind: BindingKind", env_names, created_by, created_at
              FROM provider_bindings WHERE workspace_id = $1 ORDER BY name"#,
         workspace_id.as_uuid()
     )
@@ -160,7 +160,7 @@ pub async fn sealed_for_capsule<'e, E: sqlx::PgExecutor<'e>>(
     capsule_id: CapsuleId,
 ) -> Result<Vec<SealedBinding>, StoreError> {
     let rows = sqlx::query!(
-        r#"SELECT b.id, b.workspace_id, b.name, b.kind, b.env_names, b.created_by, b.created_at, b.sealed
+        r#"SELECT b.id, b.workspace_id, b.name, b.kind AS "kind: BindingKind", b.env_names, b.created_by, b.created_at, b.sealed
              FROM capsule_provider_bindings c
              JOIN provider_bindings b ON b.id = c.binding_id
             WHERE c.capsule_id = $1

@@ -569,7 +569,7 @@ impl Facts {
             gate,
             dry_run_scan,
             approvals,
-            sandbox: run.sandbox.clone(),
+            sandbox: run.sandbox.map(|s| s.as_str().to_owned()),
             plan_run: plan_ref,
             state_version,
         })

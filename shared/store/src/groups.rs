@@ -2,7 +2,7 @@
 //! `drift_check`).
 
 use chrono::{DateTime, Utc};
-use takosumi_core::{RunGroupId, RunId, WorkspaceId};
+use takosumi_core::{GroupKind, RunGroupId, RunId, WorkspaceId};
 
 use crate::{StoreError, Tx};
 
@@ -10,7 +10,7 @@ use crate::{StoreError, Tx};
 pub async fn create_group(
     tx: &mut Tx,
     ws: WorkspaceId,
-    kind: &str,
+    kind: GroupKind,
     by: &str,
 ) -> Result<RunGroupId, StoreError> {
     let id = RunGroupId::new();
@@ -18,7 +18,7 @@ pub async fn create_group(
         "INSERT INTO run_groups (id, workspace_id, kind, created_by) VALUES ($1, $2, $3, $4)",
         id.as_uuid(),
         ws.as_uuid(),
-        kind,
+        kind as GroupKind,
         by
     )
     .execute(tx.db())
@@ -33,8 +33,8 @@ pub struct RunGroup {
     pub id: RunGroupId,
     /// Its Workspace.
     pub workspace_id: WorkspaceId,
-    /// `plan_update` or `drift_check`.
-    pub kind: String,
+    /// What it started.
+    pub kind: GroupKind,
     /// Who started it.
     pub created_by: String,
     /// When.
@@ -44,7 +44,7 @@ pub struct RunGroup {
 /// Reads a RunGroup.
 pub async fn group(pool: &crate::Pool, id: RunGroupId) -> Result<Option<RunGroup>, StoreError> {
     let row = sqlx::query!(
-        "SELECT id, workspace_id, kind, created_by, created_at FROM run_groups WHERE id = $1",
+        r#"SELECT id, workspace_id, kind AS "kind: GroupKind", created_by, created_at FROM run_groups WHERE id = $1"#,
         id.as_uuid()
     )
     .fetch_optional(pool)

@@ -238,7 +238,7 @@ pub async fn claim_next_plan(
         pool_id,
         owner,
         lease_secs,
-        record.sandbox,
+        record.sandbox as Option<takosumi_core::SandboxMode>,
         record.data
     )
     .fetch_optional(executor)

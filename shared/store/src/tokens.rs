@@ -31,7 +31,7 @@ pub async fn upsert(
     pool: &crate::Pool,
     token: &str,
     name: &str,
-    role: &str,
+    role: takosumi_core::Role,
     workspace_id: Option<WorkspaceId>,
 ) -> Result<TokenId, StoreError> {
     let id = TokenId::new();
@@ -44,7 +44,7 @@ pub async fn upsert(
         id.as_uuid(),
         hash,
         name,
-        role,
+        role.as_str(),
         workspace_id.map(|w| w.as_uuid())
     )
     .fetch_one(pool)

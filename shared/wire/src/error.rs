@@ -216,54 +216,32 @@ pub trait KnownCode: Copy + fmt::Debug + 'static {
     fn wire(self) -> &'static str;
 }
 
-impl KnownCode for ErrorCode {
-    const ALL: &'static [Self] = ErrorCode::ALL;
-    fn wire(self) -> &'static str {
-        self.as_str()
-    }
+// Each closed set a reader holds as a `Code`: its values and names are its own.
+macro_rules! known_codes {
+    ($($set:ty),+ $(,)?) => {$(
+        impl KnownCode for $set {
+            const ALL: &'static [Self] = <$set>::ALL;
+            fn wire(self) -> &'static str {
+                self.as_str()
+            }
+        }
+    )+};
 }
 
-impl KnownCode for FailureCode {
-    const ALL: &'static [Self] = FailureCode::ALL;
-    fn wire(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl KnownCode for Tool {
-    const ALL: &'static [Self] = Tool::ALL;
-    fn wire(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl KnownCode for EventKind {
-    const ALL: &'static [Self] = EventKind::ALL;
-    fn wire(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl KnownCode for takosumi_core::ResolutionAction {
-    const ALL: &'static [Self] = takosumi_core::ResolutionAction::ALL;
-    fn wire(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl KnownCode for takosumi_core::CapsuleStatus {
-    const ALL: &'static [Self] = takosumi_core::CapsuleStatus::ALL;
-    fn wire(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl KnownCode for HoldReason {
-    const ALL: &'static [Self] = HoldReason::ALL;
-    fn wire(self) -> &'static str {
-        self.as_str()
-    }
-}
+known_codes!(
+    ErrorCode,
+    FailureCode,
+    Tool,
+    EventKind,
+    HoldReason,
+    takosumi_core::ResolutionAction,
+    takosumi_core::CapsuleStatus,
+    takosumi_core::ActorKind,
+    takosumi_core::SandboxMode,
+    takosumi_core::GroupKind,
+    takosumi_core::BindingKind,
+    takosumi_core::ActivityKind,
+);
 
 /// A code as a reader of the API holds it: one of the codes this build knows, or the text
 /// of one it does not (an API newer than the reader answers codes added since), so the

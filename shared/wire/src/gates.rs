@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use takosumi_core::{CapsuleId, HoldReason, RunGroupId, RunId, RunStatus, WorkspaceId};
+use takosumi_core::{CapsuleId, GroupKind, HoldReason, RunGroupId, RunId, RunStatus, WorkspaceId};
 
 use crate::{Code, ErrorCode, Run, null_as_default};
 
@@ -76,7 +76,8 @@ pub struct GroupStarted {
     /// The Workspace.
     pub workspace_id: WorkspaceId,
     /// `plan_update` or `drift_check`.
-    pub kind: String,
+    #[schema(value_type = GroupKind)]
+    pub kind: Code<GroupKind>,
     /// The Runs it started, one per Capsule.
     #[serde(default, deserialize_with = "null_as_default")]
     pub run_ids: Vec<RunId>,

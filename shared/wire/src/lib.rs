@@ -13,9 +13,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use takosumi_core::{
-    ApplyMode, CapsuleId, CapsuleStatus, Changes, EventKind, FailureCode, HoldReason,
-    ProviderBindingId, ResolutionAction, RunGroupId, RunId, RunKind, RunStatus, StateVersionId,
-    Tool, WorkspaceId,
+    ActivityKind, ActorKind, ApplyMode, BindingKind, CapsuleId, CapsuleStatus, Changes, EventKind,
+    FailureCode, GroupKind, HoldReason, ProviderBindingId, ResolutionAction, RunGroupId, RunId,
+    RunKind, RunStatus, SandboxMode, StateVersionId, Tool, WorkspaceId,
 };
 
 mod error;
@@ -187,9 +187,10 @@ pub struct RunErrorBody {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Actor {
-    /// `user`, `agent` or `system` (kept as text so a new kind does not break decoding).
+    /// `user`, `agent` or `system` (a kind newer than this build reads as its text).
     #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
+    #[schema(value_type = ActorKind)]
+    pub kind: Code<ActorKind>,
     /// The token or component id.
     #[serde(default, deserialize_with = "null_as_default")]
     pub id: String,
@@ -269,7 +270,8 @@ pub struct Run {
     /// The sandbox that ran its processes: `bubblewrap`, or `none` on a runner started
     /// without isolation; absent before it ran.
     #[serde(default)]
-    pub sandbox: Option<String>,
+    #[schema(value_type = Option<SandboxMode>)]
+    pub sandbox: Option<Code<SandboxMode>>,
     /// When the Run was created.
     #[serde(default)]
     pub created_at: Option<DateTime<Utc>>,
@@ -339,7 +341,8 @@ pub struct UsedBinding {
     pub name: String,
     /// `env`, `token` or `command`.
     #[serde(default)]
-    pub kind: String,
+    #[schema(value_type = BindingKind)]
+    pub kind: Code<BindingKind>,
 }
 
 /// One entry of a Run's ordered event record.
@@ -402,9 +405,11 @@ pub struct RunPage {
 pub struct ActivityEntry {
     /// Order within the record.
     pub id: i64,
-    /// `capsule_registered`, `run_started`, `run_canceled`, `state_version_written`, …
+    /// `capsule_registered`, `run_started`, `run_canceled`, `state_version_written`, … (a
+    /// kind newer than this build reads as its text).
     #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
+    #[schema(value_type = ActivityKind)]
+    pub kind: Code<ActivityKind>,
     /// The id it is about.
     #[serde(default, deserialize_with = "null_as_default")]
     pub subject: String,
@@ -441,7 +446,8 @@ pub struct RunGroup {
     pub workspace_id: WorkspaceId,
     /// `plan_update` or `drift_check`.
     #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
+    #[schema(value_type = GroupKind)]
+    pub kind: Code<GroupKind>,
     /// Who started it.
     #[serde(default, deserialize_with = "null_as_default")]
     pub created_by: String,

@@ -866,7 +866,7 @@ fn run_page(s: &Session, run: &Run, parts: RunParts<'_>) -> Markup {
                 dt { "Plan digest" } dd { code { (run.plan_digest.as_deref().unwrap_or("—")) } }
                 @if let Some(src) = &run.source_snapshot { dt { "Source" } dd { code { (src.commit) } } }
                 dt { "Auto-apply requested" } dd { (run.auto_apply_requested) }
-                dt { "Sandbox" } dd { (run.sandbox.as_deref().unwrap_or("—")) }
+                dt { "Sandbox" } dd { (run.sandbox.as_ref().map_or("—", |s| s.as_str())) }
                 dt { "Injected env (names)" } dd { (run.injected_env_names.join(", ")) }
                 @if let Some(p) = run.plan_run_id { dt { "Carries out" } dd { a href={ "/runs/" (p) } { (p) } } }
             }

@@ -40,15 +40,10 @@ pub(super) async fn claim(
         crate::extract::parse_worker_body(&body)?
     };
     let key = delivery_key_for(&pool, &req.delivery_key_ids)?;
-    let sandbox = match req.sandbox.as_deref() {
+    let sandbox = match req.sandbox.as_deref().map(str::parse::<SandboxMode>) {
         None => None,
-        Some(s @ ("bubblewrap" | "none")) => Some(s),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                ErrorCode::InvalidSandbox,
-                "sandbox is \"bubblewrap\" or \"none\"",
-            ));
-        }
+        Some(Ok(mode)) => Some(mode),
+        Some(Err(e)) => return Err(ApiError::invalid(ErrorCode::InvalidSandbox, e.to_string())),
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(req.wait_secs.min(20));
     loop {
@@ -105,7 +100,7 @@ pub(super) async fn claim_once(
     st: &AppState,
     pool: &WorkerPool,
     key: Option<&DeliveryPublicKey>,
-    sandbox: Option<&str>,
+    sandbox: Option<SandboxMode>,
 ) -> Result<Option<RelayJob>, ApiError> {
     // Applies first: a held Capsule waits for them.
     for (run_id, has_plan) in pools::released_applies(&st.pool, pool.id).await? {

@@ -80,7 +80,7 @@ pub(super) async fn secret_inputs(
         used.push(UsedBinding {
             id: b.id,
             name: b.name.clone(),
-            kind: b.kind.clone(),
+            kind: b.kind.into(),
         });
     }
     // Every injected name, the plain variables' included, as the control node records.

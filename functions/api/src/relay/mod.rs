@@ -42,7 +42,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
-use takosumi_core::{CapsuleId, EventKind, FailureCode, RunId, RunKind, RunStatus};
+use takosumi_core::{
+    ActivityKind, CapsuleId, EventKind, FailureCode, RunId, RunKind, RunStatus, SandboxMode,
+};
 use takosumi_runtime::apply_commit::{self, ApplyCommitError, ApplyToCommit, ToolEnd};
 use takosumi_runtime::dependencies::LockfileError;
 use takosumi_runtime::dry_run::{self, DryRunDecision};

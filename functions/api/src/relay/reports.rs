@@ -525,7 +525,7 @@ pub(super) async fn canceled(
     takosumi_store::activity::append(
         tx.db(),
         done.workspace_id,
-        "run_canceled",
+        ActivityKind::RunCanceled,
         &run.id.to_string(),
         &done.by,
         json!({ "whileRunning": true }),

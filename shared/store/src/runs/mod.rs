@@ -108,8 +108,8 @@ pub struct Run {
     pub canceled_at: Option<DateTime<Utc>>,
     /// The handler holding it.
     pub lease_owner: Option<String>,
-    /// The sandbox that ran the Run's processes (`bubblewrap` | `none`), once executed.
-    pub sandbox: Option<String>,
+    /// The sandbox that ran the Run's processes, once executed.
+    pub sandbox: Option<takosumi_core::SandboxMode>,
     /// Claims so far.
     pub attempts: i32,
     /// Created.
@@ -177,7 +177,7 @@ macro_rules! select_runs {
                   provider_lock_digest, dependency_snapshot, state_generation, changes, drift, outputs,
                   state_version_id as "state_version_id: takosumi_core::StateVersionId", injected_env_names,
                   vars, var_names, provider_bindings, hold_reason as "hold_reason: takosumi_core::HoldReason", hold_details, gate_decision as "gate_decision: takosumi_core::GateDecision", error_code, error_message, canceled_by,
-                  canceled_at, lease_owner, sandbox, attempts, created_at, updated_at, apply_mode as "apply_mode: takosumi_core::ApplyMode",
+                  canceled_at, lease_owner, sandbox as "sandbox: takosumi_core::SandboxMode", attempts, created_at, updated_at, apply_mode as "apply_mode: takosumi_core::ApplyMode",
                   cancel_requested_at, cancel_requested_by, resolution_action as "resolution_action: takosumi_core::ResolutionAction", resolution_note,
                   resolved_by, resolved_at
              "# + $from + $rest
@@ -403,7 +403,7 @@ pub struct ClaimRecord<'a> {
     /// The `claimed` event's data (`step`, `attempt`, a relay worker's `pool`…).
     pub data: &'a serde_json::Value,
     /// The sandbox mode of the host that claimed it.
-    pub sandbox: Option<&'a str>,
+    pub sandbox: Option<takosumi_core::SandboxMode>,
 }
 
 /// Claims a Run of one of `kinds` for a step: `from` → `to`, with a lease, and writes its
@@ -441,7 +441,7 @@ pub async fn claim<'e, E: sqlx::PgExecutor<'e>>(
         owner,
         lease_secs,
         kinds as &[RunKind],
-        record.sandbox,
+        record.sandbox as Option<takosumi_core::SandboxMode>,
         record.data
     )
     .execute(executor)
