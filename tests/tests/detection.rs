@@ -677,18 +677,7 @@ async fn run_group_planned_approved_and_applied_at_once() -> anyhow::Result<()> 
     for id in &apply_ids {
         assert_eq!(stack.wait(*id).await?.status, RunStatus::Held);
     }
-    let token = format!(
-        "tks_approver_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    takosumi_store::tokens::upsert(
-        &stack.ctx.pool,
-        &token,
-        "approver",
-        takosumi_core::Role::Approver,
-        None,
-    )
-    .await?;
+    let (token, _) = stack.token("approver", "approver").await?;
     let resp = reqwest::Client::new()
         .post(format!("{}/api/v1/run-groups/{rg}/approve", stack.api_url))
         .bearer_auth(&token)
@@ -971,25 +960,8 @@ async fn agent_drift_checks_and_plan_updates_are_held_before_planning() -> anyho
     // applied once, so a drift check has something to compare with
     stack.plan_and_apply(cap.id).await?;
     let plans_before = stack.tool_count("plan");
-    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..10];
-    let agent = format!("tks_agent_{suffix}");
-    let approver = format!("tks_human_{suffix}");
-    takosumi_store::tokens::upsert(
-        &stack.ctx.pool,
-        &agent,
-        "copilot",
-        takosumi_core::Role::Agent,
-        None,
-    )
-    .await?;
-    takosumi_store::tokens::upsert(
-        &stack.ctx.pool,
-        &approver,
-        "human",
-        takosumi_core::Role::Approver,
-        None,
-    )
-    .await?;
+    let (agent, _) = stack.token("copilot", "agent").await?;
+    let (approver, _) = stack.token("human", "approver").await?;
     let held = |run: &Value| {
         assert_eq!(run["status"], json!("held"), "{run}");
         assert_eq!(run["hold"]["reason"], json!("agent_run"), "{run}");

@@ -17,7 +17,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Value, json};
 use takosumi_client::{Capsule, ClientError};
-use takosumi_core::{RunId, RunMessage, RunStatus, Topic};
+use takosumi_core::{Role, RunId, RunMessage, RunStatus, Topic};
 use takosumi_seal::delivery::DeliveryKeyPair;
 use takosumi_tests::probe::{self, record};
 use takosumi_tests::{GitRepo, Options, Stack, Steps, keys_env, processes_exactly};
@@ -1248,24 +1248,11 @@ async fn poison_messages_are_dead_lettered_and_visible() -> anyhow::Result<()> {
 
     // Only admins; a bad limit is a 4xx with a code.
     let ws = stack.client.create_workspace("poison").await?;
-    let viewer = "tks_test_viewer_dead_letters";
-    takosumi_store::tokens::upsert(
-        &stack.ctx.pool,
-        viewer,
-        "viewer",
-        takosumi_core::Role::Viewer,
-        None,
-    )
-    .await?;
+    let (viewer, _) = stack.token("viewer", "viewer").await?;
+    let viewer = viewer.as_str();
     let scoped = "tks_test_scoped_dead_letters";
-    takosumi_store::tokens::upsert(
-        &stack.ctx.pool,
-        scoped,
-        "scoped",
-        takosumi_core::Role::Admin,
-        Some(ws.id),
-    )
-    .await?;
+    takosumi_store::tokens::upsert(&stack.ctx.pool, scoped, "scoped", Role::Admin, Some(ws.id))
+        .await?;
     for token in [viewer, scoped] {
         let r = probe::call(
             &stack,

@@ -125,15 +125,7 @@ async fn runs_carry_variable_names_never_values() -> anyhow::Result<()> {
     assert_eq!(shown.vars, obj(json!({ "region": "eu" })));
     assert_eq!(shown.withheld_vars, ["db_password"]);
     // A viewer sees names only.
-    let viewer = format!("tks_viewer_{}", uuid::Uuid::new_v4().simple());
-    takosumi_store::tokens::upsert(
-        &stack.ctx.pool,
-        &viewer,
-        "reader",
-        takosumi_core::Role::Viewer,
-        None,
-    )
-    .await?;
+    let (viewer, _) = stack.token("reader", "viewer").await?;
     let (status, as_viewer) = stack
         .request(
             "GET",

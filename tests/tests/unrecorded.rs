@@ -494,15 +494,7 @@ async fn restore_held_state_makes_the_applied_state_current() -> anyhow::Result<
     assert_eq!(state_version_count(&stack).await?, 0);
 
     // A non-admin token is refused.
-    let operator = format!("tks_op_{}", uuid::Uuid::new_v4().simple());
-    takosumi_store::tokens::upsert(
-        &stack.ctx.pool,
-        &operator,
-        "op",
-        takosumi_core::Role::Operator,
-        None,
-    )
-    .await?;
+    let (operator, _) = stack.token("op", "operator").await?;
     let (status, err) = stack
         .request("POST", &path, Some(&operator), Some(&body.to_string()))
         .await?;
@@ -776,15 +768,7 @@ async fn attach_state_checks_the_state_and_makes_it_current() -> anyhow::Result<
     unchanged("oversized").await?;
 
     // A non-admin token.
-    let operator = format!("tks_op_{}", uuid::Uuid::new_v4().simple());
-    takosumi_store::tokens::upsert(
-        &stack.ctx.pool,
-        &operator,
-        "op",
-        takosumi_core::Role::Operator,
-        None,
-    )
-    .await?;
+    let (operator, _) = stack.token("op", "operator").await?;
     let held_json: serde_json::Value = serde_json::from_slice(&held_state)?;
     let (status, err) = stack
         .request(

@@ -6,7 +6,9 @@
 //! approval of another plan can never count here.
 
 use serde_json::json;
-use takosumi_core::{EventKind, Outcome, RunKind, RunMessage, RunStatus, StepError, Topic};
+use takosumi_core::{
+    EventKind, Outcome, RunKind, RunMessage, RunStatus, ShownToApprover, StepError, Topic,
+};
 use takosumi_runtime::Ctx;
 use takosumi_store::StoreError;
 use takosumi_store::{approvals, events, outbox, runs};
@@ -40,6 +42,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
     };
     outbox::enqueue(&mut tx, topic, run_id).await?;
     let actor = format!("handler:{}", ctx.owner);
+    let shown = ShownToApprover::of(run.hold_details.as_ref());
     events::append(
         tx.db(),
         run_id,
@@ -50,8 +53,8 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
             "approvals": given,
             "required": required,
             "planDigest": run.plan_digest,
-            "commit": run.hold_details.as_ref().and_then(|d| d.get("commit")),
-            "modulesDigest": run.hold_details.as_ref().and_then(|d| d.get("modulesDigest")),
+            "commit": shown.commit,
+            "modulesDigest": shown.modules_digest,
         }),
     )
     .await?;

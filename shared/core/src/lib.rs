@@ -18,7 +18,9 @@ pub mod secret;
 pub mod text_enum;
 pub mod tool;
 
-pub use decisions::{ApplyMode, CapsuleStatus, GateDecision, HoldReason, ResolutionAction};
+pub use decisions::{
+    ApplyMode, CapsuleStatus, GateDecision, HoldReason, ResolutionAction, ShownToApprover,
+};
 pub use digest::sha256_hex;
 pub use error::{FailureCode, Outcome, StepError};
 pub use event::EventKind;

@@ -12,14 +12,43 @@
 //! One implementation for both hosts: the plan handler calls it for the Runs it claims,
 //! the API's relay endpoint for a relay worker's (`owner` is the claim either way).
 
+use serde::Serialize;
 use serde_json::json;
-use takosumi_core::{ActivityKind, EventKind, FailureCode, HoldReason, RunKind};
-use takosumi_policy::RuleSet;
+use takosumi_core::{ActivityKind, EventKind, FailureCode, HoldReason, RunKind, ShownToApprover};
 use takosumi_policy::scan::ScanReport;
+use takosumi_policy::{ApprovalRule, RuleSet};
 use takosumi_store::{Pool, activity, events, rules, runs};
 
 use crate::inputs::EnvError;
 use takosumi_store::StoreError;
+
+/// The stage a plan held by its dry-run scan was held at.
+const BEFORE_PLAN: &str = "before_plan";
+
+/// A plan held before it planned, as its hold's details record it and the approver reads it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BeforePlanHold<'a> {
+    reasons: [HoldReason; 1],
+    stage: &'static str,
+    dry_run: bool,
+    message: &'static str,
+    findings: &'a [String],
+    dry_run_scan: serde_json::Value,
+    /// What its release is bound to (read back by the plan step and the approve step).
+    #[serde(flatten)]
+    shown: &'a ShownToApprover,
+    approval_rule: &'a ApprovalRule,
+    exclude_dry_run: Option<bool>,
+    rule_versions: RuleVersionsShown,
+}
+
+/// The rule set versions a hold was decided under (`None`: no rules set at that level).
+#[derive(Serialize)]
+struct RuleVersionsShown {
+    workspace: Option<i32>,
+    capsule: Option<i32>,
+}
 
 /// What the dry-run check decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,13 +81,8 @@ pub async fn check(
         // A person released it before it planned: it runs the commit and the module tree
         // they were shown (modules are fetched again, so a module source that moved is
         // refused here rather than planned unscanned).
-        let shown = |key: &str| {
-            run.hold_details
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .and_then(|c| c.as_str())
-        };
-        if let Some(shown) = shown("commit")
+        let shown = ShownToApprover::of(run.hold_details.as_ref());
+        if let Some(shown) = &shown.commit
             && shown != commit
         {
             return Err(EnvError::Fail(
@@ -68,7 +92,7 @@ pub async fn check(
                 ),
             ));
         }
-        if let (Some(shown), Some(now)) = (shown("modulesDigest"), modules_digest)
+        if let (Some(shown), Some(now)) = (&shown.modules_digest, modules_digest)
             && shown != now
         {
             return Err(EnvError::Fail(
@@ -103,22 +127,26 @@ pub async fn check(
     } else {
         "the approval rule covers plans too (excludeDryRun: false)"
     };
-    let details = json!({
-        "reasons": [reason],
-        "stage": "before_plan",
-        "dryRun": true,
-        "message": why,
-        "findings": findings,
-        "dryRunScan": report.to_json(),
-        "commit": commit,
-        "modulesDigest": modules_digest,
-        "approvalRule": { "required": approval.required, "approverRoles": approval.approver_roles },
-        "excludeDryRun": rules.exclude_dry_run,
-        "ruleVersions": {
-            "workspace": in_force.workspace.as_ref().map(|r| r.version),
-            "capsule": in_force.capsule.as_ref().map(|r| r.version),
+    let shown = ShownToApprover {
+        commit: Some(commit.to_owned()),
+        modules_digest: modules_digest.map(str::to_owned),
+    };
+    let details = serde_json::to_value(BeforePlanHold {
+        reasons: [reason],
+        stage: BEFORE_PLAN,
+        dry_run: true,
+        message: why,
+        findings: &findings,
+        dry_run_scan: report.to_json(),
+        shown: &shown,
+        approval_rule: approval,
+        exclude_dry_run: rules.exclude_dry_run,
+        rule_versions: RuleVersionsShown {
+            workspace: in_force.workspace.as_ref().map(|r| r.version),
+            capsule: in_force.capsule.as_ref().map(|r| r.version),
         },
-    });
+    })
+    .map_err(|e| EnvError::Step(takosumi_core::StepError::internal(e)))?;
     let required = i32::try_from(approval.required.max(1)).unwrap_or(1);
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
     if !runs::hold::hold_claimed(
@@ -140,7 +168,7 @@ pub async fn check(
         run.id,
         EventKind::Held,
         &actor,
-        json!({ "reason": reason, "stage": "before_plan", "findings": details["findings"], "commit": commit, "modulesDigest": modules_digest }),
+        json!({ "reason": reason, "stage": BEFORE_PLAN, "findings": findings, "commit": shown.commit, "modulesDigest": shown.modules_digest }),
     )
     .await?;
     activity::append(

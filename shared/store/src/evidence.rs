@@ -328,11 +328,32 @@ fn json_digest(v: &Value) -> Result<String, StoreError> {
         .map_err(|e| StoreError::Evidence(e.to_string()))
 }
 
-fn versions(v: &Value) -> Option<RuleVersions> {
-    v.is_object().then(|| RuleVersions {
-        workspace: v["workspace"].as_i64(),
-        capsule: v["capsule"].as_i64(),
-    })
+/// What a statement takes from a gate's `gate_decision`, `held` or `released` event. The
+/// events carry more (a hold's details, a cost, the approvals) and the gate's steps have
+/// written them over many releases, so each field is read on its own: one of an unexpected
+/// shape is left out, not the event.
+#[derive(Debug, Default, PartialEq)]
+struct DecisionFields {
+    decision: Option<String>,
+    reason: Option<String>,
+    rule_versions: Option<RuleVersions>,
+    rules: Vec<String>,
+}
+
+impl DecisionFields {
+    fn of(data: &Value) -> Self {
+        fn field<T: serde::de::DeserializeOwned>(data: &Value, key: &str) -> Option<T> {
+            data.get(key).and_then(|v| T::deserialize(v).ok())
+        }
+        Self {
+            decision: field(data, "decision"),
+            reason: field(data, "reason"),
+            rule_versions: field(data, "ruleVersions"),
+            rules: field::<Vec<Option<String>>>(data, "rules")
+                .map(|rules| rules.into_iter().flatten().collect())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// What the statements of a batch of ended Runs say, read in the writer's transaction in
@@ -409,9 +430,10 @@ impl Facts {
         .await?;
         let mut gate = HashMap::<RunId, Vec<GateDecision>>::new();
         for e in events {
+            let named = DecisionFields::of(&e.data);
             let decision = match e.kind.as_str() {
-                "gate_decision" => match e.data["decision"].as_str() {
-                    Some(d) => d.to_owned(),
+                "gate_decision" => match named.decision {
+                    Some(d) => d,
                     None => continue,
                 },
                 other => other.to_owned(),
@@ -421,14 +443,9 @@ impl Facts {
             }
             gate.entry(e.run_id).or_default().push(GateDecision {
                 decision,
-                reason: e.data["reason"].as_str().map(str::to_owned),
-                rule_versions: versions(&e.data["ruleVersions"]),
-                rules: e.data["rules"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|r| r.as_str().map(str::to_owned))
-                    .collect(),
+                reason: named.reason,
+                rule_versions: named.rule_versions,
+                rules: named.rules,
                 at: rfc3339(e.at),
             });
         }
@@ -573,5 +590,38 @@ impl Facts {
             plan_run: plan_ref,
             state_version,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DecisionFields, RuleVersions};
+    use serde_json::json;
+
+    #[test]
+    fn a_gate_events_fields_are_read_each_on_its_own() {
+        let released = json!({ "decision": "released", "rules": ["maxDestroy", "planGate"],
+            "ruleVersions": { "workspace": 3, "capsule": null }, "cost": { "delta": 1 } });
+        assert_eq!(
+            DecisionFields::of(&released),
+            DecisionFields {
+                decision: Some("released".into()),
+                reason: None,
+                rule_versions: Some(RuleVersions {
+                    workspace: Some(3),
+                    capsule: None
+                }),
+                rules: vec!["maxDestroy".into(), "planGate".into()],
+            }
+        );
+        // A field of an unexpected shape is left out; the others still read.
+        let odd = json!({ "decision": "held", "reason": { "nested": true }, "ruleVersions": 7 });
+        assert_eq!(
+            DecisionFields::of(&odd),
+            DecisionFields {
+                decision: Some("held".into()),
+                ..DecisionFields::default()
+            }
+        );
     }
 }
