@@ -315,6 +315,33 @@ async fn cost_check_holds_an_increase_over_the_limit_naming_the_figures() -> any
         )
         .await?;
     assert_eq!((s, b["code"].as_str()), (422, Some("invalid_rules")), "{b}");
+    // Approver roles are roles, and an agent's approval never counts.
+    for (roles, code, status) in [
+        (json!(["aprover"]), "invalid_json", 400),
+        (json!(["approver", "agent"]), "invalid_rules", 422),
+        (json!([]), "invalid_rules", 422),
+    ] {
+        let (s, b) = api
+            .call(
+                "PUT",
+                &rules_path,
+                &stack.admin_token,
+                json!({ "approval": { "required": 1, "approverRoles": roles } }),
+            )
+            .await?;
+        assert_eq!(
+            (s, b["code"].as_str()),
+            (status, Some(code)),
+            "{roles}: {b}"
+        );
+        assert!(
+            b["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("approver"),
+            "{b}"
+        );
+    }
     let set = api
         .rules(&rules_path, json!({ "maxMonthlyIncrease": 20 }))
         .await?;

@@ -260,10 +260,14 @@ pub async fn approve_run(
             "the requester of a Run cannot approve it; ask another approver",
         ));
     }
-    if !roles.iter().any(|r| r == caller.0.role.as_str()) {
+    if !roles.contains(&caller.0.role) {
         return Err(ApiError::forbidden(format!(
             "approvals of this Run count only from the roles {}",
-            roles.join(", ")
+            roles
+                .iter()
+                .map(|r| r.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     if let Some(d) = plan_digest
@@ -280,7 +284,7 @@ pub async fn approve_run(
         id,
         run.plan_digest.as_deref(),
         &caller.0.id.to_string(),
-        caller.0.role.as_str(),
+        caller.0.role,
         note,
     )
     .await?
@@ -344,7 +348,7 @@ pub async fn hold_agent_plan(
 ) -> Result<(), ApiError> {
     let details =
         json!({ "reasons": [HoldReason::AgentRun], "agentRun": true, "stage": "before_plan" });
-    let roles = ["approver".to_owned(), "admin".to_owned()];
+    let roles = takosumi_policy::default_approver_roles();
     runs::hold::hold(tx, id, HoldReason::AgentRun, &details, 1, &roles).await?;
     events::append(
         tx.db(),

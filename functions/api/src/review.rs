@@ -16,7 +16,9 @@ use axum::response::IntoResponse;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use takosumi_core::{RunId, RunStatus};
 use takosumi_store::{approvals, events, logs, runs};
-use takosumi_wire::{ApprovalsView, GivenApproval, PlanDiff, PlanView, RunEvent, StreamEvent};
+use takosumi_wire::{
+    ApprovalsView, Code, GivenApproval, PlanDiff, PlanView, RunEvent, StreamEvent,
+};
 
 use crate::access::{Access, Api, Doc, Scope};
 use crate::auth::{Action, Caller};
@@ -109,7 +111,7 @@ async fn approvals(
         .into_iter()
         .map(|a| GivenApproval {
             approver: a.approver_id,
-            role: a.approver_role,
+            role: a.approver_role.into(),
             plan_digest: a.plan_digest,
             note: a.note,
             at: a.at,
@@ -118,7 +120,7 @@ async fn approvals(
     Ok(Json(ApprovalsView {
         run_id: run.id,
         required,
-        approver_roles,
+        approver_roles: approver_roles.into_iter().map(Code::from).collect(),
         given,
     }))
 }

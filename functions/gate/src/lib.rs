@@ -151,7 +151,7 @@ pub async fn handle(ctx: &Ctx, msg: RunMessage) -> Result<Outcome, StepError> {
                 reason: HoldReason::PlanGate,
                 details: json!({ "planGate": { "error": e.to_string() } }),
                 approvals_required: 1,
-                approver_roles: vec!["approver".into(), "admin".into()],
+                approver_roles: takosumi_policy::default_approver_roles(),
             }
         }
     };

@@ -9,7 +9,7 @@ pub mod scan;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use takosumi_core::{Changes, HoldReason};
+use takosumi_core::{Changes, HoldReason, Role};
 
 /// The package a plan gate policy declares; its `deny` set holds the apply.
 pub const PLAN_GATE_PACKAGE: &str = "takosumi";
@@ -53,13 +53,14 @@ pub struct RuleSet {
 pub struct ApprovalRule {
     /// Distinct approvals needed (at least 1).
     pub required: u32,
-    /// Roles whose approvals count (default: `approver`, `admin`).
+    /// Roles whose approvals count (default: `approver`, `admin`; never `agent`).
     #[serde(default = "default_approver_roles")]
-    pub approver_roles: Vec<String>,
+    pub approver_roles: Vec<Role>,
 }
 
-fn default_approver_roles() -> Vec<String> {
-    vec!["approver".to_owned(), "admin".to_owned()]
+/// Whose approvals count where no approval rule names roles: approvers and admins.
+pub fn default_approver_roles() -> Vec<Role> {
+    vec![Role::Approver, Role::Admin]
 }
 
 /// A rule set that cannot be used.
@@ -98,14 +99,10 @@ impl RuleSet {
                     "approval.required must be between 1 and 20".into(),
                 ));
             }
-            let roles = ["viewer", "operator", "approver", "admin"];
-            if a.approver_roles.is_empty()
-                || a.approver_roles
-                    .iter()
-                    .any(|r| !roles.contains(&r.as_str()))
-            {
+            // An agent's Runs are held for a person, so an agent's approval never counts.
+            if a.approver_roles.is_empty() || a.approver_roles.contains(&Role::Agent) {
                 return Err(PolicyError::Invalid(
-                    "approval.approverRoles must name operator, approver or admin roles".into(),
+                    "approval.approverRoles must name one or more of viewer, operator, approver and admin (an agent's approval never counts)".into(),
                 ));
             }
         }
@@ -276,7 +273,7 @@ pub enum Decision {
         /// Approvals needed to release it.
         approvals_required: u32,
         /// Roles whose approvals count.
-        approver_roles: Vec<String>,
+        approver_roles: Vec<Role>,
     },
 }
 
@@ -535,6 +532,38 @@ deny contains msg if {
             ..RuleSet::default()
         };
         ok.validate().unwrap();
+    }
+
+    #[test]
+    fn approver_roles_are_roles_and_never_an_agent() {
+        let read = |roles: Value| {
+            serde_json::from_value::<RuleSet>(
+                json!({ "approval": { "required": 1, "approverRoles": roles } }),
+            )
+        };
+        let rules = read(json!(["operator", "admin"])).unwrap();
+        assert_eq!(
+            rules.approval.as_ref().unwrap().approver_roles,
+            [Role::Operator, Role::Admin]
+        );
+        rules.validate().unwrap();
+        let default: RuleSet =
+            serde_json::from_value(json!({ "approval": { "required": 1 } })).unwrap();
+        assert_eq!(
+            default.approval.unwrap().approver_roles,
+            [Role::Approver, Role::Admin]
+        );
+        // A name that is not a role does not read, naming the roles there are.
+        let err = read(json!(["aprover"])).unwrap_err().to_string();
+        assert!(err.contains("aprover") && err.contains("approver"), "{err}");
+        for refused in [json!([]), json!(["admin", "agent"])] {
+            let err = read(refused.clone())
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("approverRoles"), "{refused}: {err}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Approvals given on held Runs. An approval is bound to the digest of the plan its
 //! approver was shown; the holds they release are [`crate::runs::hold`].
 
-use takosumi_core::RunId;
+use takosumi_core::{Role, RunId};
 
 use crate::{StoreError, Tx};
 
@@ -11,7 +11,7 @@ pub async fn add_approval(
     run_id: RunId,
     plan_digest: Option<&str>,
     approver_id: &str,
-    approver_role: &str,
+    approver_role: Role,
     note: Option<&str>,
 ) -> Result<bool, StoreError> {
     let done = sqlx::query!(
@@ -20,7 +20,7 @@ pub async fn add_approval(
         run_id.as_uuid(),
         plan_digest,
         approver_id,
-        approver_role,
+        approver_role.as_str(),
         note
     )
     .execute(tx.db())
@@ -34,14 +34,14 @@ pub async fn count_approvals(
     tx: &mut Tx,
     run_id: RunId,
     plan_digest: Option<&str>,
-    roles: &[String],
+    roles: &[Role],
 ) -> Result<i64, StoreError> {
     let row = sqlx::query!(
         r#"SELECT count(*) as "n!" FROM approvals
             WHERE run_id = $1 AND plan_digest IS NOT DISTINCT FROM $2 AND approver_role = ANY($3)"#,
         run_id.as_uuid(),
         plan_digest,
-        roles
+        &crate::runs::hold::role_names(roles) as &[&str]
     )
     .fetch_one(tx.db())
     .await?;

@@ -228,6 +228,13 @@ macro_rules! known_codes {
     )+};
 }
 
+impl KnownCode for takosumi_core::Role {
+    const ALL: &'static [Self] = &takosumi_core::Role::ALL;
+    fn wire(self) -> &'static str {
+        self.as_str()
+    }
+}
+
 known_codes!(
     ErrorCode,
     FailureCode,

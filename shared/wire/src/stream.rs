@@ -2,9 +2,9 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use takosumi_core::{RunId, RunStatus};
+use takosumi_core::{Role, RunId, RunStatus};
 
-use crate::RunEvent;
+use crate::{Code, RunEvent};
 
 /// `GET /api/v1/runs/{run}/approvals`: what the rule in force needs and who gave what.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -14,9 +14,10 @@ pub struct ApprovalsView {
     pub run_id: RunId,
     /// Distinct approvals the hold needs (0: none).
     pub required: i32,
-    /// Roles whose approvals count (empty: any role that may approve).
+    /// Roles whose approvals count (empty on a Run that was never held).
     #[serde(default)]
-    pub approver_roles: Vec<String>,
+    #[schema(value_type = Vec<Role>)]
+    pub approver_roles: Vec<Code<Role>>,
     /// Approvals given, oldest first.
     #[serde(default)]
     pub given: Vec<GivenApproval>,
@@ -29,7 +30,8 @@ pub struct GivenApproval {
     /// The approver's token id.
     pub approver: String,
     /// The role it had.
-    pub role: String,
+    #[schema(value_type = Role)]
+    pub role: Code<Role>,
     /// The plan digest it approved.
     #[serde(default)]
     pub plan_digest: Option<String>,

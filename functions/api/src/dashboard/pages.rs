@@ -15,8 +15,8 @@ use takosumi_core::{CapsuleStatus, RunId, RunKind, RunStatus, WorkspaceId};
 use takosumi_cost::CostEstimate;
 use takosumi_evidence::{ChainHead, SignedStatement, StatementPage, verify_run_in_chain};
 use takosumi_wire::{
-    ActivityPage, ApprovalsView, AttributeDiff, Capsule, CapsuleList, EventList, LogList, PlanView,
-    Run, RunPage, WorkspaceList,
+    ActivityPage, ApprovalsView, AttributeDiff, Capsule, CapsuleList, Code, EventList, LogList,
+    PlanView, Run, RunPage, WorkspaceList,
 };
 
 use super::{Session, get, get_optional};
@@ -772,7 +772,7 @@ fn run_page(s: &Session, run: &Run, parts: RunParts<'_>) -> Markup {
         && approvals
             .approver_roles
             .iter()
-            .any(|r| r == s.caller.0.role.as_str())
+            .any(|r| *r == s.caller.0.role)
         && s.caller.may(Action::Approve, Some(ws));
     let may_apply = run.status == RunStatus::Planned
         && matches!(
@@ -824,7 +824,7 @@ fn run_page(s: &Session, run: &Run, parts: RunParts<'_>) -> Markup {
             section {
                 h2 { "Approvals" }
                 p { (approvals.given.len()) " given; " (approvals.required) " needed from "
-                    @if approvals.approver_roles.is_empty() { "any approving role" } @else { (approvals.approver_roles.join(", ")) } }
+                    @if approvals.approver_roles.is_empty() { "any approving role" } @else { (approvals.approver_roles.iter().map(Code::as_str).collect::<Vec<_>>().join(", ")) } }
                 ul { @for a in &approvals.given { li { code { (a.approver) } " (" (a.role) ") at " (when(Some(a.at)))
                     " for plan " code { (a.plan_digest.as_deref().map(short).unwrap_or("—")) } } } }
             }

@@ -5,7 +5,7 @@
 //! updates like every other transition; the approvals that release a hold are
 //! [`crate::approvals`].
 
-use takosumi_core::{EventKind, HoldReason, RunId, RunMessage, Topic};
+use takosumi_core::{EventKind, HoldReason, Role, RunId, RunMessage, Topic};
 
 use crate::{StoreError, Tx};
 
@@ -16,7 +16,7 @@ pub async fn hold(
     reason: HoldReason,
     details: &serde_json::Value,
     approvals_required: i32,
-    approver_roles: &[String],
+    approver_roles: &[Role],
 ) -> Result<bool, StoreError> {
     crate::transitions!(Queued => Held);
     let done = sqlx::query!(
@@ -27,7 +27,7 @@ pub async fn hold(
         reason as HoldReason,
         details,
         approvals_required,
-        approver_roles
+        &role_names(approver_roles) as &[&str]
     )
     .execute(tx.db())
     .await?;
@@ -43,7 +43,7 @@ pub async fn hold_claimed(
     reason: HoldReason,
     details: &serde_json::Value,
     approvals_required: i32,
-    approver_roles: &[String],
+    approver_roles: &[Role],
 ) -> Result<bool, StoreError> {
     crate::transitions!(Planning => Held);
     // The claim ended cleanly (held for a person, not lost): counted as handed back, so a
@@ -58,7 +58,7 @@ pub async fn hold_claimed(
         reason as HoldReason,
         details,
         approvals_required,
-        approver_roles
+        &role_names(approver_roles) as &[&str]
     )
     .execute(tx.db())
     .await?;
@@ -128,7 +128,28 @@ pub struct GateFields {
     /// How many approvals release the hold.
     pub approvals_required: i32,
     /// The roles whose approvals count.
-    pub approver_roles: Vec<String>,
+    pub approver_roles: Vec<Role>,
+}
+
+/// The roles as `runs.approver_roles` and `approvals.approver_role` store them.
+pub(crate) fn role_names(roles: &[Role]) -> Vec<&'static str> {
+    roles.iter().map(|r| r.as_str()).collect()
+}
+
+/// The roles `runs.approver_roles` names. Only [`hold`] and [`hold_claimed`] write it, from
+/// [`Role`]s; a name that is not one is left out (logged), so it can only make an approval
+/// count from fewer roles, never from more.
+fn stored_roles(names: Vec<String>) -> Vec<Role> {
+    names
+        .into_iter()
+        .filter_map(|name| {
+            name.parse()
+                .inspect_err(
+                    |e| tracing::error!(error = %e, "a Run names an approver role that is not one"),
+                )
+                .ok()
+        })
+        .collect()
 }
 
 /// The gate's view of a Run's private fields.
@@ -146,6 +167,6 @@ pub async fn gate_fields<'e, E: sqlx::PgExecutor<'e>>(
         require_approval: r.require_approval,
         plan_json_object_key: r.plan_json_object_key,
         approvals_required: r.approvals_required,
-        approver_roles: r.approver_roles,
+        approver_roles: stored_roles(r.approver_roles),
     }))
 }
