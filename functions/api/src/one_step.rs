@@ -94,13 +94,14 @@ async fn apply_capsule(
         covered_by.push(HoldReason::AgentRun);
     }
     let one_step = covered_by.is_empty();
+    let kind = if one_step {
+        RunKind::Apply
+    } else {
+        RunKind::Plan
+    };
     let new = runs::NewRun {
         id: takosumi_core::RunId::new(),
-        kind: if one_step {
-            RunKind::Apply
-        } else {
-            RunKind::Plan
-        },
+        kind,
         workspace_id: capsule.workspace_id,
         capsule_id: capsule.id,
         run_group_id: None,
@@ -118,11 +119,14 @@ async fn apply_capsule(
     } else {
         ApplyMode::ProposesApply
     };
-    let kind = if one_step { "apply" } else { "plan" };
     let actor = caller.actor();
     let start = runs::Start {
         actor: &actor,
-        event: json!({ "kind": kind, "applyMode": mode, "coveredBy": covered_by }),
+        event: json!(QueuedSubmission {
+            kind,
+            apply_mode: Some(mode),
+            covered_by: covered_by.clone(),
+        }),
         activity: json!({ "kind": kind, "capsuleId": capsule.id, "applyMode": mode }),
         wake: if one_step {
             // The gate reads the rules again when it decides, and releases it to run in one step.
@@ -172,20 +176,27 @@ fn submitted(run: &runs::Run, covered_by: Vec<HoldReason>) -> axum::response::Re
     .into_response()
 }
 
+/// The `queued` event of an apply submission's Run: what the submission started and the
+/// rules that made it plan first. Written when it starts, read back by a replay.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct QueuedSubmission {
+    /// `apply` (one step) or `plan` (planned first).
+    kind: RunKind,
+    #[serde(default)]
+    apply_mode: Option<ApplyMode>,
+    #[serde(default)]
+    covered_by: Vec<HoldReason>,
+}
+
 /// What covered an earlier submission, as its `queued` event recorded it: a replay answers
 /// what the first answer said, though the rules may have changed since.
 async fn covered_when_started(st: &AppState, run: &runs::Run) -> Result<Vec<HoldReason>, ApiError> {
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Queued {
-        #[serde(default)]
-        covered_by: Vec<HoldReason>,
-    }
     let events = takosumi_store::events::list(&st.pool, run.id).await?;
     Ok(events
         .into_iter()
         .find(|e| e.kind == EventKind::Queued)
-        .and_then(|e| serde_json::from_value::<Queued>(e.data).ok())
+        .and_then(|e| serde_json::from_value::<QueuedSubmission>(e.data).ok())
         .map(|q| q.covered_by)
         .unwrap_or_default())
 }
