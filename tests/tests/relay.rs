@@ -902,6 +902,11 @@ async fn the_relay_boundary_takes_only_what_a_worker_may_report() -> anyhow::Res
         (422, Some("invalid_sandbox")),
         "{v}"
     );
+    let message = v["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("bubblewrap, none") && !message.contains("docker"),
+        "{v}"
+    );
     let (status, v) = worker(
         "/api/v1/relay/claim".into(),
         json!({ "deliveryKeyIds": ["k1"], "waitSecs": 10, "sandbox": "none" }),

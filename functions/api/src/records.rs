@@ -564,17 +564,10 @@ async fn list_activity(
         .kind
         .as_deref()
         .map(|k| {
-            k.parse::<ActivityKind>().map_err(|_| {
+            k.parse::<ActivityKind>().map_err(|e| {
                 ApiError::invalid(
                     ErrorCode::InvalidFilter,
-                    format!(
-                        "kind must be an activity kind: {}",
-                        ActivityKind::ALL
-                            .iter()
-                            .map(|k| k.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
+                    format!("kind must be an activity kind: {}", e.names),
                 )
             })
         })

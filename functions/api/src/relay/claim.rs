@@ -43,7 +43,13 @@ pub(super) async fn claim(
     let sandbox = match req.sandbox.as_deref().map(str::parse::<SandboxMode>) {
         None => None,
         Some(Ok(mode)) => Some(mode),
-        Some(Err(e)) => return Err(ApiError::invalid(ErrorCode::InvalidSandbox, e.to_string())),
+        // The worker's text is not echoed: the message names what it may say.
+        Some(Err(e)) => {
+            return Err(ApiError::invalid(
+                ErrorCode::InvalidSandbox,
+                format!("sandbox is one of {}", e.names),
+            ));
+        }
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(req.wait_secs.min(20));
     loop {
