@@ -16,19 +16,14 @@ use takosumi_store::{events, rules, runs, tokens};
 pub(crate) async fn effective_rules(
     ctx: &Ctx,
     run: &runs::Run,
-) -> Result<(RuleSet, serde_json::Value), StepError> {
+) -> Result<(RuleSet, rules::RuleVersions), StepError> {
     let in_force = rules::rules_in_force(&ctx.pool, run.workspace_id, run.capsule_id).await?;
-    let (ws_rules, cap_rules) = (in_force.workspace, in_force.capsule);
     let rules = RuleSet::layered(
-        cap_rules.as_ref().map(|r| &r.rules),
-        ws_rules.as_ref().map(|r| &r.rules),
+        in_force.capsule.as_ref().map(|r| &r.rules),
+        in_force.workspace.as_ref().map(|r| &r.rules),
     )
     .map_err(StepError::internal)?;
-    let versions = json!({
-        "workspace": ws_rules.as_ref().map(|r| r.version),
-        "capsule": cap_rules.as_ref().map(|r| r.version),
-    });
-    Ok((rules, versions))
+    Ok((rules, in_force.versions()))
 }
 
 pub(crate) async fn decide(ctx: &Ctx, run: &runs::Run, actor: &str) -> Result<Outcome, StepError> {

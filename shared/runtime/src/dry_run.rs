@@ -40,14 +40,7 @@ struct BeforePlanHold<'a> {
     shown: &'a ShownToApprover,
     approval_rule: &'a ApprovalRule,
     exclude_dry_run: Option<bool>,
-    rule_versions: RuleVersionsShown,
-}
-
-/// The rule set versions a hold was decided under (`None`: no rules set at that level).
-#[derive(Serialize)]
-struct RuleVersionsShown {
-    workspace: Option<i32>,
-    capsule: Option<i32>,
+    rule_versions: rules::RuleVersions,
 }
 
 /// What the dry-run check decided.
@@ -141,10 +134,7 @@ pub async fn check(
         shown: &shown,
         approval_rule: approval,
         exclude_dry_run: rules.exclude_dry_run,
-        rule_versions: RuleVersionsShown {
-            workspace: in_force.workspace.as_ref().map(|r| r.version),
-            capsule: in_force.capsule.as_ref().map(|r| r.version),
-        },
+        rule_versions: in_force.versions(),
     })
     .map_err(|e| EnvError::Step(takosumi_core::StepError::internal(e)))?;
     let required = i32::try_from(approval.required.max(1)).unwrap_or(1);

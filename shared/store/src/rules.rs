@@ -47,6 +47,26 @@ pub struct RulesInForce {
     pub capsule: Option<StoredRules>,
 }
 
+/// The versions of the rules a decision was made under, as its record names them (`None`:
+/// no rules set at that scope).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RuleVersions {
+    /// The Workspace's.
+    pub workspace: Option<i32>,
+    /// The Capsule's own.
+    pub capsule: Option<i32>,
+}
+
+impl RulesInForce {
+    /// The version of each scope's rules.
+    pub fn versions(&self) -> RuleVersions {
+        RuleVersions {
+            workspace: self.workspace.as_ref().map(|r| r.version),
+            capsule: self.capsule.as_ref().map(|r| r.version),
+        }
+    }
+}
+
 /// The rules in force for a Capsule, each scope's latest version, in one statement (the
 /// view `rules_in_force`, migration `20261205020000_rules_in_force.sql`).
 pub async fn rules_in_force(
